@@ -1,0 +1,29 @@
+# Two entry points on a fresh machine: `make demo` and `make test`. Both build their own venv.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+
+.PHONY: demo test lint clean
+
+$(VENV)/.core: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.core
+	$(PIP) install -q -e '.[test]' 'torch==2.13.0'
+	touch $@
+
+## demo: a 4-rank job on loopback with the embedded defaults; prints the allreduce table
+demo: $(VENV)/.core
+	$(VENV)/bin/erdma run -n 4 -- $(PY) -m erdma_core.bench --op allreduce --sizes 4K,64K,1M,16M --iters 10
+
+## test: install everything and run lint plus the whole suite
+test: $(VENV)/.test
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:randomly
+
+clean:
+	rm -rf $(VENV) build *.egg-info

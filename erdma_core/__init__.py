@@ -1,0 +1,30 @@
+"""eRDMA: collective communication for training across decentralized machines.
+
+    import erdma_core
+    pg = erdma_core.init()                      # env:// as torchrun or `erdma run` set it
+    pg.allreduce(array, op=erdma_core.ReduceOp.SUM)
+"""
+
+from .errors import (
+    AbortedError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    ConfigError,
+    ErdmaError,
+    MismatchError,
+    PeerLostError,
+    PluginError,
+    ProtocolError,
+)
+from .hookspecs import hookimpl
+from .process_group import ProcessGroup
+from .reduce_ops import ReduceOp
+from .setup import default_group, init, load_config, new_group
+from .work import Work
+
+__version__ = "0.1.0"
+__all__ = [
+    "AbortedError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError", "MismatchError",
+    "PeerLostError", "PluginError", "ProcessGroup", "ProtocolError", "ReduceOp", "Work", "default_group",
+    "hookimpl", "init", "load_config", "new_group",
+]

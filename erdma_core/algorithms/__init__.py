@@ -1,0 +1,5 @@
+"""Collective algorithms as pure schedules (see ``schedule``), registered by ``erdma_core.builtin``."""
+
+from ..config.schema import COLLECTIVE_OPS as OPS
+
+__all__ = ["OPS"]

@@ -1,0 +1,68 @@
+"""Turning what users pass (numpy arrays, buffer-protocol objects, DLPack producers such as torch CPU
+tensors) into flat numpy views that share their memory, plus the write-back for the rare copy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+
+
+class Buffer:
+    """A flat, C-contiguous view of a user's tensor; ``commit()`` writes back when a copy was needed."""
+
+    __slots__ = ("array", "dtype", "_commit")
+
+    def __init__(self, array: np.ndarray, dtype: str, commit: Callable[[], None] | None = None) -> None:
+        self.array, self.dtype, self._commit = array, dtype, commit
+
+    def commit(self) -> None:
+        if self._commit is not None:
+            self._commit()
+
+
+def _torch_view(t: Any) -> tuple[np.ndarray, str]:
+    import torch
+
+    if t.device.type != "cpu":
+        raise TypeError(f"tensor on {t.device} given to a transport that moves host memory; "
+                        "use a CPU tensor or a GPU-capable transport")
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    arr = t.numpy()
+    return arr, dtypes.name_for_numpy(arr.dtype)
+
+
+def as_buffer(obj: Any, what: str = "tensor", *, writable: bool = True) -> Buffer:
+    """Wrap ``obj`` as a flat Buffer of a supported dtype, or raise TypeError naming what is wrong."""
+    if type(obj).__module__.startswith("torch"):
+        arr, name = _torch_view(obj)
+    elif isinstance(obj, np.ndarray):
+        arr = obj
+        name = dtypes.name_for_numpy(arr.dtype)
+        if name == "bfloat16":  # ml_dtypes' bfloat16: move its bits
+            arr = arr.view(np.uint16)
+    elif hasattr(obj, "__dlpack__"):
+        arr = np.from_dlpack(obj)
+        name = dtypes.name_for_numpy(arr.dtype)
+    else:
+        try:
+            arr = np.asarray(memoryview(obj))
+        except TypeError:
+            raise TypeError(f"{what}: expected a numpy array, a torch CPU tensor, a DLPack producer or a "
+                            f"buffer-protocol object, got {type(obj).__name__}") from None
+        name = dtypes.name_for_numpy(arr.dtype)
+    if writable and not arr.flags.writeable:
+        raise ValueError(f"{what}: the buffer is read-only, but this op writes its result into it")
+    if arr.flags.c_contiguous:
+        return Buffer(arr.reshape(-1), name)
+    flat = np.ascontiguousarray(arr).reshape(-1)
+
+    def commit() -> None:
+        arr[...] = flat.reshape(arr.shape)
+
+    return Buffer(flat, name, commit)

@@ -1,0 +1,86 @@
+"""The core's own components, registered through the same hooks as any external plugin."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .algorithms import alltoall, direct, halving_doubling, parameter_server, ring, tree
+from .config.option import Option
+from .hookspecs import hookimpl
+
+
+def _tcp(config: Any, section: dict[str, Any]) -> Any:
+    from .transport.tcp import TcpTransport
+
+    return TcpTransport(config, section)
+
+
+TCP_OPTIONS = {
+    "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the rendezvous "
+                           "host (127.0.0.1 on loopback)"),
+    "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
+    "port": Option(int, 0, "port to listen on; 0 picks a free one", minimum=0),
+    "nodelay": Option(bool, True, "set TCP_NODELAY"),
+    "keepalive": Option(bool, True, "set SO_KEEPALIVE (10 s idle, 3 probes 5 s apart)"),
+    "socket_buffer_bytes": Option(int, 4 << 20, "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's", minimum=0),
+}
+
+
+@hookimpl
+def erdma_register_transports(register: Callable[..., None]) -> None:
+    register("tcp", _tcp, options=TCP_OPTIONS, description="one TCP connection per rank pair, zero-copy receive")
+
+
+@hookimpl
+def erdma_register_discovery(register: Callable[..., None]) -> None:
+    from . import rendezvous
+
+    register("env", rendezvous.env_store, description="MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, as torchrun sets")
+    register("tcp", rendezvous.tcp_store, description="key-value store served by rank 0 at tcp://host:port")
+    register("file", rendezvous.file_store, description="key-value store in a shared folder, file:///path")
+
+
+@hookimpl
+def erdma_register_traversals(register: Callable[..., None]) -> None:
+    from .compression import DirectTraversal
+
+    register("direct", DirectTraversal, description="no NAT traversal: dial the listening address")
+
+
+@hookimpl
+def erdma_register_compressors(register: Callable[..., None]) -> None:
+    from .compression import NoCompression
+
+    register("none", NoCompression, description="payloads sent as they are")
+
+
+@hookimpl
+def erdma_register_algorithms(register: Callable[..., None]) -> None:
+    register("allreduce", "ring", ring.allreduce, description="reduce-scatter + allgather ring, chunked")
+    register("allreduce", "halving_doubling", halving_doubling.allreduce,
+             description="recursive halving/doubling (Rabenseifner), any world size")
+    register("allreduce", "tree", tree.allreduce, description="binomial reduce then binomial broadcast")
+    register("allreduce", "parameter_server", parameter_server.allreduce,
+             description="push to ps_servers shard servers, reduce, pull")
+    register("broadcast", "tree", tree.broadcast, description="binomial tree")
+    register("reduce", "tree", tree.reduce, description="binomial tree")
+    register("allgather", "ring", ring.allgather, description="ring")
+    register("reduce_scatter", "ring", ring.reduce_scatter, description="ring")
+    register("gather", "direct", direct.gather, description="root receives from every rank")
+    register("scatter", "direct", direct.scatter, description="root sends to every rank")
+    register("alltoall", "pairwise", alltoall.pairwise, description="p-1 steps of pairwise exchange")
+    register("alltoall", "sequential", alltoall.sequential,
+             description="one pair at a time in strict order (lowest peak memory)")
+    register("barrier", "dissemination", direct.barrier, description="log2(p) rounds of zero-byte messages")
+
+
+_DEFAULTS = {"broadcast": "tree", "reduce": "tree", "allgather": "ring", "reduce_scatter": "ring",
+             "gather": "direct", "scatter": "direct", "alltoall": "pairwise", "barrier": "dissemination"}
+
+
+@hookimpl(trylast=True)
+def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
+    if op == "allreduce":
+        return "halving_doubling" if nbytes <= config["collectives.small_message_bytes"] else "ring"
+    return _DEFAULTS.get(op)

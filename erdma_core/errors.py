@@ -1,0 +1,55 @@
+"""Exception types raised by eRDMA. Every message names the rank, the op and the peer involved."""
+
+from __future__ import annotations
+
+
+class ErdmaError(RuntimeError):
+    """Base class of every error eRDMA raises on purpose."""
+
+
+class ConfigError(ErdmaError, ValueError):
+    """A config key or value is wrong; the message names the key, the value and the valid choices."""
+
+
+class PluginError(ErdmaError):
+    """A selected component is unknown or failed to load; the message names the plugin and the cause."""
+
+
+class CollectiveError(ErdmaError):
+    """A collective failed; ``rank`` is the local rank, ``op`` the collective's name."""
+
+    def __init__(self, message: str, *, rank: int | None = None, op: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.op = op
+
+    def __reduce__(self) -> tuple[object, ...]:  # keyword-only fields survive pickling (errors cross processes)
+        return (_rebuild, (type(self), str(self), dict(self.__dict__)))
+
+
+def _rebuild(cls: type[CollectiveError], message: str, fields: dict[str, object]) -> CollectiveError:
+    return cls(message, **fields)  # type: ignore[arg-type]
+
+
+class PeerLostError(CollectiveError):
+    """A peer's connection closed or broke; ``peer`` is the lost rank."""
+
+    def __init__(self, message: str, *, peer: int, rank: int | None = None, op: str | None = None) -> None:
+        super().__init__(message, rank=rank, op=op)
+        self.peer = peer
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A blocking call did not finish within its timeout."""
+
+
+class MismatchError(CollectiveError):
+    """Ranks called a collective with different ops, shapes, dtypes or roots."""
+
+
+class ProtocolError(ErdmaError):
+    """A peer sent bytes that do not follow the wire format (or belong to another job)."""
+
+
+class AbortedError(CollectiveError):
+    """The process group was aborted by an earlier failure; the message carries the first cause."""

@@ -1,0 +1,85 @@
+"""Every hook eRDMA calls, in one module. Each docstring is the contract a plugin relies on.
+
+Plugins implement hooks with ``@erdma_core.hookimpl`` in a module (or object) named by an entry point in
+the group ``erdma.plugins``. The core's own components register through these same hooks
+(``erdma_core.builtin``). Registration hooks are called once when the plugin manager is built; decision
+hooks are called at most once per collective, never per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("erdma")
+hookimpl = pluggy.HookimplMarker("erdma")
+
+
+@hookspec
+def erdma_register_transports(register: Callable[..., None]) -> None:
+    """Register transport factories.
+
+    Called by: ``erdma_core.plugins.load_components`` once, when the plugin manager is built.
+    Arguments: ``register(name, factory, *, options=None, description="")``. ``factory(config, section)``
+    returns an object that satisfies ``erdma_core.transport.base.Transport``; it must be cheap to import
+    and do heavy imports (aioquic, pyverbs) only when called. ``options`` is a dict of
+    ``erdma_core.config.Option`` declaring the keys of the section ``[transport.<name>]``.
+    Returns: nothing. Not firstresult, not historic: every plugin's implementation is called.
+    """
+
+
+@hookspec
+def erdma_register_discovery(register: Callable[..., None]) -> None:
+    """Register discovery (rendezvous) methods: how ranks find each other's addresses.
+
+    Called by: the plugin manager builder, once. Arguments: ``register(scheme, factory, *, options=None,
+    description="")``; ``scheme`` is the URL scheme of ``init_method`` (``env``, ``tcp``, ``file``, ...).
+    ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.rendezvous.Store``.
+    Returns: nothing. Every implementation is called.
+    """
+
+
+@hookspec
+def erdma_register_traversals(register: Callable[..., None]) -> None:
+    """Register NAT traversal strategies.
+
+    Called by: the plugin manager builder, once. Arguments: ``register(name, factory, *, options=None,
+    description="")``; ``factory(config, section)`` returns an object with ``advertise(host, port, store)
+    -> (host, port)`` giving the address peers should dial. Returns: nothing. Every implementation is called.
+    """
+
+
+@hookspec
+def erdma_register_compressors(register: Callable[..., None]) -> None:
+    """Register compressors.
+
+    Called by: the plugin manager builder, once. Arguments: ``register(name, factory, *, options=None,
+    description="")``; ``factory(config, section)`` returns an ``erdma_core.compression.Compressor``.
+    Returns: nothing. Every implementation is called.
+    """
+
+
+@hookspec
+def erdma_register_algorithms(register: Callable[..., None]) -> None:
+    """Register collective algorithms (pure schedules).
+
+    Called by: the plugin manager builder, once. Arguments: ``register(op, name, schedule_fn, *,
+    description="")``; ``op`` is one of ``erdma_core.algorithms.OPS``; ``schedule_fn(spec)`` takes an
+    ``erdma_core.algorithms.schedule.Spec`` and returns a ``Schedule`` (who sends which slice to whom).
+    Returns: nothing. Every implementation is called.
+    """
+
+
+@hookspec(firstresult=True)
+def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
+    """Choose the algorithm for one collective whose config says ``auto``.
+
+    Called by: ``ProcessGroup`` once per collective, before the schedule is built, only when the config
+    leaves the op on ``auto``. Arguments: ``op`` (e.g. ``"allreduce"``), ``nbytes`` (bytes of the local
+    input), ``world_size``, ``config`` (the effective ``Config``). Every rank calls it with the same
+    arguments, so the answer must be a pure function of them. Returns: a registered algorithm name, or
+    None to defer to the next implementation. firstresult: the first non-None answer wins; the core's
+    answer (by the ``[collectives]`` size thresholds) is registered first and so runs last.
+    """

@@ -1,0 +1,185 @@
+"""Sans-IO message matching shared by transports: posted receives meet arriving frames by key.
+
+A transport's reader calls ``on_header`` when a frame header arrives and gets back the buffer to read the
+payload into (the posted receive's own memory when one is waiting, so large messages land in place), then
+``on_payload`` once the payload is in. The collective side calls ``post_recv`` / ``begin``. No sockets here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from . import dtypes
+from .errors import AbortedError, MismatchError, ProtocolError
+from .reduce_ops import ReduceOp
+from .wire import OPNAMES, P2P_GROUP_BIT, Header
+
+
+class Request:
+    """One send or receive. ``wait`` returns when done or raises what failed it."""
+
+    __slots__ = ("_event", "error", "peer", "nbytes")
+
+    def __init__(self, peer: int, nbytes: int) -> None:
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+        self.peer = peer
+        self.nbytes = nbytes
+
+    def complete(self, error: BaseException | None = None) -> None:
+        if not self._event.is_set():
+            self.error = error
+            self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, deadline: float) -> bool:
+        """Wait until ``deadline`` (time.monotonic()); False on timeout, raise the request's error."""
+        if not self._event.wait(max(0.0, deadline - time.monotonic())):
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+class _Posted:
+    __slots__ = ("meta", "out", "req")
+
+    def __init__(self, meta: Header, out: memoryview, req: Request) -> None:
+        self.meta, self.out, self.req = meta, out, req
+
+
+class _Early:
+    """A frame that arrived before its receive was posted; ``waiter`` is a receive posted mid-payload."""
+
+    __slots__ = ("header", "data", "landed", "waiter")
+
+    def __init__(self, header: Header, data: bytearray) -> None:
+        self.header, self.data, self.landed = header, data, False
+        self.waiter: _Posted | None = None
+
+
+_REDUCE_NAMES = {o.code: o.name for o in ReduceOp}
+
+
+def describe(h: Header) -> str:
+    op = OPNAMES.get(h.opcode, f"op#{h.opcode}")
+    red = f", op={_REDUCE_NAMES.get(h.flags, h.flags)}" if h.flags else ""
+    return f"{op}(dtype={dtypes.name_of(h.dtype)}, numel={h.numel}, bytes={h.nbytes}{red})"
+
+
+def check_match(rank: int, peer: int, expected: Header, got: Header) -> MismatchError | None:
+    fields = ("opcode", "flags", "dtype", "numel", "nbytes")
+    if all(getattr(expected, f) == getattr(got, f) for f in fields):
+        return None
+    op = OPNAMES.get(expected.opcode, "?")
+    return MismatchError(f"rank {rank}: {op} mismatch between ranks {rank} and {peer}: rank {rank} called "
+                         f"{describe(expected)}, rank {peer} called {describe(got)}", rank=rank, op=op)
+
+
+class Mailbox:
+    """Thread-safe matching of (peer, group, seq, tag) keys; rejects stale and foreign frames."""
+
+    def __init__(self, rank: int, job: int) -> None:
+        self.rank = rank
+        self.job32 = job & 0xFFFFFFFF
+        self._lock = threading.Lock()
+        self._posted: dict[tuple[int, tuple[int, int, int]], _Posted] = {}
+        self._unexpected: dict[tuple[int, tuple[int, int, int]], _Early] = {}
+        self._floor: dict[int, int] = {}  # group -> lowest sequence still live
+        self.aborted: BaseException | None = None
+        self.rejected = 0
+
+    def begin(self, group: int, seq: int) -> None:
+        """A collective ``seq`` starts in ``group``: frames of older sequences are stale from now on."""
+        with self._lock:
+            self._floor[group] = seq
+            for key in [k for k in self._unexpected if k[1][0] == group and k[1][1] < seq]:
+                del self._unexpected[key]
+                self.rejected += 1
+
+    def post_recv(self, peer: int, meta: Header, out: memoryview) -> Request:
+        req = Request(peer, meta.nbytes)
+        with self._lock:
+            if self.aborted is not None:
+                req.complete(self.aborted)
+                return req
+            key = (peer, meta.key)
+            if key in self._posted:
+                raise ProtocolError(f"rank {self.rank}: a receive from rank {peer} with key {meta.key} is already posted")
+            early = self._unexpected.get(key)
+            if early is None:
+                self._posted[key] = _Posted(meta, out, req)
+                return req
+            if not early.landed:  # its payload is still being read: on_payload will deliver
+                early.waiter = _Posted(meta, out, req)
+                return req
+            del self._unexpected[key]
+        _deliver(self.rank, peer, _Posted(meta, out, req), early)
+        return req
+
+    def on_header(self, peer: int, h: Header) -> tuple[memoryview | None, object]:
+        """Return ``(buffer, token)``: read ``h.nbytes`` into ``buffer`` (None: discard), then ``on_payload(token)``."""
+        if h.job != self.job32:
+            raise ProtocolError(f"rank {self.rank}: frame from rank {peer} carries job {h.job:#x}, "
+                                f"this job is {self.job32:#x}")
+        with self._lock:
+            key = (peer, h.key)
+            if not h.group & P2P_GROUP_BIT and h.seq < self._floor.get(h.group, 0):
+                self.rejected += 1
+                return None, None  # stale collective: read and drop
+            posted = self._posted.pop(key, None)
+            if posted is None:
+                early = _Early(h, bytearray(h.nbytes))
+                self._unexpected[key] = early
+                return memoryview(early.data), ("early", key, early)
+        err = check_match(self.rank, peer, posted.meta, h)
+        if err is not None:
+            return None, ("fail", posted.req, err)
+        return posted.out, ("done", posted.req, None)
+
+    def on_payload(self, token: object) -> None:
+        if token is None:
+            return
+        kind, a, b = token  # type: ignore[misc]
+        if kind != "early":
+            a.complete(b)
+            return
+        with self._lock:
+            b.landed = True
+            if b.waiter is None:
+                return
+            self._unexpected.pop(a, None)
+        _deliver(self.rank, a[0], b.waiter, b)
+
+    def abort(self, error: BaseException) -> None:
+        """Fail every posted receive and every later one with ``error`` (first cause wins)."""
+        with self._lock:
+            if self.aborted is None:
+                self.aborted = error
+            posted, self._posted = self._posted, {}
+            early, self._unexpected = self._unexpected, {}
+        for p in posted.values():
+            p.req.complete(self.aborted)
+        for e in early.values():
+            if e.waiter is not None:
+                e.waiter.req.complete(self.aborted)
+
+
+def _deliver(rank: int, peer: int, posted: _Posted, early: _Early) -> None:
+    err = check_match(rank, peer, posted.meta, early.header)
+    if err is None:
+        posted.out[:] = early.data
+    posted.req.complete(err)
+
+
+def as_bytes(arr: np.ndarray) -> memoryview:
+    return memoryview(arr).cast("B") if arr.size else memoryview(b"")
+
+
+def aborted_error(rank: int, cause: BaseException) -> AbortedError:
+    return AbortedError(f"rank {rank}: process group aborted earlier: {cause}", rank=rank)

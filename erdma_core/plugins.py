@@ -1,0 +1,208 @@
+"""Plugin loading: stevedore finds entry points in ``erdma.plugins``, pluggy validates and dispatches.
+
+Environment switches: ``ERDMA_PLUGINS`` (comma list: load only these external plugins),
+``ERDMA_DISABLE_PLUGINS`` (comma list: skip these), ``ERDMA_TRACE_PLUGINS=1`` (log every hook call).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .config.option import Option, did_you_mean
+from .errors import PluginError
+
+log = logging.getLogger("erdma.plugins")
+ENTRY_POINT_GROUP = "erdma.plugins"
+KINDS = ("transport", "discovery", "traversal", "compressor")
+# Components we know of that live in distributions of their own: the advice for "not installed".
+KNOWN: dict[str, dict[str, str]] = {
+    "transport": {"quic": "erdma-quic", "verbs": "erdma-verbs", "dpdk": "erdma-dpdk"},
+    "discovery": {"kademlia": "erdma-p2p"},
+    "traversal": {"stun": "erdma-p2p", "holepunch": "erdma-p2p", "turn": "erdma-p2p"},
+    "compressor": {"nvcomp": "erdma-gpucomp", "gpu": "erdma-gpucomp", "topk": "erdma-gpucomp"},
+    "algorithm": {"naca": "erdma-naca"},
+}
+
+
+@attrs.frozen
+class Component:
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    plugin: str
+    options: Mapping[str, Option] = attrs.field(factory=dict)
+    description: str = ""
+
+
+@attrs.frozen
+class PluginInfo:
+    name: str
+    distribution: str
+    version: str
+    hooks: tuple[str, ...]
+    error: str | None = None
+
+
+class Components:
+    """What the loaded plugins registered, and the plugin manager that answers decision hooks."""
+
+    def __init__(self, pm: pluggy.PluginManager, plugins: list[PluginInfo]) -> None:
+        self.pm = pm
+        self.plugins = plugins
+        self.by_kind: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+        self.algorithms: dict[str, dict[str, Component]] = {}
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self.by_kind[kind])
+
+    def hint(self, kind: str) -> Callable[[str], str]:
+        def advise(name: str) -> str:
+            dist = KNOWN.get(kind, {}).get(name)
+            failed = [p for p in self.plugins if p.error and p.distribution == dist]
+            if failed:
+                return f"; {dist} is installed but failed to load: {failed[0].error}"
+            return f"; it is provided by `pip install {dist}`" if dist else ""
+        return advise
+
+    def get(self, kind: str, name: str) -> Component:
+        try:
+            return self.by_kind[kind][name]
+        except KeyError:
+            installed = ", ".join(self.names(kind)) or "(none)"
+            raise PluginError(f"Unknown {kind} {name!r}; installed: {installed}"
+                              + did_you_mean(name, self.names(kind)) + self.hint(kind)(name)) from None
+
+    def create(self, kind: str, name: str, *args: Any) -> Any:
+        """Instantiate a selected component; a failure is a hard error naming the plugin and the cause."""
+        comp = self.get(kind, name)
+        try:
+            return comp.factory(*args)
+        except Exception as exc:
+            raise PluginError(f"{kind} {name!r} from plugin {comp.plugin!r} failed to load: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+    def algorithm(self, op: str, name: str) -> Component:
+        try:
+            return self.algorithms[op][name]
+        except KeyError:
+            known = ", ".join(sorted(self.algorithms.get(op, {}))) or "(none)"
+            raise PluginError(f"Unknown {op} algorithm {name!r}; installed: {known}"
+                              + did_you_mean(name, list(self.algorithms.get(op, {})))
+                              + self.hint("algorithm")(name)) from None
+
+    def option_sections(self) -> dict[str, dict[str, Option]]:
+        """Plugin-declared config sections, ``[<kind>.<name>]``."""
+        out = {}
+        for kind, comps in self.by_kind.items():
+            for comp in comps.values():
+                if comp.options:
+                    out[f"{kind if kind != 'compressor' else 'compression'}.{comp.name}"] = dict(comp.options)
+        return out
+
+
+def _env_list(name: str) -> set[str] | None:
+    raw = os.environ.get(name)
+    return None if raw is None else {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def build_plugin_manager() -> Components:
+    """Build a fresh plugin manager: built-ins first, then every allowed entry point, then collect components."""
+    from stevedore import ExtensionManager
+
+    from . import builtin
+
+    pm = pluggy.PluginManager("erdma")
+    pm.add_hookspecs(hookspecs)
+    pm.register(builtin, name="builtin")
+    infos = [PluginInfo("builtin", "erdma-core", _version("erdma-core"), _hooks(builtin))]
+    allow, deny = _env_list("ERDMA_PLUGINS"), _env_list("ERDMA_DISABLE_PLUGINS") or set()
+
+    def failed(_manager: Any, ep: Any, exc: BaseException) -> None:
+        dist = _dist_of(ep)
+        log.warning("erdma plugin %r (%s) failed to load, skipped: %s: %s", ep.name, dist, type(exc).__name__, exc)
+        infos.append(PluginInfo(ep.name, dist, _version(dist), (), f"{type(exc).__name__}: {exc}"))
+
+    mgr = ExtensionManager(ENTRY_POINT_GROUP, invoke_on_load=False, on_load_failure_callback=failed)
+    for ext in sorted(mgr.extensions, key=lambda e: e.name):
+        if (allow is not None and ext.name not in allow) or ext.name in deny:
+            log.info("erdma plugin %r skipped by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS", ext.name)
+            continue
+        pm.register(ext.plugin, name=ext.name)
+        dist = _dist_of(ext.entry_point)
+        infos.append(PluginInfo(ext.name, dist, _version(dist), _hooks(ext.plugin)))
+    pm.check_pending()
+    if os.environ.get("ERDMA_TRACE_PLUGINS", "") not in ("", "0"):
+        pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[erdma.plugins] {msg}"))
+        pm.enable_tracing()
+    return _collect(pm, infos)
+
+
+def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
+    comps = Components(pm, infos)
+    current = {"plugin": "builtin"}
+
+    def registrar(kind: str) -> Callable[..., None]:
+        def register(name: str, factory: Callable[..., Any], *, options: Mapping[str, Option] | None = None,
+                     description: str = "") -> None:
+            if name in comps.by_kind[kind]:
+                raise PluginError(f"{kind} {name!r} registered twice: by {comps.by_kind[kind][name].plugin!r} "
+                                  f"and {current['plugin']!r}")
+            comps.by_kind[kind][name] = Component(kind, name, factory, current["plugin"], options or {}, description)
+        return register
+
+    def register_algorithm(op: str, name: str, schedule_fn: Callable[..., Any], *, description: str = "") -> None:
+        comps.algorithms.setdefault(op, {})[name] = Component("algorithm", name, schedule_fn, current["plugin"],
+                                                              {}, description)
+
+    hooks = {
+        "transport": pm.hook.erdma_register_transports,
+        "discovery": pm.hook.erdma_register_discovery,
+        "traversal": pm.hook.erdma_register_traversals,
+        "compressor": pm.hook.erdma_register_compressors,
+    }
+    # Call each plugin's implementation separately so every component knows which plugin registered it.
+    for plugin_name, plugin in pm.list_name_plugin():
+        current["plugin"] = plugin_name or "?"
+        for kind, hook in hooks.items():
+            pm.subset_hook_caller(hook.name, [p for p in pm.get_plugins() if p is not plugin])(
+                register=registrar(kind))
+        pm.subset_hook_caller("erdma_register_algorithms", [p for p in pm.get_plugins() if p is not plugin])(
+            register=register_algorithm)
+    return comps
+
+
+def _hooks(plugin: Any) -> tuple[str, ...]:
+    return tuple(sorted(n for n in dir(plugin) if n.startswith("erdma_")))
+
+
+def _dist_of(ep: Any) -> str:
+    dist = getattr(ep, "dist", None)
+    return getattr(dist, "name", None) or "?"
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except (PackageNotFoundError, ValueError):
+        return "?"
+
+
+_CACHE: dict[tuple[str | None, ...], Components] = {}
+
+
+def components() -> Components:
+    """The process-wide components, rebuilt when the plugin env switches change."""
+    key = tuple(os.environ.get(v) for v in ("ERDMA_PLUGINS", "ERDMA_DISABLE_PLUGINS", "ERDMA_TRACE_PLUGINS"))
+    if key not in _CACHE:
+        _CACHE[key] = build_plugin_manager()
+    return _CACHE[key]

@@ -1,0 +1,341 @@
+"""``ProcessGroup``: the collective API, shaped like torch.distributed's.
+
+Calls are validated in the caller's thread (bad input raises at once) and then run in order on the
+group's worker thread; ``async_op=True`` returns the ``Work`` instead of waiting for it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import dtypes, executor, reduce_ops
+from .algorithms.schedule import Schedule, Spec
+from .buffers import Buffer, as_buffer
+from .errors import ErdmaError
+from .mailbox import Request, as_bytes
+from .reduce_ops import ReduceOp
+from .runtime import Runtime
+from .wire import DATA, OPCODES, P2P_GROUP_BIT, Header
+from .work import Work
+
+
+class ProcessGroup:
+    def __init__(self, rt: Runtime, ranks: Sequence[int], group_id: int) -> None:
+        self.rt = rt
+        self.ranks = tuple(ranks)
+        self.group_id = group_id
+        self._rank = self.ranks.index(rt.rank)
+        self._seq = itertools.count(1)
+        self._p2p: dict[tuple[str, int, int], int] = {}
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}")
+        self._lock = threading.Lock()
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(rank={self._rank}, size={self.size()}, group={self.group_id})"
+
+    # ---- plumbing -------------------------------------------------------------------------------------
+    def _submit(self, name: str, fn: Callable[[], Any], async_op: bool) -> Work | None:
+        with self._lock:
+            future = self._pool.submit(fn)
+        work = Work(future, name, self.rt.rank)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def _algorithm(self, op: str, nbytes: int) -> str:
+        name = self.rt.config[f"collectives.{op}"]
+        if name == "auto":
+            name = self.rt.components.pm.hook.erdma_choose_algorithm(
+                op=op, nbytes=nbytes, world_size=self.size(), config=self.rt.config)
+        return name
+
+    def _collective(self, name: str, spec: Spec, buffers: dict[str, np.ndarray], dtype: str,
+                    reduce_op: ReduceOp | None, after: Callable[[], None], async_op: bool) -> Work | None:
+        seq = next(self._seq)
+        algo = self._algorithm(name, spec.count * buffers["out"].itemsize)
+        schedule = _schedule(self.rt.components.algorithm(name, algo).factory, spec)
+        chunk = max(1, self.rt.config["collectives.chunk_bytes"] // buffers["out"].itemsize)
+
+        def run() -> None:
+            if self.size() > 1:
+                op = executor.Op(name, OPCODES[name], dtype, dtypes.code_of(dtype), spec.count, self.rt.job,
+                                 self.group_id, seq, reduce_op, self.rt.timeout, chunk, self.ranks, self.rt.rank)
+                self.rt.transport.begin(self.group_id, seq)
+                executor.run(schedule, buffers, self.rt.transport, op)
+            after()
+
+        return self._submit(name, run, async_op)
+
+    def _spec(self, op: str, count: int, **kw: Any) -> Spec:
+        return Spec(op, self._rank, self.size(), count, ps_servers=self.rt.config["collectives.ps_servers"], **kw)
+
+    def _root(self, root: int, what: str) -> int:
+        if not 0 <= root < self.size():
+            raise ValueError(f"{what}={root} is not a rank of this group (size {self.size()})")
+        return root
+
+    # ---- collectives ----------------------------------------------------------------------------------
+    def allreduce(self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        buf, rop = as_buffer(tensor), reduce_ops.parse(op)
+        reduce_ops.check(rop, buf.dtype)
+
+        def after() -> None:
+            reduce_ops.finish(buf.array, rop, buf.dtype, self.size())
+            buf.commit()
+
+        return self._collective("allreduce", self._spec("allreduce", buf.array.size), {"out": buf.array},
+                                buf.dtype, rop, after, async_op)
+
+    def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
+        buf = as_buffer(tensor)
+        spec = self._spec("broadcast", buf.array.size, root=self._root(src, "src"))
+        return self._collective("broadcast", spec, {"out": buf.array}, buf.dtype, None, buf.commit, async_op)
+
+    def reduce(self, tensor: Any, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
+               async_op: bool = False) -> Work | None:
+        buf, rop = as_buffer(tensor), reduce_ops.parse(op)
+        reduce_ops.check(rop, buf.dtype)
+        root = self._root(dst, "dst")
+        work = buf.array.copy()
+
+        def after() -> None:
+            if self._rank == root:
+                reduce_ops.finish(work, rop, buf.dtype, self.size())
+                buf.array[...] = work
+                buf.commit()
+
+        return self._collective("reduce", self._spec("reduce", work.size, root=root), {"out": work}, buf.dtype,
+                                rop, after, async_op)
+
+    def allgather(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
+        src = as_buffer(input, "input", writable=False)
+        out, done = self._gathered(output, src, "output")
+        return self._collective("allgather", self._spec("allgather", src.array.size),
+                                {"in": src.array, "out": out}, src.dtype, None, done, async_op)
+
+    def gather(self, input: Any, gather_list: Any = None, dst: int = 0, async_op: bool = False) -> Work | None:
+        src = as_buffer(input, "input", writable=False)
+        root = self._root(dst, "dst")
+        if self._rank == root:
+            if gather_list is None:
+                raise ValueError(f"gather: rank {self._rank} is dst and needs gather_list")
+            out, done = self._gathered(gather_list, src, "gather_list")
+        else:
+            out, done = np.empty(0, src.array.dtype), _nothing
+        return self._collective("gather", self._spec("gather", src.array.size, root=root),
+                                {"in": src.array, "out": out}, src.dtype, None, done, async_op)
+
+    def scatter(self, output: Any, scatter_list: Any = None, src: int = 0, async_op: bool = False) -> Work | None:
+        dst = as_buffer(output, "output")
+        root = self._root(src, "src")
+        if self._rank == root:
+            if scatter_list is None:
+                raise ValueError(f"scatter: rank {self._rank} is src and needs scatter_list")
+            inp = self._joined(scatter_list, dst, "scatter_list")
+        else:
+            inp = np.empty(0, dst.array.dtype)
+        return self._collective("scatter", self._spec("scatter", dst.array.size, root=root),
+                                {"in": inp, "out": dst.array}, dst.dtype, None, dst.commit, async_op)
+
+    def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM,
+                       async_op: bool = False) -> Work | None:
+        dst, rop = as_buffer(output, "output"), reduce_ops.parse(op)
+        reduce_ops.check(rop, dst.dtype)
+        inp = self._joined(input, dst, "input")
+
+        def after() -> None:
+            reduce_ops.finish(dst.array, rop, dst.dtype, self.size())
+            dst.commit()
+
+        buffers = {"in": inp, "out": dst.array, "work": np.empty(inp.size, inp.dtype)}
+        return self._collective("reduce_scatter", self._spec("reduce_scatter", dst.array.size), buffers,
+                                dst.dtype, rop, after, async_op)
+
+    def alltoall(self, output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,
+                 input_split_sizes: Sequence[int] | None = None, async_op: bool = False) -> Work | None:
+        """all_to_all_single: split ``input`` along dim 0 by ``input_split_sizes`` (equal when None), send
+        piece q to rank q; ``output`` receives rank q's piece at its place by ``output_split_sizes``."""
+        if isinstance(output, list | tuple):
+            return self._alltoall_lists(output, input, async_op)
+        src, dst = as_buffer(input, "input", writable=False), as_buffer(output, "output")
+        _same_dtype(src, dst, "alltoall")
+        send = self._splits(input, src, input_split_sizes, "input_split_sizes")
+        recv = self._splits(output, dst, output_split_sizes, "output_split_sizes")
+        inp = src.array.copy() if np.shares_memory(src.array, dst.array) else src.array
+        spec = self._spec("alltoall", 0, send_counts=send, recv_counts=recv)
+        return self._collective("alltoall", spec, {"in": inp, "out": dst.array}, dst.dtype, None, dst.commit,
+                                async_op)
+
+    def _alltoall_lists(self, outputs: Sequence[Any], inputs: Sequence[Any], async_op: bool) -> Work | None:
+        if len(outputs) != self.size() or len(inputs) != self.size():
+            raise ValueError(f"alltoall: need {self.size()} input and output tensors, got {len(inputs)} "
+                             f"and {len(outputs)}")
+        outs = [as_buffer(o, f"output[{i}]") for i, o in enumerate(outputs)]
+        ins = [as_buffer(t, f"input[{i}]", writable=False) for i, t in enumerate(inputs)]
+        for b in outs + ins:
+            _same_dtype(ins[0], b, "alltoall")
+        flat_out = np.empty(sum(b.array.size for b in outs), outs[0].array.dtype)
+        spec = self._spec("alltoall", 0, send_counts=tuple(b.array.size for b in ins),
+                          recv_counts=tuple(b.array.size for b in outs))
+
+        def after() -> None:
+            _unpack(flat_out, outs)
+
+        return self._collective("alltoall", spec, {"in": np.concatenate([b.array for b in ins]), "out": flat_out},
+                                ins[0].dtype, None, after, async_op)
+
+    def barrier(self, async_op: bool = False) -> Work | None:
+        return self._collective("barrier", self._spec("barrier", 0), {"out": np.empty(0, np.uint8)}, "uint8",
+                                None, _nothing, async_op)
+
+    # ---- point to point -------------------------------------------------------------------------------
+    def send(self, tensor: Any, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
+        buf = as_buffer(tensor, writable=False)
+        return self._p2p_op("send", buf, self._root(dst, "dst"), tag, async_op)
+
+    def recv(self, tensor: Any, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
+        buf = as_buffer(tensor)
+        return self._p2p_op("recv", buf, self._root(src, "src"), tag, async_op)
+
+    def isend(self, tensor: Any, dst: int, tag: int = 0) -> Work:
+        return self.send(tensor, dst, tag, async_op=True)  # type: ignore[return-value]
+
+    def irecv(self, tensor: Any, src: int, tag: int = 0) -> Work:
+        return self.recv(tensor, src, tag, async_op=True)  # type: ignore[return-value]
+
+    def _p2p_op(self, kind: str, buf: Buffer, peer: int, tag: int, async_op: bool) -> Work | None:
+        if peer == self._rank:
+            raise ValueError(f"{kind}: rank {peer} is this rank; send/recv need another rank")
+        if not 0 <= tag < 2**63:
+            raise ValueError(f"{kind}: tag {tag} must be in [0, 2**63)")
+        key = (kind, peer, tag)
+        with self._lock:
+            n = self._p2p.get(key, 0)
+            self._p2p[key] = n + 1
+        g = self.ranks[peer]
+        header = Header(DATA, dtypes.code_of(buf.dtype), OPCODES["send"], 0, self.rt.job,
+                        self.group_id | P2P_GROUP_BIT, tag, n, buf.array.size, buf.array.nbytes)
+        t = self.rt.transport
+
+        def run() -> None:
+            op = executor.Op(kind, OPCODES["send"], buf.dtype, header.dtype, buf.array.size, self.rt.job,
+                             self.group_id, tag, None, self.rt.timeout, 1, self.ranks, self.rt.rank)
+            req: Request = (t.isend(g, header, as_bytes(buf.array), op.deadline) if kind == "send"
+                            else t.irecv(g, header, as_bytes(buf.array)))
+            executor._finish(req, peer, op, t, "sending to" if kind == "send" else "waiting for")
+            if kind == "recv":
+                buf.commit()
+
+        return self._submit(kind, run, async_op)
+
+    # ---- groups and shutdown -----------------------------------------------------------------------------
+    def new_group(self, ranks: Sequence[int] | None = None) -> ProcessGroup | None:
+        """Collective over the whole job: every rank calls it with the same global ``ranks``.
+        Returns the new group on its members and None elsewhere."""
+        members = sorted(set(range(self.rt.world_size) if ranks is None else ranks))
+        if not members or members[0] < 0 or members[-1] >= self.rt.world_size:
+            raise ValueError(f"new_group: ranks {list(ranks or [])} must be ranks of the job (0..{self.rt.world_size - 1})")
+        gid = self.rt.next_group_id()
+        return ProcessGroup(self.rt, members, gid) if self.rt.rank in members else None
+
+    def destroy(self) -> None:
+        """Finish queued work and release the group; destroying the default group ends the job's transport."""
+        self._pool.shutdown(wait=True)
+        if self.group_id == 0:
+            self.rt.close()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    def _gathered(self, output: Any, src: Buffer, what: str) -> tuple[np.ndarray, Callable[[], None]]:
+        """A flat array of size*n to gather into, and the write-back to the user's output."""
+        p, n = self.size(), src.array.size
+        if isinstance(output, list | tuple):
+            if len(output) != p:
+                raise ValueError(f"{what}: need {p} tensors, got {len(output)}")
+            outs = [as_buffer(o, f"{what}[{i}]") for i, o in enumerate(output)]
+            for i, b in enumerate(outs):
+                _same_dtype(src, b, what)
+                if b.array.size != n:
+                    raise ValueError(f"{what}[{i}] has {b.array.size} elements, the input {n}")
+            flat = np.empty(p * n, src.array.dtype)
+            return flat, lambda: _unpack(flat, outs)
+        dst = as_buffer(output, what)
+        _same_dtype(src, dst, what)
+        if dst.array.size != p * n:
+            raise ValueError(f"{what} has {dst.array.size} elements; world size {p} x input {n} = {p * n}")
+        return dst.array, dst.commit
+
+    def _joined(self, inputs: Any, dst: Buffer, what: str) -> np.ndarray:
+        p, n = self.size(), dst.array.size
+        if isinstance(inputs, list | tuple):
+            if len(inputs) != p:
+                raise ValueError(f"{what}: need {p} tensors, got {len(inputs)}")
+            parts = [as_buffer(t, f"{what}[{i}]", writable=False) for i, t in enumerate(inputs)]
+            for i, b in enumerate(parts):
+                _same_dtype(dst, b, what)
+                if b.array.size != n:
+                    raise ValueError(f"{what}[{i}] has {b.array.size} elements, the output {n}")
+            return np.concatenate([b.array for b in parts])
+        src = as_buffer(inputs, what, writable=False)
+        _same_dtype(dst, src, what)
+        if src.array.size != p * n:
+            raise ValueError(f"{what} has {src.array.size} elements; world size {p} x output {n} = {p * n}")
+        return src.array
+
+    def _splits(self, tensor: Any, buf: Buffer, sizes: Sequence[int] | None, what: str) -> tuple[int, ...]:
+        shape = tuple(getattr(tensor, "shape", (buf.array.size,))) or (1,)
+        rows, per_row = shape[0], buf.array.size // max(1, shape[0])
+        p = self.size()
+        if sizes is None:
+            if rows % p:
+                raise ValueError(f"alltoall: dim 0 of size {rows} is not divisible by the world size {p}; "
+                                 f"pass {what}")
+            return tuple([rows // p * per_row] * p)
+        sizes = list(sizes)
+        if len(sizes) != p or sum(sizes) != rows or min(sizes) < 0:
+            raise ValueError(f"alltoall: {what}={sizes} must be {p} non-negative sizes summing to dim 0 ({rows})")
+        return tuple(s * per_row for s in sizes)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _same_dtype(a: Buffer, b: Buffer, what: str) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{what}: dtype {b.dtype} does not match the input's {a.dtype}")
+
+
+def _unpack(flat: np.ndarray, outs: Sequence[Buffer]) -> None:
+    pos = 0
+    for b in outs:
+        b.array[...] = flat[pos:pos + b.array.size]
+        pos += b.array.size
+        b.commit()
+
+
+@functools.lru_cache(maxsize=512)
+def _schedule(fn: Callable[[Spec], Schedule], spec: Spec) -> Schedule:
+    schedule = fn(spec)
+    if not isinstance(schedule, list):
+        raise ErdmaError(f"algorithm {fn.__qualname__} returned {type(schedule).__name__}, not a list of Steps")
+    return schedule

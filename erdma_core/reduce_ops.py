@@ -1,0 +1,66 @@
+"""Reduction operators and the kernel that applies one slice onto another."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from . import dtypes
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+
+    @property
+    def code(self) -> int:
+        return list(ReduceOp).index(self) + 1
+
+
+_UFUNC = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,  # AVG sums on the wire and divides once at the end
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+
+
+def parse(op: ReduceOp | str) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    try:
+        return ReduceOp[str(op).upper()]
+    except KeyError:
+        choices = ", ".join(o.name for o in ReduceOp)
+        raise ValueError(f"unknown reduce op {op!r}; valid choices: {choices}") from None
+
+
+def check(op: ReduceOp, dtype: str) -> None:
+    if op is ReduceOp.AVG and dtype not in dtypes.FLOATING:
+        raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {dtype}")
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, dtype: str) -> None:
+    """dst = op(dst, src), elementwise, in the storage of ``dtype``. Deterministic for a given order."""
+    ufunc = _UFUNC[op]
+    if dtype == "bfloat16":
+        dtypes.f32_to_bf16(ufunc(dtypes.bf16_to_f32(dst), dtypes.bf16_to_f32(src)), dst)
+    elif dtype == "bool" and op is ReduceOp.SUM:
+        np.logical_or(dst, src, out=dst)
+    else:
+        ufunc(dst, src, out=dst)
+
+
+def finish(buf: np.ndarray, op: ReduceOp, dtype: str, world: int) -> None:
+    """Apply the once-per-result step of ``op`` (AVG's division by the world size)."""
+    if op is not ReduceOp.AVG:
+        return
+    if dtype == "bfloat16":
+        dtypes.f32_to_bf16(dtypes.bf16_to_f32(buf) / np.float32(world), buf)
+    else:
+        np.true_divide(buf, world, out=buf, casting="unsafe")

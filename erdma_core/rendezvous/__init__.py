@@ -1,0 +1,38 @@
+"""Rendezvous: how ranks find each other (the built-in discovery methods env://, tcp://, file://)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from ..errors import ConfigError
+from .store import FileStore, Store, TCPStore
+
+__all__ = ["FileStore", "Store", "TCPStore", "env_store", "file_store", "tcp_store"]
+
+
+def tcp_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:
+    """``tcp://host:port``: rank 0 serves the store on host:port, every rank dials it."""
+    parsed = urlparse(url)
+    if not parsed.hostname or not parsed.port:
+        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a host and a port: tcp://HOST:PORT")
+    return TCPStore(parsed.hostname, parsed.port, is_server=rank == 0, timeout=timeout)
+
+
+def env_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:
+    """``env://``: MASTER_ADDR and MASTER_PORT name the store that rank 0 serves (as torchrun sets them)."""
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise ConfigError(f"init_method 'env://' needs the environment variables {', '.join(missing)} "
+                          "(set by torchrun or `erdma run`)")
+    return tcp_store(f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", rank, world_size,
+                     timeout, config)
+
+
+def file_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:
+    """``file:///path``: a folder on a file system all ranks share."""
+    path = urlparse(url).path
+    if not path:
+        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a path: file:///PATH")
+    return FileStore(path)

@@ -1,0 +1,194 @@
+"""Key-value stores for rendezvous: ``TCPStore`` (served by one rank) and ``FileStore`` (a shared folder).
+
+Every call takes a timeout; ``get`` waits for the key to appear. Values are bytes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import socketserver
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import CollectiveTimeoutError, ErdmaError
+
+_SET, _GET, _ADD = 1, 2, 3
+_REQ = struct.Struct("<BdII")  # op, timeout, key length, value length
+_RESP = struct.Struct("<BI")  # status (0 ok, 1 timeout), value length
+
+
+class Store(Protocol):
+    def set(self, key: str, value: bytes) -> None: ...
+
+    def get(self, key: str, timeout: float) -> bytes: ...
+
+    def add(self, key: str, amount: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def _timeout(key: str, timeout: float, where: str) -> CollectiveTimeoutError:
+    return CollectiveTimeoutError(f"rendezvous: key {key!r} did not appear in {where} within {timeout:.1f}s "
+                                  f"(are all ranks started with the same init_method and world size?)")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("store connection closed")
+        got += k
+    return bytes(buf)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int]) -> None:
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        super().__init__(addr, _Handler)
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        srv: _Server = self.server  # type: ignore[assignment]
+        sock: socket.socket = self.request
+        try:
+            while True:
+                op, timeout, klen, vlen = _REQ.unpack(_recv_exact(sock, _REQ.size))
+                key = _recv_exact(sock, klen).decode()
+                value = _recv_exact(sock, vlen)
+                status, out = 0, b""
+                with srv.cond:
+                    if op == _SET:
+                        srv.data[key] = value
+                        srv.cond.notify_all()
+                    elif op == _ADD:
+                        n = int(srv.data.get(key, b"0")) + int(value)
+                        srv.data[key] = str(n).encode()
+                        out = srv.data[key]
+                        srv.cond.notify_all()
+                    elif op == _GET:
+                        if srv.cond.wait_for(lambda: key in srv.data, timeout=timeout):
+                            out = srv.data[key]
+                        else:
+                            status = 1
+                sock.sendall(_RESP.pack(status, len(out)) + out)
+        except (ConnectionError, OSError, struct.error):
+            return
+
+
+class TCPStore:
+    """A store served by the rank with ``is_server``; clients retry connecting until ``timeout``."""
+
+    def __init__(self, host: str, port: int, *, is_server: bool, timeout: float) -> None:
+        self.host, self.port = host, port
+        self._server: _Server | None = None
+        if is_server:
+            self._server = _Server((_bindable(host), port))
+            self.port = self._server.server_address[1]
+            threading.Thread(target=self._server.serve_forever, name="erdma-store", daemon=True).start()
+        self._lock = threading.Lock()
+        self._sock = self._dial(timeout)
+
+    def _dial(self, timeout: float) -> socket.socket:
+        deadline, delay = time.monotonic() + timeout, 0.01
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            except OSError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise CollectiveTimeoutError(f"rendezvous: cannot reach the store at {self.host}:{self.port} "
+                                                 f"within {timeout:.1f}s: {exc}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    def _call(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
+        k = key.encode()
+        with self._lock:
+            self._sock.settimeout(timeout + 5.0)
+            try:
+                self._sock.sendall(_REQ.pack(op, timeout, len(k), len(value)) + k + value)
+                status, n = _RESP.unpack(_recv_exact(self._sock, _RESP.size))
+                return status, _recv_exact(self._sock, n)
+            except (OSError, ConnectionError) as exc:
+                raise ErdmaError(f"rendezvous store at {self.host}:{self.port} failed: {exc}") from exc
+
+    def set(self, key: str, value: bytes) -> None:
+        self._call(_SET, key, value, 1.0)
+
+    def get(self, key: str, timeout: float) -> bytes:
+        status, value = self._call(_GET, key, b"", timeout)
+        if status:
+            raise _timeout(key, timeout, f"the store at {self.host}:{self.port}")
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call(_ADD, key, str(amount).encode(), 1.0)[1])
+
+    def close(self) -> None:
+        self._sock.close()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def _bindable(host: str) -> str:
+    """Bind the store to ``host`` when it is an address of this machine, else to every interface."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+        return host
+    except OSError:
+        return ""
+
+
+class FileStore:
+    """A store in a folder every rank can reach (one file per key, written atomically)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, key: str) -> Path:
+        return self.path / key.replace("/", "%2F")
+
+    def set(self, key: str, value: bytes) -> None:
+        tmp = self.path / f".tmp.{os.getpid()}.{threading.get_ident()}"
+        tmp.write_bytes(value)
+        tmp.replace(self._file(key))
+
+    def get(self, key: str, timeout: float) -> bytes:
+        deadline, delay = time.monotonic() + timeout, 0.005
+        while True:
+            try:
+                return self._file(key).read_bytes()
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise _timeout(key, timeout, f"the folder {self.path}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    def add(self, key: str, amount: int) -> int:
+        with open(self.path / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                n = int(self._file(key).read_bytes()) + amount
+            except FileNotFoundError:
+                n = amount
+            self.set(key, str(n).encode())
+            return n
+
+    def close(self) -> None:
+        pass

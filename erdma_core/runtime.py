@@ -1,0 +1,35 @@
+"""The per-process state behind every ProcessGroup of a job: config, store, transport."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from .config import Config
+from .plugins import Components
+from .rendezvous.store import Store
+
+
+class Runtime:
+    def __init__(self, rank: int, world_size: int, config: Config, components: Components, store: Store,
+                 transport: Any, job: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.config, self.components = config, components
+        self.store, self.transport, self.job = store, transport, job
+        self.timeout: float = config["timeouts.collective"]
+        self._groups = itertools.count(1)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def next_group_id(self) -> int:
+        with self._lock:
+            return next(self._groups)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.transport.close()
+        self.store.close()

@@ -1,0 +1,111 @@
+"""``init``: config, rendezvous, job id, traversal and transport, in that order."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+import attrs
+
+from . import config as cfg
+from .errors import ConfigError, ErdmaError
+from .plugins import Components, components
+from .process_group import ProcessGroup
+from .runtime import Runtime
+from .transport.base import TransportContext
+
+_default: ProcessGroup | None = None
+
+
+def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None = None,
+                comps: Components | None = None, **overrides: Any) -> cfg.Config:
+    """The effective config: ``config`` is a path to erdma.toml, a dict of dotted keys, or a Config."""
+    if isinstance(config, cfg.Config):
+        return config
+    comps = comps or components()
+    schema = cfg.core_schema({op: list(a) for op, a in comps.algorithms.items()},
+                             {k: comps.names(k) for k in comps.by_kind})
+    for kind, key in (("transport", "transport"), ("traversal", "traversal"), ("compressor", "compression")):
+        schema[key]["name"] = attrs.evolve(schema[key]["name"], hint=comps.hint(kind))
+    schema |= comps.option_sections()
+    if isinstance(config, Mapping):
+        return cfg.build(schema, overrides={**config, **overrides})
+    return cfg.build(schema, file=config, overrides=overrides)
+
+
+def _env_int(name: str, given: int | None, needed_by: str) -> int:
+    if given is not None:
+        return given
+    raw = os.environ.get(name)
+    if raw is None:
+        raise ConfigError(f"{needed_by}: no {name.lower()} given and {name} is not set in the environment "
+                          "(set by torchrun or `erdma run`)")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def init(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None = None, *,
+         rank: int | None = None, world_size: int | None = None, init_method: str | None = None,
+         timeout: float | None = None) -> ProcessGroup:
+    """Join the job and return its default ProcessGroup. With no arguments: env:// as torchrun sets it."""
+    global _default
+    comps = components()
+    overrides: dict[str, Any] = {}
+    if init_method is not None:
+        overrides["discovery.init_method"] = init_method
+    if timeout is not None:
+        overrides["timeouts.collective"] = float(timeout)
+    conf = load_config(config, comps, **overrides)
+    url = conf["discovery.init_method"]
+    rank = _env_int("RANK", rank, "init")
+    world_size = _env_int("WORLD_SIZE", world_size, "init")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"init: rank {rank} is not in [0, world_size={world_size})")
+    scheme = urlparse(url).scheme
+    connect_timeout = conf["timeouts.connect"]
+    store = comps.create("discovery", scheme or url, url, rank, world_size, connect_timeout, conf)
+    try:
+        job = _agree_job(store, rank, world_size, conf["security.job_token"], connect_timeout)
+        traversal = comps.create("traversal", conf["traversal.name"], conf, conf.section(
+            f"traversal.{conf['traversal.name']}"))
+        name = conf["transport.name"]
+        transport = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
+        transport.connect(TransportContext(rank, world_size, store, job, connect_timeout, traversal.advertise))
+    except BaseException:
+        store.close()
+        raise
+    pg = ProcessGroup(Runtime(rank, world_size, conf, comps, store, transport, job), range(world_size), 0)
+    _default = pg
+    return pg
+
+
+def _agree_job(store: Any, rank: int, world_size: int, token: str, timeout: float) -> int:
+    """All ranks agree on a 64-bit job id and on the world size, through the store."""
+    if token:
+        job = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
+    else:
+        job = secrets.randbits(64)
+    if rank == 0:
+        store.set("erdma/job", f"{job}:{world_size}".encode())
+    got_job, got_world = (int(x) for x in store.get("erdma/job", timeout).decode().split(":"))
+    if got_world != world_size:
+        raise ErdmaError(f"rank {rank}: world_size {world_size} disagrees with rank 0's {got_world}")
+    if token and got_job != job:
+        raise ErdmaError(f"rank {rank}: security.job_token differs from rank 0's; refusing to join")
+    return got_job
+
+
+def default_group() -> ProcessGroup:
+    if _default is None:
+        raise ErdmaError("erdma_core.init() has not been called in this process")
+    return _default
+
+
+def new_group(ranks: list[int] | None = None) -> ProcessGroup | None:
+    return default_group().new_group(ranks)

@@ -1,0 +1,1 @@
+"""Transports: the Transport protocol and the built-in TCP transport."""

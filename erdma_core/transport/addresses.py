@@ -1,0 +1,47 @@
+"""Choosing the address a rank listens on and advertises (never just whatever the hostname resolves to)."""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import socket
+import struct
+
+from ..errors import ConfigError
+
+_SIOCGIFADDR = 0x8915
+
+
+def interface_ipv4(name: str) -> str:
+    """IPv4 address of the network interface ``name`` (e.g. ``eth0``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError as exc:
+            names = ", ".join(n for _, n in socket.if_nameindex())
+            raise ConfigError(f"config key 'transport.tcp.interface': value {name!r} has no IPv4 address "
+                              f"({exc.strerror}); interfaces here: {names}") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def route_source(towards: str) -> str:
+    """The local address the kernel would use to reach ``towards``."""
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(towards)).is_loopback:
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((towards, 9))  # UDP connect sends nothing; it only picks the route
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def choose(bind_address: str, interface: str, towards: str | None) -> tuple[str, str]:
+    """Return ``(bind host, advertised host)`` from the config and the rendezvous host."""
+    if interface:
+        host = interface_ipv4(interface)
+        return host, host
+    if bind_address and bind_address not in ("0.0.0.0", "::"):
+        return bind_address, bind_address
+    advertised = route_source(towards) if towards else "127.0.0.1"
+    return (bind_address or advertised), advertised

@@ -1,0 +1,50 @@
+"""What a transport provides. Algorithms never see a transport; the executor drives it with these calls."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+from ..mailbox import Request
+from ..rendezvous.store import Store
+from ..wire import Header
+
+
+@attrs.frozen
+class TransportContext:
+    """Everything a transport needs at set-up."""
+
+    rank: int
+    world_size: int
+    store: Store
+    job: int
+    connect_timeout: float
+    advertise: Any = None  # traversal: ``advertise(host, port) -> (host, port)``
+
+
+class Transport(Protocol):
+    """A full mesh of reliable, ordered message channels between the ranks of one job.
+
+    Contract: ``connect`` returns once every peer is reachable or raises (within ``connect_timeout``).
+    ``isend``/``irecv`` never block for long and return a ``Request``; frames between two ranks are
+    delivered in order; a receive matches a send by (peer, ``header.key``); a receive whose header
+    disagrees with the sender's (opcode, dtype, numel, nbytes) fails with ``MismatchError``. A lost
+    peer fails every pending and later request with ``PeerLostError``. ``abort`` fails everything and
+    tells the peers (they fail with ``AbortedError`` carrying the reason). ``close`` is idempotent.
+    """
+
+    rank: int
+    world_size: int
+
+    def connect(self, ctx: TransportContext) -> None: ...
+
+    def isend(self, peer: int, header: Header, data: memoryview, deadline: float) -> Request: ...
+
+    def irecv(self, peer: int, header: Header, out: memoryview) -> Request: ...
+
+    def begin(self, group: int, seq: int) -> None: ...
+
+    def abort(self, error: BaseException) -> None: ...
+
+    def close(self) -> None: ...
