@@ -53,14 +53,12 @@ def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transp
         for c in step.copies:
             buffers[c.dst][c.dst_offset:c.dst_offset + c.count] = buffers[c.src][c.src_offset:c.src_offset + c.count]
         pending: list[tuple[Request, Xfer, int, int, np.ndarray | None]] = []
-        scratch_need = sum(x.count for x in step.recvs if x.reduce)
-        scratch = np.empty(scratch_need, buffers["out"].dtype) if scratch_need else None
+        scratch = np.empty(sum(x.count for x in step.recvs if x.reduce), buffers["out"].dtype)
         used = 0
         for x in step.recvs:
             g = op.ranks[x.peer]
             for off, cnt in _chunks(x, op.chunk_elems):
                 if x.reduce:
-                    assert scratch is not None
                     land = scratch[used:used + cnt]
                     used += cnt
                 else:

@@ -178,7 +178,7 @@ def _deliver(rank: int, peer: int, posted: _Posted, early: _Early) -> None:
 
 
 def as_bytes(arr: np.ndarray) -> memoryview:
-    return memoryview(arr).cast("B") if arr.size else memoryview(b"")
+    return memoryview(arr).cast("B")
 
 
 def aborted_error(rank: int, cause: BaseException) -> AbortedError:

@@ -56,17 +56,18 @@ class ProcessGroup:
         work.wait()
         return None
 
-    def _algorithm(self, op: str, nbytes: int) -> str:
-        name = self.rt.config[f"collectives.{op}"]
+    def _algorithm(self, op: str, nbytes: int, chosen: str | None) -> str:
+        name = chosen or self.rt.config[f"collectives.{op}"]
         if name == "auto":
             name = self.rt.components.pm.hook.erdma_choose_algorithm(
                 op=op, nbytes=nbytes, world_size=self.size(), config=self.rt.config)
         return name
 
     def _collective(self, name: str, spec: Spec, buffers: dict[str, np.ndarray], dtype: str,
-                    reduce_op: ReduceOp | None, after: Callable[[], None], async_op: bool) -> Work | None:
+                    reduce_op: ReduceOp | None, after: Callable[[], None], async_op: bool,
+                    algorithm: str | None = None) -> Work | None:
         seq = next(self._seq)
-        algo = self._algorithm(name, spec.count * buffers["out"].itemsize)
+        algo = self._algorithm(name, spec.count * buffers["out"].itemsize, algorithm)
         schedule = _schedule(self.rt.components.algorithm(name, algo).factory, spec)
         chunk = max(1, self.rt.config["collectives.chunk_bytes"] // buffers["out"].itemsize)
 
@@ -89,7 +90,9 @@ class ProcessGroup:
         return root
 
     # ---- collectives ----------------------------------------------------------------------------------
-    def allreduce(self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+    def allreduce(self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, async_op: bool = False,
+                  algorithm: str | None = None) -> Work | None:
+        """Reduce ``tensor`` across the group in place. ``algorithm`` overrides the config for this call."""
         buf, rop = as_buffer(tensor), reduce_ops.parse(op)
         reduce_ops.check(rop, buf.dtype)
 
@@ -98,7 +101,7 @@ class ProcessGroup:
             buf.commit()
 
         return self._collective("allreduce", self._spec("allreduce", buf.array.size), {"out": buf.array},
-                                buf.dtype, rop, after, async_op)
+                                buf.dtype, rop, after, async_op, algorithm)
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         buf = as_buffer(tensor)
@@ -166,11 +169,12 @@ class ProcessGroup:
                                 dst.dtype, rop, after, async_op)
 
     def alltoall(self, output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,
-                 input_split_sizes: Sequence[int] | None = None, async_op: bool = False) -> Work | None:
+                 input_split_sizes: Sequence[int] | None = None, async_op: bool = False,
+                 algorithm: str | None = None) -> Work | None:
         """all_to_all_single: split ``input`` along dim 0 by ``input_split_sizes`` (equal when None), send
         piece q to rank q; ``output`` receives rank q's piece at its place by ``output_split_sizes``."""
         if isinstance(output, list | tuple):
-            return self._alltoall_lists(output, input, async_op)
+            return self._alltoall_lists(output, input, async_op, algorithm)
         src, dst = as_buffer(input, "input", writable=False), as_buffer(output, "output")
         _same_dtype(src, dst, "alltoall")
         send = self._splits(input, src, input_split_sizes, "input_split_sizes")
@@ -178,9 +182,10 @@ class ProcessGroup:
         inp = src.array.copy() if np.shares_memory(src.array, dst.array) else src.array
         spec = self._spec("alltoall", 0, send_counts=send, recv_counts=recv)
         return self._collective("alltoall", spec, {"in": inp, "out": dst.array}, dst.dtype, None, dst.commit,
-                                async_op)
+                                async_op, algorithm)
 
-    def _alltoall_lists(self, outputs: Sequence[Any], inputs: Sequence[Any], async_op: bool) -> Work | None:
+    def _alltoall_lists(self, outputs: Sequence[Any], inputs: Sequence[Any], async_op: bool,
+                        algorithm: str | None) -> Work | None:
         if len(outputs) != self.size() or len(inputs) != self.size():
             raise ValueError(f"alltoall: need {self.size()} input and output tensors, got {len(inputs)} "
                              f"and {len(outputs)}")
@@ -196,7 +201,7 @@ class ProcessGroup:
             _unpack(flat_out, outs)
 
         return self._collective("alltoall", spec, {"in": np.concatenate([b.array for b in ins]), "out": flat_out},
-                                ins[0].dtype, None, after, async_op)
+                                ins[0].dtype, None, after, async_op, algorithm)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         return self._collective("barrier", self._spec("barrier", 0), {"out": np.empty(0, np.uint8)}, "uint8",

@@ -1,0 +1,211 @@
+"""The collective benchmark behind ``erdma bench``: an nccl-tests style table, every result validated.
+
+Run as every rank of a job (``erdma run -n 4 -- python -m erdma_core.bench``). ``--backend gloo`` times
+torch.distributed's Gloo on the same ranks in the same run, so the table's ratio compares like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "alltoall": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+}
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    if text and text[-1] in _UNITS:
+        return int(float(text[:-1]) * _UNITS[text[-1]])
+    return int(text)
+
+
+def human(n: int) -> str:
+    for unit in ("G", "M", "K"):
+        if n >= _UNITS[unit] and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
+
+
+class _Erdma:
+    name = "erdma"
+
+    def __init__(self, algorithm: str | None) -> None:
+        import erdma_core
+
+        self.pg = erdma_core.init()
+        self.rank, self.size, self.algorithm = self.pg.rank(), self.pg.size(), algorithm
+
+    def wrap(self, a: np.ndarray) -> Any:
+        return a
+
+    def op(self, name: str, out: Any, inp: Any) -> None:
+        if name == "allreduce":
+            self.pg.allreduce(out, algorithm=self.algorithm)
+        elif name == "broadcast":
+            self.pg.broadcast(out, 0)
+        elif name == "allgather":
+            self.pg.allgather(out, inp)
+        elif name == "reduce_scatter":
+            self.pg.reduce_scatter(out, inp)
+        elif name == "alltoall":
+            self.pg.alltoall(out, inp, algorithm=self.algorithm)
+
+    def max_over_ranks(self, x: float) -> float:
+        a = np.array([x])
+        self.pg.allreduce(a, op="max")
+        return float(a[0])
+
+    def close(self) -> None:
+        self.pg.destroy()
+
+
+class _Gloo:
+    name = "gloo"
+
+    def __init__(self, algorithm: str | None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo")
+        self.dist, self.torch = dist, torch
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def wrap(self, a: np.ndarray) -> Any:
+        return self.torch.from_numpy(a)
+
+    def op(self, name: str, out: Any, inp: Any) -> None:
+        d = self.dist
+        if name == "allreduce":
+            d.all_reduce(out)
+        elif name == "broadcast":
+            d.broadcast(out, 0)
+        elif name == "allgather":
+            d.all_gather_into_tensor(out, inp)
+        elif name == "reduce_scatter":
+            d.reduce_scatter_tensor(out, inp)
+        elif name == "alltoall":
+            d.all_to_all_single(out, inp)
+
+    def max_over_ranks(self, x: float) -> float:
+        t = self.torch.tensor([x], dtype=self.torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return float(t[0])
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(template for out, input, expected out) with values whose results are exact in any order."""
+    if op == "allreduce":
+        return np.full(count, rank + 1, dtype), np.empty(0, dtype), np.full(count, p * (p + 1) // 2, dtype)
+    if op == "broadcast":
+        return np.full(count, rank + 7, dtype), np.empty(0, dtype), np.full(count, 7, dtype)
+    if op == "allgather":
+        return (np.zeros(count * p, dtype), np.full(count, rank + 1, dtype),
+                np.repeat(np.arange(1, p + 1, dtype=dtype), count))
+    if op == "reduce_scatter":
+        return np.zeros(count, dtype), np.full(count * p, rank + 1, dtype), np.full(count, p * (p + 1) // 2, dtype)
+    if op == "alltoall":
+        per = max(1, count // p)
+        inp = (np.repeat(np.arange(p, dtype=dtype), per) + rank * 100).astype(dtype)
+        return np.zeros(per * p, dtype), inp, (np.repeat(np.arange(p, dtype=dtype) * 100, per) + rank).astype(dtype)
+    raise ValueError(f"--op {op!r}; valid choices: {', '.join(BUS_FACTOR)}")
+
+
+def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int) -> list[dict[str, Any]]:
+    rows = []
+    p = backend.size
+    for nbytes in sizes:
+        count = max(1, nbytes // dtype.itemsize)
+        template, inp, expected = _buffers(op, count, backend.rank, p, dtype)
+        out = template.copy()
+        t_out, t_in = backend.wrap(out), backend.wrap(inp)
+        wrong, elapsed = 0, 0.0
+        for i in range(warmup + iters):
+            np.copyto(out, template)
+            start = time.perf_counter()
+            backend.op(op, t_out, t_in)
+            took = time.perf_counter() - start
+            wrong += int(np.count_nonzero(out != expected))
+            if i >= warmup:
+                elapsed += took
+            if backend.rank == 0:
+                sys.stderr.write(f"\r[bench] {backend.name} {op} {human(nbytes)} {i + 1}/{warmup + iters}   ")
+                sys.stderr.flush()
+        t = backend.max_over_ranks(elapsed / iters)
+        algbw = count * dtype.itemsize / t / 1e9
+        rows.append({"backend": backend.name, "size": count * dtype.itemsize, "count": count, "dtype": dtype.name,
+                     "op": op, "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * BUS_FACTOR[op](p),
+                     "wrong": int(backend.max_over_ranks(wrong)), "ranks": p})
+    if backend.rank == 0:
+        sys.stderr.write("\r" + " " * 60 + "\r")
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'#':>1} {'size':>12} {'count':>12} {'type':>8} {'redop/op':>14} {'time(us)':>10} " \
+           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
+    lines = [f"# backend: {rows[0]['backend']}  ranks: {rows[0]['ranks']}", head] if rows else []
+    for r in rows:
+        lines.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>8} {r['op']:>14} {r['time_us']:>10.1f} "
+                     f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7}")
+    return "\n".join(lines)
+
+
+def ratios(ours: list[dict[str, Any]], peer: list[dict[str, Any]]) -> str:
+    lines = [f"# busbw ratio erdma / {peer[0]['backend']} (same run, same ranks)",
+             f"  {'size':>12} {'erdma':>10} {peer[0]['backend']:>10} {'ratio':>8}"]
+    for a, b in zip(ours, peer, strict=True):
+        lines.append(f"  {human(a['size']):>12} {a['busbw']:>10.3f} {b['busbw']:>10.3f} {a['busbw'] / b['busbw']:>8.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m erdma_core.bench", description=__doc__)
+    ap.add_argument("--op", default="allreduce", choices=sorted(BUS_FACTOR))
+    ap.add_argument("--sizes", default="4K,1M,64M", help="comma list, e.g. 4K,1M,64M")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
+    ap.add_argument("--compare", choices=["gloo"], default=None, help="also time this peer in the same run")
+    ap.add_argument("--json", default=None, help="write all rows to this file (rank 0)")
+    args = ap.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    dtype = np.dtype(args.dtype)
+    results = []
+    for cls in [_Erdma] + ([_Gloo] if args.compare == "gloo" else []):
+        backend = cls(args.algorithm)
+        rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup)
+        if backend.rank == 0:
+            print(table(rows), flush=True)
+        results.append(rows)
+        backend.close()
+    if len(results) == 2 and results[0] and int(os.environ.get("RANK", "0")) == 0:
+        print(ratios(results[0], results[1]), flush=True)
+    if args.json and int(os.environ.get("RANK", "0")) == 0:
+        with open(args.json, "w") as f:
+            json.dump([r for rows in results for r in rows], f, indent=1)
+    wrong = sum(r["wrong"] for rows in results for r in rows)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

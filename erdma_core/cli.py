@@ -1,0 +1,125 @@
+"""The ``erdma`` command: run, bench, plugins, doctor, config show."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+
+from .errors import ErdmaError
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import launcher
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print("erdma run: give the command after --, e.g. erdma run -n 4 -- python train.py", file=sys.stderr)
+        return 2
+    if args.config:
+        from .setup import load_config
+
+        load_config(args.config)  # fail here, once, rather than in every rank
+    return launcher.run(args.nprocs, cmd, config=args.config, prefix=not args.no_prefix, timeout=args.timeout)
+
+
+def _bench(args: argparse.Namespace, extra: list[str]) -> int:
+    from . import launcher
+
+    cmd = [sys.executable, "-m", "erdma_core.bench", *extra]
+    return launcher.run(args.nprocs, cmd, config=args.config, prefix=False)
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from .plugins import components
+
+    comps = components()
+    print(f"{'plugin':<16} {'distribution':<18} {'version':<10} hooks / error")
+    for p in comps.plugins:
+        print(f"{p.name:<16} {p.distribution:<18} {p.version:<10} {p.error or ', '.join(p.hooks)}")
+    print()
+    for kind in comps.by_kind:
+        for name, c in sorted(comps.by_kind[kind].items()):
+            print(f"  {kind:<11} {name:<18} ({c.plugin}) {c.description}")
+    for op, algos in sorted(comps.algorithms.items()):
+        print(f"  {'algorithm':<11} {op + ':':<18} {', '.join(sorted(algos))}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .plugins import components
+    from .transport.addresses import interface_ipv4
+
+    print("interfaces:")
+    for _, name in socket.if_nameindex():
+        try:
+            addr = interface_ipv4(name)
+        except ErdmaError:
+            addr = "(no IPv4)"
+        print(f"  {name:<12} {addr}")
+    gpus = sorted(Path("/dev").glob("nvidia[0-9]*"))
+    print(f"GPU: {', '.join(str(g) for g in gpus) if gpus else 'none found (/dev/nvidia*)'}")
+    ib = Path("/sys/class/infiniband")
+    rdma = sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []
+    print(f"RDMA devices: {', '.join(rdma) if rdma else 'none (/sys/class/infiniband is empty or absent)'}")
+    comps = components()
+    for kind in comps.by_kind:
+        print(f"{kind}: {', '.join(comps.names(kind))}")
+    failed = [p for p in comps.plugins if p.error]
+    for p in failed:
+        print(f"plugin {p.name} ({p.distribution}) failed to load: {p.error}")
+    return 1 if failed else 0
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    from .setup import load_config
+
+    conf = load_config(args.config)
+    width = max(len(k) for k, _, _ in conf.items())
+    for key, value, source in conf.items():
+        print(f"{key:<{width}} = {value!r:<24} # {source}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="erdma", description="eRDMA collective communication")
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start N local ranks of a command")
+    run.add_argument("-n", "--nprocs", type=int, required=True)
+    run.add_argument("--config", default=None)
+    run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank N]")
+    run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
+    run.add_argument("cmd", nargs=argparse.REMAINDER)
+    bench = sub.add_parser("bench", help="benchmark collectives (other options go to erdma_core.bench; "
+                                         "see python -m erdma_core.bench --help)")
+    bench.add_argument("-n", "--nprocs", type=int, default=2)
+    bench.add_argument("--config", default=None)
+    sub.add_parser("plugins", help="installed plugins, their components and load errors")
+    sub.add_parser("doctor", help="what this host can use")
+    config = sub.add_parser("config", help="config tools")
+    csub = config.add_subparsers(dest="config_command", required=True)
+    show = csub.add_parser("show", help="print the effective config and where each value came from")
+    show.add_argument("--config", default=None)
+    args, extra = ap.parse_known_args(argv)
+    if extra and args.command != "bench":
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "bench":
+            return _bench(args, extra)
+        if args.command == "plugins":
+            return _plugins(args)
+        if args.command == "doctor":
+            return _doctor(args)
+        return _config_show(args)
+    except ErdmaError as exc:
+        print(f"erdma: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

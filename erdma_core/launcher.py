@@ -1,0 +1,92 @@
+"""``erdma run``: start N local ranks with the env:// variables torchrun sets; one failing rank ends all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO
+
+GRACE_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pump(src: IO[bytes], dst: IO[str], prefix: str) -> None:
+    for line in iter(src.readline, b""):
+        dst.write(prefix + line.decode(errors="replace"))
+        dst.flush()
+
+
+def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapping[str, str] | None = None,
+        master_addr: str = "127.0.0.1", prefix: bool = True, timeout: float | None = None) -> int:
+    """Run ``cmd`` as ranks 0..nprocs-1; return 0, or the exit code of the first rank that failed."""
+    if nprocs < 1:
+        raise ValueError(f"-n must be at least 1, got {nprocs}")
+    base = {**os.environ, **(env or {}), "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "PYTHONUNBUFFERED": "1"}
+    if config:
+        base["ERDMA_CONFIG"] = os.path.abspath(config)
+    procs: list[subprocess.Popen[bytes]] = []
+    pumps: list[threading.Thread] = []
+    for rank in range(nprocs):
+        renv = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        pipe = subprocess.PIPE if prefix else None
+        p = subprocess.Popen(list(cmd), env=renv, stdout=pipe, stderr=pipe, start_new_session=True)
+        procs.append(p)
+        if prefix:
+            for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+                t = threading.Thread(target=_pump, args=(src, dst, f"[rank {rank}] "), daemon=True)
+                t.start()
+                pumps.append(t)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed: tuple[int, int] | None = None
+    delay = 0.01
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                failed = bad[0]
+                break
+            if all(c == 0 for c in codes):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                failed = (-1, 124)
+                break
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+    except KeyboardInterrupt:
+        failed = (-1, 130)
+    if failed is not None:
+        _stop(procs)
+    for t in pumps:
+        t.join(2.0)
+    if failed is None:
+        return 0
+    rank, code = failed
+    who = "the run timed out" if code == 124 and rank < 0 else f"rank {rank} exited with code {code}"
+    sys.stderr.write(f"erdma run: {who}; stopped the other ranks\n")
+    return code if code > 0 else 128 - code
+
+
+def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    end = time.monotonic() + GRACE_S
+    for p in procs:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
