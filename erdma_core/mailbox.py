@@ -124,7 +124,7 @@ class Mailbox:
 
     def on_header(self, peer: int, h: Header) -> tuple[memoryview | None, object]:
         """Return ``(buffer, token)``: read ``h.nbytes`` into ``buffer`` (None: discard), then ``on_payload(token)``."""
-        if h.job != self.job32:
+        if h.job & 0xFFFFFFFF != self.job32:
             raise ProtocolError(f"rank {self.rank}: frame from rank {peer} carries job {h.job:#x}, "
                                 f"this job is {self.job32:#x}")
         with self._lock:

@@ -6,6 +6,7 @@ Environment switches: ``ERDMA_PLUGINS`` (comma list: load only these external pl
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
@@ -64,12 +65,19 @@ class Components:
         return sorted(self.by_kind[kind])
 
     def hint(self, kind: str) -> Callable[[str], str]:
+        """Advice for an unknown name: which distribution provides it (or the known name it resembles)."""
         def advise(name: str) -> str:
-            dist = KNOWN.get(kind, {}).get(name)
+            known = KNOWN.get(kind, {})
+            if name not in known:
+                close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+                if not close or close[0] in self.by_kind.get(kind, {}):
+                    return ""
+                return f"; did you mean {close[0]!r}? it is provided by `pip install {known[close[0]]}`"
+            dist = known[name]
             failed = [p for p in self.plugins if p.error and p.distribution == dist]
             if failed:
                 return f"; {dist} is installed but failed to load: {failed[0].error}"
-            return f"; it is provided by `pip install {dist}`" if dist else ""
+            return f"; it is provided by `pip install {dist}`"
         return advise
 
     def get(self, kind: str, name: str) -> Component:
@@ -115,7 +123,9 @@ def _env_list(name: str) -> set[str] | None:
 
 def build_plugin_manager() -> Components:
     """Build a fresh plugin manager: built-ins first, then every allowed entry point, then collect components."""
-    from stevedore import ExtensionManager
+    from importlib.metadata import entry_points
+
+    from stevedore import NamedExtensionManager
 
     from . import builtin
 
@@ -130,11 +140,13 @@ def build_plugin_manager() -> Components:
         log.warning("erdma plugin %r (%s) failed to load, skipped: %s: %s", ep.name, dist, type(exc).__name__, exc)
         infos.append(PluginInfo(ep.name, dist, _version(dist), (), f"{type(exc).__name__}: {exc}"))
 
-    mgr = ExtensionManager(ENTRY_POINT_GROUP, invoke_on_load=False, on_load_failure_callback=failed)
-    for ext in sorted(mgr.extensions, key=lambda e: e.name):
-        if (allow is not None and ext.name not in allow) or ext.name in deny:
-            log.info("erdma plugin %r skipped by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS", ext.name)
-            continue
+    names = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    wanted = [n for n in names if (allow is None or n in allow) and n not in deny]
+    for skipped in sorted(set(names) - set(wanted)):
+        log.info("erdma plugin %r skipped by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS", skipped)
+    mgr = NamedExtensionManager(ENTRY_POINT_GROUP, wanted, invoke_on_load=False, name_order=True,
+                                on_load_failure_callback=failed)
+    for ext in mgr.extensions:
         pm.register(ext.plugin, name=ext.name)
         dist = _dist_of(ext.entry_point)
         infos.append(PluginInfo(ext.name, dist, _version(dist), _hooks(ext.plugin)))
@@ -184,8 +196,16 @@ def _hooks(plugin: Any) -> tuple[str, ...]:
 
 
 def _dist_of(ep: Any) -> str:
+    """The distribution that declares entry point ``ep`` (stevedore's cached entry points lack ``dist``)."""
     dist = getattr(ep, "dist", None)
-    return getattr(dist, "name", None) or "?"
+    if getattr(dist, "name", None):
+        return str(dist.name)
+    from importlib.metadata import distributions
+
+    for d in distributions():
+        if any(e.group == ENTRY_POINT_GROUP and e.name == ep.name for e in d.entry_points):
+            return str(d.metadata["Name"])
+    return "?"
 
 
 def _version(dist: str) -> str:

@@ -1,0 +1,126 @@
+"""The config pipeline: defaults < erdma.toml < ERDMA_* environment < arguments, every error naming
+the key, the value and the valid choices."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from erdma_core import ConfigError, load_config
+from erdma_core.config import env_name
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    import os
+
+    for var in [v for v in os.environ if v.startswith("ERDMA_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.chdir(tmp_path)
+
+
+def write(tmp_path, text):
+    path = tmp_path / "erdma.toml"
+    path.write_text(text)
+    return path
+
+
+def test_embedded_defaults():
+    conf = load_config()
+    assert conf["transport.name"] == "tcp" and conf.sources["transport.name"] == "default"
+    assert conf["timeouts.collective"] == 300.0 and conf["transport.tcp.nodelay"] is True
+
+
+def test_file_then_env_then_argument(tmp_path, monkeypatch):
+    path = write(tmp_path, '[collectives]\nallreduce = "ring"\nchunk_bytes = 8192\n'
+                           '[transport.tcp]\nnodelay = false\n[timeouts]\ncollective = 30\n')
+    monkeypatch.setenv("ERDMA_TIMEOUT", "12.5")
+    monkeypatch.setenv("ERDMA_COLLECTIVES_CHUNK_BYTES", "16384")
+    conf = load_config(path, **{"collectives.allreduce": "tree"})
+    assert conf["transport.tcp.nodelay"] is False and conf.sources["transport.tcp.nodelay"] == f"file {path}"
+    assert conf["timeouts.collective"] == 12.5 and conf.sources["timeouts.collective"] == "env ERDMA_TIMEOUT"
+    assert conf["collectives.chunk_bytes"] == 16384
+    assert conf["collectives.allreduce"] == "tree" and conf.sources["collectives.allreduce"] == "argument"
+
+
+def test_erdma_toml_in_cwd_and_erdma_config(tmp_path, monkeypatch):
+    write(tmp_path, '[collectives]\nalltoall = "sequential"\n')
+    assert load_config()["collectives.alltoall"] == "sequential"
+    other = tmp_path / "other.toml"
+    other.write_text('[transport]\nname = "tcp"\n[collectives]\nalltoall = "pairwise"\n')
+    monkeypatch.setenv("ERDMA_CONFIG", str(other))
+    assert load_config()["collectives.alltoall"] == "pairwise"
+    monkeypatch.setenv("ERDMA_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match="missing.toml' does not exist"):
+        load_config()
+
+
+def test_every_key_has_a_unique_env_name():
+    conf = load_config()
+    names = [env_name(k) for k, _, _ in conf.items()]
+    assert len(names) == len(set(names))
+    assert env_name("transport.tcp.socket_buffer_bytes") == "ERDMA_TRANSPORT_TCP_SOCKET_BUFFER_BYTES"
+
+
+@pytest.mark.parametrize("var,value,key,expected", [
+    ("ERDMA_TRANSPORT", "tcp", "transport.name", "tcp"),
+    ("ERDMA_ALGORITHM", "halving_doubling", "collectives.allreduce", "halving_doubling"),
+    ("ERDMA_COMPRESSION", "none", "compression.name", "none"),
+    ("ERDMA_TIMEOUT", "7", "timeouts.collective", 7.0),
+    ("ERDMA_TRANSPORT_TCP_KEEPALIVE", "off", "transport.tcp.keepalive", False),
+    ("ERDMA_SECURITY_JOB_TOKEN", "s3cret", "security.job_token", "s3cret"),
+])
+def test_env_overrides(monkeypatch, var, value, key, expected):
+    monkeypatch.setenv(var, value)
+    conf = load_config()
+    assert conf[key] == expected and conf.sources[key] == f"env {var}"
+
+
+@pytest.mark.parametrize("toml,message", [
+    ('[transport]\nnmae = "tcp"\n', "unknown key 'transport.nmae' in [transport]; valid keys: name (did you mean 'name'?)"),
+    ('[transprot]\nname = "tcp"\n', "unknown section [transprot]; valid sections:"),
+    ('[timeouts]\ncollective = "soon"\n', "config key 'timeouts.collective': value 'soon' is a str, expected float"),
+    ('[timeouts]\ncollective = -1\n', "config key 'timeouts.collective': value -1.0 is below the minimum 0.001"),
+    ('[collectives]\nallreduce = "rnig"\n', "config key 'collectives.allreduce': invalid value 'rnig'; valid "
+                                             "choices: auto, halving_doubling, parameter_server, ring, tree "
+                                             "(did you mean 'ring'?)"),
+    ('[transport]\nname = "quik"\n', "config key 'transport.name': invalid value 'quik'; valid choices: tcp; "
+                                      "did you mean 'quic'? it is provided by `pip install erdma-quic`"),
+    ('[transport.tcp]\nnodelay = "yes"\n', "config key 'transport.tcp.nodelay': value 'yes' is a str, expected bool"),
+    ("[transport\n", "is not valid TOML"),
+])
+def test_bad_file_values(tmp_path, toml, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, toml))
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("var,value,message", [
+    ("ERDMA_TIMEOUT", "abc", "config key 'timeouts.collective': value 'abc' is not a valid float"),
+    ("ERDMA_TRANSPORT_TCP_NODELAY", "maybe", "value 'maybe' is not a boolean; valid: true, false, 1, 0"),
+    ("ERDMA_TRANSPORT", "dpdk", "valid choices: tcp; it is provided by `pip install erdma-dpdk`"),
+    ("ERDMA_TRANSPROT", "tcp", "environment variable ERDMA_TRANSPROT='tcp' is not a config key"),
+])
+def test_bad_env_values(monkeypatch, var, value, message):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    assert message in str(info.value)
+
+
+def test_unknown_argument_key():
+    with pytest.raises(ConfigError, match="unknown config key 'collectives.allreduse' .*did you mean 'collectives.allreduce'"):
+        load_config({"collectives.allreduse": "ring"})
+
+
+def test_config_show_prints_values_and_sources(tmp_path):
+    path = write(tmp_path, '[collectives]\nallreduce = "ring"\n')
+    env = {"PATH": "/usr/bin:/bin", "ERDMA_TIMEOUT": "9"}
+    out = subprocess.run([sys.executable, "-m", "erdma_core.cli", "config", "show", "--config", str(path)],
+                         capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    lines = {line.split("=")[0].strip(): line for line in out.splitlines()}
+    assert "'ring'" in lines["collectives.allreduce"] and f"# file {path}" in lines["collectives.allreduce"]
+    assert "9.0" in lines["timeouts.collective"] and "# env ERDMA_TIMEOUT" in lines["timeouts.collective"]
+    assert "# default" in lines["transport.name"]

@@ -1,0 +1,171 @@
+"""A dead, slow or disagreeing peer gives every surviving rank a clear error, never a hang.
+
+The worlds' collective timeout (60 s) is far above the World's answer limit (20 s): a survivor that only
+noticed a dead peer by timing out would fail these tests with "no answer"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from erdma_core import (
+    AbortedError,
+    CollectiveTimeoutError,
+    MismatchError,
+    PeerLostError,
+    ProtocolError,
+)
+
+SLOW_TIMEOUT = {"timeouts.collective": 60.0}
+
+
+def killed_mid_allreduce(pg):
+    arr = np.ones(8 << 20, np.float32)  # 32 MiB: still on the wire when the rank dies
+    if pg.rank() == pg.size() - 1:
+        pg.allreduce(arr, async_op=True)
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    pg.allreduce(arr)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_sigkill_mid_allreduce_raises_peer_lost_on_every_survivor(erdma_world, size):
+    world = erdma_world(size, SLOW_TIMEOUT, timeout=20)
+    outcomes = world.outcomes(killed_mid_allreduce)
+    dead = size - 1
+    assert "died" in outcomes[dead]
+    for rank in range(dead):
+        err = outcomes[rank]
+        assert isinstance(err, PeerLostError), err
+        assert err.peer == dead and err.op == "allreduce" and err.rank == rank
+        assert f"rank {dead}" in str(err) and "allreduce" in str(err)
+
+
+def numel_mismatch(pg):
+    pg.allreduce(np.ones(12 if pg.rank() != 1 else 10, np.float32))
+
+
+def dtype_mismatch(pg):
+    pg.allreduce(np.ones(16, np.float32 if pg.rank() != 1 else np.int32))
+
+
+def op_mismatch(pg):
+    pg.allreduce(np.ones(16, np.float32), op="sum" if pg.rank() != 1 else "max")
+
+
+def collective_mismatch(pg):
+    arr = np.ones(16, np.float32)
+    pg.allreduce(arr) if pg.rank() != 1 else pg.broadcast(arr, 0)
+
+
+@pytest.mark.parametrize("case,needle", [(numel_mismatch, "numel="), (dtype_mismatch, "dtype="),
+                                         (op_mismatch, "op="), (collective_mismatch, "broadcast(")])
+def test_mismatch_is_detected_on_every_rank(erdma_world, case, needle):
+    world = erdma_world(3, SLOW_TIMEOUT, timeout=20)
+    outcomes = world.outcomes(case)
+    for rank, err in enumerate(outcomes):
+        assert isinstance(err, MismatchError), (rank, err)
+        assert "mismatch between ranks" in str(err) and needle in str(err), str(err)
+    # the group is aborted afterwards: later calls fail at once with the first cause
+    later = world.outcomes(numel_mismatch)
+    assert all(isinstance(e, MismatchError | AbortedError) for e in later)
+
+
+def one_rank_late(pg):
+    if pg.rank() == 1:
+        time.sleep(3)
+        return "late"
+    pg.allreduce(np.ones(4, np.float32))
+
+
+def test_timeout_names_op_and_peer(erdma_world):
+    world = erdma_world(2, {"timeouts.collective": 1.0}, timeout=20)
+    outcomes = world.outcomes(one_rank_late)
+    assert outcomes[1] == "late"
+    err = outcomes[0]
+    assert isinstance(err, CollectiveTimeoutError) and err.op == "allreduce"
+    assert "timed out after 1.0s waiting for rank 1" in str(err)
+
+
+def _connect(rank, job, store, results, timeout):
+    from erdma_core.builtin import TCP_OPTIONS
+    from erdma_core.transport.base import TransportContext
+    from erdma_core.transport.tcp import TcpTransport
+
+    t = TcpTransport(None, {k: o.default for k, o in TCP_OPTIONS.items()})
+    try:
+        t.connect(TransportContext(rank, 2, store, job, timeout))
+        results[rank] = "connected"
+    except Exception as exc:
+        results[rank] = exc
+    finally:
+        t.close()
+
+
+def test_handshake_rejects_another_job(tmp_path):
+    from erdma_core.rendezvous import FileStore
+
+    store, results = FileStore(tmp_path), {}
+    threads = [threading.Thread(target=_connect, args=(r, job, store, results, 2.0)) for r, job in
+               ((0, 0x1111), (1, 0x2222))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert isinstance(results[1], ProtocolError) and "rejected the connection" in str(results[1])
+    assert isinstance(results[0], CollectiveTimeoutError) and "ranks [1] did not connect" in str(results[0])
+
+
+def test_handshake_same_job_connects(tmp_path):
+    from erdma_core.rendezvous import FileStore
+
+    store, results = FileStore(tmp_path), {}
+    threads = [threading.Thread(target=_connect, args=(r, 0x77, store, results, 10.0)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert results == {0: "connected", 1: "connected"}
+
+
+def bad_inputs(pg):
+    errors = []
+    checks = [
+        lambda: pg.allreduce(np.ones(3, np.int32), op="avg"),
+        lambda: pg.allreduce(np.ones(3, np.complex64)),
+        lambda: pg.allreduce(np.ones(3, np.float32), op="median"),
+        lambda: pg.allreduce(np.frombuffer(b"\0" * 12, np.float32)),
+        lambda: pg.broadcast(np.ones(3), src=5),
+        lambda: pg.allgather(np.zeros(5, np.float32), np.ones(3, np.float32)),
+        lambda: pg.allgather(np.zeros(3, np.int64), np.ones(3, np.float32)),
+        lambda: pg.alltoall(np.zeros(4), np.zeros(4), input_split_sizes=[1, 2]),
+        lambda: pg.allreduce("not a tensor"),
+        lambda: pg.allreduce(np.ones(3, np.float32), algorithm="rnig"),
+    ]
+    for check in checks:
+        try:
+            check()
+            errors.append(None)
+        except Exception as exc:
+            errors.append((type(exc).__name__, str(exc)))
+    return errors
+
+
+def test_bad_input_errors_name_the_problem(erdma_world):
+    errs = erdma_world(1).run(bad_inputs)[0]
+    assert errs[0] == ("TypeError", "ReduceOp.AVG needs a floating dtype, got int32")
+    assert errs[1][0] == "TypeError" and "unsupported dtype 'complex64'" in errs[1][1] and "bfloat16" in errs[1][1]
+    assert errs[2] == ("ValueError", "unknown reduce op 'median'; valid choices: SUM, PROD, MIN, MAX, AVG")
+    assert errs[3][0] == "ValueError" and "read-only" in errs[3][1]
+    assert errs[4] == ("ValueError", "src=5 is not a rank of this group (size 1)")
+    assert errs[5][0] == "ValueError" and "output has 5 elements; world size 1 x input 3 = 3" in errs[5][1]
+    assert errs[6] == ("TypeError", "output: dtype int64 does not match the input's float32")
+    assert errs[7][0] == "ValueError" and "input_split_sizes=[1, 2] must be 1" in errs[7][1]
+    assert errs[8][0] == "TypeError" and "got str" in errs[8][1]
+    assert errs[9][0] == "PluginError" and "Unknown allreduce algorithm 'rnig'" in errs[9][1] \
+        and "did you mean 'ring'" in errs[9][1]

@@ -1,0 +1,121 @@
+"""The sans-IO matching core, driven without sockets (h11/aioquic style)."""
+
+from __future__ import annotations
+
+import pytest
+
+from erdma_core.errors import MismatchError, ProtocolError
+from erdma_core.mailbox import Mailbox
+from erdma_core.wire import DATA, FRAME, HELLO, Header, Hello
+
+JOB = 0xABCDEF0123
+
+
+def hdr(seq=1, tag=0, nbytes=4, numel=1, dtype=3, group=0, job=JOB):
+    return Header(DATA, dtype, 1, 1, job, group, seq, tag, numel, nbytes)
+
+
+def deliver(box, peer, h, payload):
+    buf, token = box.on_header(peer, h)
+    if buf is not None:
+        buf[:] = payload
+    box.on_payload(token)
+
+
+def test_posted_receive_gets_payload_in_place():
+    box, out = Mailbox(0, JOB), bytearray(4)
+    req = box.post_recv(1, hdr(), memoryview(out))
+    buf, token = box.on_header(1, hdr())
+    assert buf.obj is out  # the payload lands in the receiver's own memory
+    buf[:] = b"abcd"
+    box.on_payload(token)
+    assert req.done() and out == b"abcd"
+
+
+def test_early_frame_is_kept_until_posted_and_matched_by_tag():
+    box = Mailbox(0, JOB)
+    deliver(box, 1, hdr(tag=1), b"2222")
+    deliver(box, 1, hdr(tag=0), b"1111")
+    a, b = bytearray(4), bytearray(4)
+    box.post_recv(1, hdr(tag=0), memoryview(a)).wait(1)
+    box.post_recv(1, hdr(tag=1), memoryview(b)).wait(1)
+    assert (a, b) == (b"1111", b"2222")
+
+
+def test_receive_posted_while_early_payload_is_in_flight():
+    box, out = Mailbox(0, JOB), bytearray(4)
+    buf, token = box.on_header(1, hdr())
+    req = box.post_recv(1, hdr(), memoryview(out))
+    assert not req.done()
+    buf[:] = b"wxyz"
+    box.on_payload(token)
+    assert req.wait(1) and out == b"wxyz"
+
+
+def test_frame_of_another_job_is_rejected():
+    box = Mailbox(0, JOB)
+    with pytest.raises(ProtocolError, match="carries job 0x1, this job is 0xcdef0123"):
+        box.on_header(1, hdr(job=1))
+
+
+def test_stale_collective_frames_are_dropped_not_mixed_in():
+    box, out = Mailbox(0, JOB), bytearray(4)
+    deliver(box, 1, hdr(seq=4), b"old!")  # arrived early for seq 4 ...
+    box.begin(0, 5)                      # ... but this rank has moved on to seq 5
+    assert box.rejected == 1
+    buf, token = box.on_header(1, hdr(seq=3))  # a late frame of an older collective
+    assert buf is None and token is None and box.rejected == 2
+    req = box.post_recv(1, hdr(seq=5), memoryview(out))
+    deliver(box, 1, hdr(seq=5), b"new!")
+    assert req.wait(1) and out == b"new!"
+
+
+def test_mismatch_fails_the_receive_with_both_descriptions():
+    box = Mailbox(2, JOB)
+    req = box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(bytearray(8)))
+    buf, token = box.on_header(1, hdr(nbytes=4, numel=1))
+    assert buf is None  # the payload is read and discarded
+    box.on_payload(token)
+    with pytest.raises(MismatchError, match=r"allreduce mismatch between ranks 2 and 1: rank 2 called "
+                                            r"allreduce\(dtype=float32, numel=2, bytes=8, op=SUM\), rank 1 called"):
+        req.wait(1)
+
+
+def test_abort_fails_pending_and_later_receives():
+    box = Mailbox(0, JOB)
+    req = box.post_recv(1, hdr(), memoryview(bytearray(4)))
+    box.abort(RuntimeError("first"))
+    box.abort(RuntimeError("second"))
+    with pytest.raises(RuntimeError, match="first"):
+        req.wait(1)
+    with pytest.raises(RuntimeError, match="first"):
+        box.post_recv(1, hdr(tag=9), memoryview(bytearray(4))).wait(1)
+
+
+@pytest.mark.parametrize("data", [b"", b"ERDF", b"XXXX" + bytes(FRAME.size - 4), b"ERDF\x09" + bytes(FRAME.size - 5)])
+def test_bad_frame_headers_raise_protocol_error(data):
+    with pytest.raises(ProtocolError):
+        Header.parse(data)
+
+
+def test_header_and_hello_round_trip_and_sizes():
+    h = hdr(seq=2**40, tag=7, nbytes=123, numel=99, group=5)
+    assert Header.parse(h.pack()) == Header(DATA, 3, 1, 1, JOB & 0xFFFFFFFF, 5, 2**40, 7, 99, 123)
+    assert FRAME.size == 44 and HELLO.size == 32
+    assert Hello.parse(Hello(1, JOB, 3, 8).pack()) == Hello(1, JOB, 3, 8)
+    with pytest.raises(ProtocolError, match="wire version"):
+        Hello.parse(HELLO.pack(b"ERDH", 99, 0, 0, 0, 0, 0))
+
+
+def test_fuzzed_headers_never_crash_differently():
+    import random
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        data = bytes(rng.getrandbits(8) for _ in range(FRAME.size))
+        if rng.random() < 0.5:
+            data = b"ERDF" + data[4:]
+        try:
+            Header.parse(data)
+        except ProtocolError:
+            pass

@@ -1,0 +1,140 @@
+"""Plugin loading through entry points, the loading rules, and the hook documentation."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from erdma_core import hookspecs
+
+ROOT = Path(__file__).resolve().parent.parent
+HOOKS = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("erdma_")]
+
+
+def test_hooks_are_documented():
+    docs = (ROOT / "docs" / "plugins.md").read_text()
+    assert len(HOOKS) == 6
+    for name in HOOKS:
+        doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+        for part in ("Called by", "Returns"):
+            assert part in doc, f"hook {name} docstring lacks {part!r}"
+        assert ("firstresult" in doc) or ("Every" in doc or "every" in doc), f"{name}: say how results combine"
+        assert f"`{name}(" in docs, f"docs/plugins.md does not document {name}"
+
+
+def test_builtin_implements_every_hook():
+    from erdma_core import builtin
+
+    assert sorted(n for n in dir(builtin) if n.startswith("erdma_")) == sorted(HOOKS)
+
+
+@pytest.fixture
+def fake_site(tmp_path):
+    """A folder on PYTHONPATH holding three plugin 'distributions': a working one, one that fails to
+    import, and one with a misspelled hook."""
+    (tmp_path / "fakeplug.py").write_text(textwrap.dedent('''
+        import os
+        from erdma_core import hookimpl
+        from erdma_core.config import Option
+
+        def factory(config, section):
+            if os.environ.get("FAKE_FAIL"):
+                raise ImportError("libfake.so: cannot open shared object file")
+            from erdma_core.transport.tcp import TcpTransport
+            return TcpTransport(config, {**config.section("transport.tcp"), **section})
+
+        @hookimpl
+        def erdma_register_transports(register):
+            register("fake", factory, options={"depth": Option(int, 3, "how deep", minimum=1)})
+
+        @hookimpl
+        def erdma_choose_algorithm(op, nbytes, world_size, config):
+            return "tree" if op == "allreduce" and config["transport.name"] == "fake" else None
+    '''))
+    (tmp_path / "brokenplug.py").write_text("raise ImportError('brokenplug needs libnothing')\n")
+    (tmp_path / "typoplug.py").write_text(textwrap.dedent('''
+        from erdma_core import hookimpl
+        @hookimpl
+        def erdma_register_transport(register):
+            pass
+    '''))
+    for dist, name, module in (("erdma_fake", "fake", "fakeplug"), ("erdma_broken", "broken", "brokenplug"),
+                               ("erdma_typo", "typo", "typoplug")):
+        info = tmp_path / f"{dist}-0.3.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.3\n")
+        (info / "entry_points.txt").write_text(f"[erdma.plugins]\n{name} = {module}\n")
+    return tmp_path
+
+
+def py(site, code, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    full |= {"PYTHONPATH": str(site), **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full, timeout=60)
+
+
+def test_entry_point_plugin_registers_and_configures(fake_site):
+    r = py(fake_site, '''
+        import erdma_core
+        from erdma_core.plugins import components
+        c = components()
+        conf = erdma_core.load_config({"transport.name": "fake", "transport.fake.depth": 5})
+        print(c.get("transport", "fake").plugin, conf["transport.fake.depth"])
+        print(c.pm.hook.erdma_choose_algorithm(op="allreduce", nbytes=1 << 30, world_size=4, config=conf))
+        print(sorted(p.name for p in c.plugins if p.error))
+    ''', ERDMA_DISABLE_PLUGINS="typo")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["fake 5", "tree", "['broken']"]
+    assert "erdma plugin 'broken' (erdma-broken) failed to load, skipped: ImportError: brokenplug needs" in r.stderr
+
+
+def test_plugin_options_are_validated(fake_site):
+    r = py(fake_site, '''
+        import erdma_core
+        erdma_core.load_config({"transport.fake.depth": 0})
+    ''', ERDMA_PLUGINS="fake")
+    assert "config key 'transport.fake.depth': value 0 is below the minimum 1" in r.stderr
+
+
+def test_selected_component_that_fails_is_a_hard_error(fake_site):
+    r = py(fake_site, '''
+        from erdma_core.plugins import components
+        import erdma_core
+        components().create("transport", "fake", erdma_core.load_config(), {"depth": 3})
+    ''', ERDMA_PLUGINS="fake", FAKE_FAIL="1")
+    assert r.returncode != 0
+    assert ("PluginError: transport 'fake' from plugin 'fake' failed to load: ImportError: libfake.so: "
+            "cannot open shared object file") in r.stderr
+
+
+def test_allow_list_block_list_and_trace(fake_site):
+    r = py(fake_site, 'from erdma_core.plugins import components; print(sorted(p.name for p in components().plugins))',
+           ERDMA_PLUGINS="fake")
+    assert r.stdout.strip() == "['builtin', 'fake']"
+    r = py(fake_site, 'from erdma_core.plugins import components; print(components().names("transport"))',
+           ERDMA_DISABLE_PLUGINS="fake,typo")
+    assert r.stdout.strip() == "['tcp']"
+    r = py(fake_site, 'from erdma_core.plugins import components; components()', ERDMA_PLUGINS="fake",
+           ERDMA_TRACE_PLUGINS="1")
+    assert "[erdma.plugins]" in r.stderr
+
+
+def test_misspelled_hook_fails_loudly(fake_site):
+    r = py(fake_site, 'from erdma_core.plugins import components; components()', ERDMA_PLUGINS="typo")
+    assert r.returncode != 0 and "PluginValidationError" in r.stderr and "erdma_register_transport" in r.stderr
+
+
+def test_erdma_plugins_command_lists_plugins_and_errors(fake_site):
+    r = py(fake_site, 'import sys; from erdma_core.cli import main; sys.exit(main(["plugins"]))',
+           ERDMA_DISABLE_PLUGINS="typo")
+    assert r.returncode == 0, r.stderr
+    assert "erdma-fake" in r.stdout and "erdma_register_transports" in r.stdout
+    assert "ImportError: brokenplug needs libnothing" in r.stdout
+    assert "transport   fake" in r.stdout and "alltoall:" in r.stdout

@@ -1,0 +1,100 @@
+"""Schedules are pure: check them with no network, by running every rank's schedule in one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from erdma_core import builtin
+from erdma_core.algorithms.schedule import Spec
+
+ALGOS = {}
+builtin.erdma_register_algorithms(lambda op, name, fn, description="": ALGOS.__setitem__((op, name), fn))
+
+
+def simulate(op, name, specs, buffers):
+    """Run all ranks' schedules step-lockstep-free: deliver messages through per-pair FIFO queues."""
+    scheds = [ALGOS[(op, name)](s) for s in specs]
+    queues = {}
+    pos = [0] * len(specs)
+    pending = [None] * len(specs)
+    progress = True
+    while progress:
+        progress = False
+        for r, sched in enumerate(scheds):
+            if pos[r] == len(sched):
+                continue
+            step = sched[pos[r]]
+            if pending[r] is None:
+                for c in step.copies:
+                    buffers[r][c.dst][c.dst_offset:c.dst_offset + c.count] = \
+                        buffers[r][c.src][c.src_offset:c.src_offset + c.count]
+                for x in step.sends:
+                    queues.setdefault((r, x.peer), []).append(buffers[r][x.buf][x.offset:x.offset + x.count].copy())
+                pending[r] = list(step.recvs)
+            while pending[r]:
+                x = pending[r][0]
+                q = queues.get((x.peer, r))
+                if not q:
+                    break
+                data = q.pop(0)
+                assert data.size == x.count, (op, name, r, x)
+                tgt = buffers[r][x.buf][x.offset:x.offset + x.count]
+                tgt[...] = tgt + data if x.reduce else data
+                pending[r].pop(0)
+            if not pending[r]:
+                pending[r] = None
+                pos[r] += 1
+                progress = True
+    assert pos == [len(s) for s in scheds], f"{op}/{name} deadlocked at steps {pos}"
+    assert not any(queues.values()), "messages sent but never received"
+
+
+@pytest.mark.parametrize("p", range(1, 10))
+@pytest.mark.parametrize("name", ["ring", "halving_doubling", "tree", "parameter_server"])
+@pytest.mark.parametrize("n", [0, 1, 5, 64])
+def test_allreduce_schedules(p, name, n):
+    bufs = [{"out": np.arange(n, dtype=np.int64) * (r + 1)} for r in range(p)]
+    for ps in (1, 2):
+        simulate("allreduce", name, [Spec("allreduce", r, p, n, ps_servers=ps) for r in range(p)],
+                 bufs := [{"out": np.arange(n, dtype=np.int64) * (r + 1)} for r in range(p)])
+        for b in bufs:
+            assert (b["out"] == np.arange(n) * p * (p + 1) // 2).all()
+
+
+@pytest.mark.parametrize("p", range(1, 10))
+def test_rooted_and_barrier_schedules(p):
+    for root in range(p):
+        bufs = [{"out": np.full(3, r)} for r in range(p)]
+        simulate("broadcast", "tree", [Spec("broadcast", r, p, 3, root=root) for r in range(p)], bufs)
+        assert all((b["out"] == root).all() for b in bufs)
+        bufs = [{"out": np.full(3, r + 1)} for r in range(p)]
+        simulate("reduce", "tree", [Spec("reduce", r, p, 3, root=root) for r in range(p)], bufs)
+        assert (bufs[root]["out"] == p * (p + 1) // 2).all()
+    simulate("barrier", "dissemination", [Spec("barrier", r, p, 0) for r in range(p)],
+             [{"out": np.empty(0)} for _ in range(p)])
+
+
+@pytest.mark.parametrize("p", range(1, 8))
+@pytest.mark.parametrize("name", ["pairwise", "sequential"])
+def test_alltoall_schedules(p, name):
+    send = [tuple((r + q) % 3 for q in range(p)) for r in range(p)]
+    recv = [tuple(send[q][r] for q in range(p)) for r in range(p)]
+    bufs = [{"in": np.concatenate([np.full(send[r][q], r * 10 + q) for q in range(p)]),
+             "out": np.full(sum(recv[r]), -1)} for r in range(p)]
+    simulate("alltoall", name, [Spec("alltoall", r, p, 0, send_counts=send[r], recv_counts=recv[r])
+                                for r in range(p)], bufs)
+    for r in range(p):
+        assert (bufs[r]["out"] == np.concatenate([np.full(recv[r][q], q * 10 + r) for q in range(p)])).all()
+
+
+def test_sequential_alltoall_is_one_pair_at_a_time():
+    """In the sequential schedule each exchange waits for the token of the pair before it."""
+    p = 4
+    scheds = [ALGOS[("alltoall", "sequential")](Spec("alltoall", r, p, 0, send_counts=(1,) * p,
+                                                         recv_counts=(1,) * p)) for r in range(p)]
+    exchanges = [[s for s in sched if s.sends and s.recvs] for sched in scheds]
+    assert [len(e) for e in exchanges] == [p - 1] * p
+    # rank 3 takes part in pairs (0,3), (1,3), (2,3): before each it waits for a token
+    tokens = [s for s in scheds[3] if s.recvs and not s.sends]
+    assert len(tokens) == 3 and all(s.recvs[0].count == 0 for s in tokens)
