@@ -14,7 +14,7 @@ from . import dtypes
 class Buffer:
     """A flat, C-contiguous view of a user's tensor; ``commit()`` writes back when a copy was needed."""
 
-    __slots__ = ("array", "dtype", "_commit")
+    __slots__ = ("_commit", "array", "dtype")
 
     def __init__(self, array: np.ndarray, dtype: str, commit: Callable[[], None] | None = None) -> None:
         self.array, self.dtype, self._commit = array, dtype, commit

@@ -25,8 +25,22 @@ from .wire import DATA, Header
 class Op:
     """One collective's identity on the wire and its limits."""
 
-    __slots__ = ("name", "opcode", "dtype", "dtype_code", "numel", "job", "group", "seq", "reduce_op",
-                 "deadline", "timeout", "chunk_elems", "ranks", "rank")
+    __slots__ = (
+        "chunk_elems",
+        "deadline",
+        "dtype",
+        "dtype_code",
+        "group",
+        "job",
+        "name",
+        "numel",
+        "opcode",
+        "rank",
+        "ranks",
+        "reduce_op",
+        "seq",
+        "timeout",
+    )
 
     def __init__(self, name: str, opcode: int, dtype: str, dtype_code: int, numel: int, job: int, group: int,
                  seq: int, reduce_op: ReduceOp | None, timeout: float, chunk_elems: int, ranks: Sequence[int],
@@ -75,7 +89,7 @@ def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transp
                 sent[g] = tag + 1
                 req = transport.isend(g, _header(op, tag, cnt * itemsize), as_bytes(buffers[x.buf][off:off + cnt]),
                                       op.deadline)
-                _finish(req, x.peer, op, transport, "sending to")
+                finish(req, x.peer, op, transport, "sending to")
                 while done < len(pending) and pending[done][0].done():
                     _land(pending[done], buffers, op, transport)
                     done += 1
@@ -84,19 +98,20 @@ def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transp
 
 
 def _header(op: Op, tag: int, nbytes: int) -> Header:
-    return Header(DATA, op.dtype_code, op.opcode, op.reduce_op.code if op.reduce_op else 0, op.job, op.group, op.seq, tag, op.numel, nbytes)
+    flags = op.reduce_op.code if op.reduce_op else 0
+    return Header(DATA, op.dtype_code, op.opcode, flags, op.job, op.group, op.seq, tag, op.numel, nbytes)
 
 
 def _land(item: tuple[Request, Xfer, int, int, np.ndarray | None], buffers: Mapping[str, np.ndarray], op: Op,
           transport: Transport) -> None:
     req, x, off, cnt, scratch = item
-    _finish(req, x.peer, op, transport, "waiting for")
+    finish(req, x.peer, op, transport, "waiting for")
     if scratch is not None:
         assert op.reduce_op is not None
         reduce_ops.reduce_into(buffers[x.buf][off:off + cnt], scratch, op.reduce_op, op.dtype)
 
 
-def _finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) -> None:
+def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) -> None:
     try:
         ok = req.wait(op.deadline)
     except CollectiveError as exc:

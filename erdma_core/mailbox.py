@@ -21,7 +21,7 @@ from .wire import OPNAMES, P2P_GROUP_BIT, Header
 class Request:
     """One send or receive. ``wait`` returns when done or raises what failed it."""
 
-    __slots__ = ("_event", "error", "peer", "nbytes")
+    __slots__ = ("_event", "error", "nbytes", "peer")
 
     def __init__(self, peer: int, nbytes: int) -> None:
         self._event = threading.Event()
@@ -56,7 +56,7 @@ class _Posted:
 class _Early:
     """A frame that arrived before its receive was posted; ``waiter`` is a receive posted mid-payload."""
 
-    __slots__ = ("header", "data", "landed", "waiter")
+    __slots__ = ("data", "header", "landed", "waiter")
 
     def __init__(self, header: Header, data: bytearray) -> None:
         self.header, self.data, self.landed = header, data, False

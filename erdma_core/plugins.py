@@ -18,7 +18,7 @@ import pluggy
 
 from . import hookspecs
 from .config.option import Option, did_you_mean
-from .errors import PluginError
+from .errors import ErdmaError, PluginError
 
 log = logging.getLogger("erdma.plugins")
 ENTRY_POINT_GROUP = "erdma.plugins"
@@ -93,6 +93,8 @@ class Components:
         comp = self.get(kind, name)
         try:
             return comp.factory(*args)
+        except ErdmaError:
+            raise  # the component's own, already specific, error
         except Exception as exc:
             raise PluginError(f"{kind} {name!r} from plugin {comp.plugin!r} failed to load: "
                               f"{type(exc).__name__}: {exc}") from exc

@@ -19,7 +19,7 @@ from . import dtypes, executor, reduce_ops
 from .algorithms.schedule import Schedule, Spec
 from .buffers import Buffer, as_buffer
 from .errors import ErdmaError
-from .mailbox import Request, as_bytes
+from .mailbox import as_bytes
 from .reduce_ops import ReduceOp
 from .runtime import Runtime
 from .wire import DATA, OPCODES, P2P_GROUP_BIT, Header
@@ -35,6 +35,9 @@ class ProcessGroup:
         self._seq = itertools.count(1)
         self._p2p: dict[tuple[str, int, int], int] = {}
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}")
+        # point-to-point: receives are posted at call time and waited for here; sends keep their order
+        self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
+        self._sender = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}-tx")
         self._lock = threading.Lock()
 
     def rank(self) -> int:
@@ -47,9 +50,10 @@ class ProcessGroup:
         return f"ProcessGroup(rank={self._rank}, size={self.size()}, group={self.group_id})"
 
     # ---- plumbing -------------------------------------------------------------------------------------
-    def _submit(self, name: str, fn: Callable[[], Any], async_op: bool) -> Work | None:
+    def _submit(self, name: str, fn: Callable[[], Any], async_op: bool,
+                pool: cf.ThreadPoolExecutor | None = None) -> Work | None:
         with self._lock:
-            future = self._pool.submit(fn)
+            future = (pool or self._pool).submit(fn)
         work = Work(future, name, self.rt.rank)
         if async_op:
             return work
@@ -235,17 +239,21 @@ class ProcessGroup:
         header = Header(DATA, dtypes.code_of(buf.dtype), OPCODES["send"], 0, self.rt.job,
                         self.group_id | P2P_GROUP_BIT, tag, n, buf.array.size, buf.array.nbytes)
         t = self.rt.transport
+        op = executor.Op(kind, OPCODES["send"], buf.dtype, header.dtype, buf.array.size, self.rt.job,
+                         self.group_id, tag, None, self.rt.timeout, 1, self.ranks, self.rt.rank)
+        if kind == "recv":
+            req = t.irecv(g, header, as_bytes(buf.array))  # posted now: matches sends in any order
 
-        def run() -> None:
-            op = executor.Op(kind, OPCODES["send"], buf.dtype, header.dtype, buf.array.size, self.rt.job,
-                             self.group_id, tag, None, self.rt.timeout, 1, self.ranks, self.rt.rank)
-            req: Request = (t.isend(g, header, as_bytes(buf.array), op.deadline) if kind == "send"
-                            else t.irecv(g, header, as_bytes(buf.array)))
-            executor._finish(req, peer, op, t, "sending to" if kind == "send" else "waiting for")
-            if kind == "recv":
+            def wait_recv() -> None:
+                executor.finish(req, peer, op, t, "waiting for")
                 buf.commit()
 
-        return self._submit(kind, run, async_op)
+            return self._submit(kind, wait_recv, async_op, self._recv_waiters)
+
+        def send() -> None:
+            executor.finish(t.isend(g, header, as_bytes(buf.array), op.deadline), peer, op, t, "sending to")
+
+        return self._submit(kind, send, async_op, self._sender)
 
     # ---- groups and shutdown -----------------------------------------------------------------------------
     def new_group(self, ranks: Sequence[int] | None = None) -> ProcessGroup | None:
@@ -259,7 +267,8 @@ class ProcessGroup:
 
     def destroy(self) -> None:
         """Finish queued work and release the group; destroying the default group ends the job's transport."""
-        self._pool.shutdown(wait=True)
+        for pool in (self._pool, self._sender, self._recv_waiters):
+            pool.shutdown(wait=True)
         if self.group_id == 0:
             self.rt.close()
 

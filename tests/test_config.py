@@ -53,7 +53,7 @@ def test_erdma_toml_in_cwd_and_erdma_config(tmp_path, monkeypatch):
     monkeypatch.setenv("ERDMA_CONFIG", str(other))
     assert load_config()["collectives.alltoall"] == "pairwise"
     monkeypatch.setenv("ERDMA_CONFIG", str(tmp_path / "missing.toml"))
-    with pytest.raises(ConfigError, match="missing.toml' does not exist"):
+    with pytest.raises(ConfigError, match=r"missing\.toml' does not exist"):
         load_config()
 
 
@@ -111,8 +111,9 @@ def test_bad_env_values(monkeypatch, var, value, message):
 
 
 def test_unknown_argument_key():
-    with pytest.raises(ConfigError, match="unknown config key 'collectives.allreduse' .*did you mean 'collectives.allreduce'"):
+    with pytest.raises(ConfigError) as info:
         load_config({"collectives.allreduse": "ring"})
+    assert str(info.value) == "unknown config key 'collectives.allreduse' (did you mean 'collectives.allreduce'?)"
 
 
 def test_config_show_prints_values_and_sources(tmp_path):

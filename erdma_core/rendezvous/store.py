@@ -78,7 +78,7 @@ class _Handler(socketserver.BaseRequestHandler):
                         out = srv.data[key]
                         srv.cond.notify_all()
                     elif op == _GET:
-                        if srv.cond.wait_for(lambda: key in srv.data, timeout=timeout):
+                        if srv.cond.wait_for(lambda k=key: k in srv.data, timeout=timeout):
                             out = srv.data[key]
                         else:
                             status = 1

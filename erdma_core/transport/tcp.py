@@ -24,7 +24,7 @@ from ..errors import (
     ProtocolError,
 )
 from ..mailbox import Mailbox, Request
-from ..wire import ABORT, BYE, DATA, FRAME, HELLO, HELLO_ACCEPTED, HELLO_REJECTED, HELLO_REQUEST, Header, Hello
+from ..wire import ABORT, BYE, FRAME, HELLO, HELLO_ACCEPTED, HELLO_REJECTED, HELLO_REQUEST, Header, Hello
 from . import addresses
 from .base import TransportContext
 

@@ -1,0 +1,79 @@
+"""The ``erdma`` command line: run, bench, doctor."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+ERDMA = [sys.executable, "-m", "erdma_core.cli"]
+
+
+def erdma(*args, timeout=120, **kw):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    return subprocess.run([*ERDMA, *args], capture_output=True, text=True, timeout=timeout, env=env, **kw)
+
+
+def script(tmp_path, text):
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_run_starts_ranks_with_env(tmp_path):
+    job = script(tmp_path, '''
+        import erdma_core, numpy as np
+        pg = erdma_core.init()
+        a = np.array([pg.rank()], np.int64)
+        pg.allreduce(a)
+        print("sum", int(a[0]), "of", pg.size())
+        pg.destroy()
+    ''')
+    r = erdma("run", "-n", "3", "--", sys.executable, job)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == [f"[rank {i}] sum 3 of 3" for i in range(3)]
+
+
+def test_run_one_rank_failing_ends_all_and_exits_nonzero(tmp_path):
+    job = script(tmp_path, '''
+        import os, time
+        if os.environ["RANK"] == "1":
+            raise SystemExit("boom on rank 1")
+        time.sleep(300)
+    ''')
+    r = erdma("run", "-n", "3", "--", sys.executable, job, timeout=60)
+    assert r.returncode == 1
+    assert "[rank 1] boom on rank 1" in r.stderr
+    assert "erdma run: rank 1 exited with code 1; stopped the other ranks" in r.stderr
+
+
+def test_run_rejects_bad_config_before_starting(tmp_path):
+    bad = tmp_path / "erdma.toml"
+    bad.write_text('[transport]\nname = "quik"\n')
+    r = erdma("run", "-n", "2", "--config", str(bad), "--", sys.executable, "-c", "pass")
+    assert r.returncode == 2
+    assert "invalid value 'quik'" in r.stderr and "pip install erdma-quic" in r.stderr
+
+
+def test_bench_prints_validated_table():
+    r = erdma("bench", "-n", "2", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert [row[0] for row in rows] == ["4096", "65536"]
+    assert all(row[3] == "allreduce" and row[-1] == "0" for row in rows)  # #wrong == 0
+    assert "busbw(GB/s)" in r.stdout and "[bench] erdma allreduce" in r.stderr
+
+
+def test_bench_other_ops():
+    for op in ("allgather", "reduce_scatter", "alltoall", "broadcast"):
+        r = erdma("bench", "-n", "2", "--op", op, "--sizes", "8K", "--iters", "1", "--warmup", "0")
+        assert r.returncode == 0, (op, r.stderr)
+        assert f" {op} " in r.stdout
+
+
+def test_doctor_reports_host():
+    r = erdma("doctor")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "interfaces:" in r.stdout and "lo" in r.stdout and "127.0.0.1" in r.stdout
+    assert "transport: tcp" in r.stdout and "RDMA devices:" in r.stdout and "GPU:" in r.stdout
