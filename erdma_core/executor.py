@@ -9,7 +9,7 @@ way, so chunk k of a slice meets chunk k.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,8 +58,10 @@ def _chunks(x: Xfer, chunk: int) -> list[tuple[int, int]]:
     return [(o, min(chunk, x.offset + x.count - o)) for o in range(x.offset, x.offset + x.count, chunk)]
 
 
-def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op) -> None:
-    """Execute ``schedule``; raise a CollectiveError naming this rank, the op and the peer on failure."""
+def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
+        scratch_for: Callable[[int, np.dtype], np.ndarray] | None = None) -> None:
+    """Execute ``schedule``; raise a CollectiveError naming this rank, the op and the peer on failure.
+    ``scratch_for(count, dtype)`` lends the memory reducing receives land in (reused step after step)."""
     sent: dict[int, int] = {}
     received: dict[int, int] = {}
     itemsize = next(iter(buffers.values())).itemsize
@@ -67,7 +69,8 @@ def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transp
         for c in step.copies:
             buffers[c.dst][c.dst_offset:c.dst_offset + c.count] = buffers[c.src][c.src_offset:c.src_offset + c.count]
         pending: list[tuple[Request, Xfer, int, int, np.ndarray | None]] = []
-        scratch = np.empty(sum(x.count for x in step.recvs if x.reduce), buffers["out"].dtype)
+        need = sum(x.count for x in step.recvs if x.reduce)
+        scratch = scratch_for(need, buffers["out"].dtype) if scratch_for else np.empty(need, buffers["out"].dtype)
         used = 0
         for x in step.recvs:
             g = op.ranks[x.peer]

@@ -39,6 +39,7 @@ class ProcessGroup:
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
         self._sender = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}-tx")
         self._lock = threading.Lock()
+        self._arena = np.empty(0, np.uint8)  # scratch for reducing receives; only the worker thread uses it
 
     def rank(self) -> int:
         return self._rank
@@ -80,10 +81,16 @@ class ProcessGroup:
                 op = executor.Op(name, OPCODES[name], dtype, dtypes.code_of(dtype), spec.count, self.rt.job,
                                  self.group_id, seq, reduce_op, self.rt.timeout, chunk, self.ranks, self.rt.rank)
                 self.rt.transport.begin(self.group_id, seq)
-                executor.run(schedule, buffers, self.rt.transport, op)
+                executor.run(schedule, buffers, self.rt.transport, op, self._scratch)
             after()
 
         return self._submit(name, run, async_op)
+
+    def _scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
+        nbytes = count * dtype.itemsize
+        if self._arena.nbytes < nbytes:
+            self._arena = np.empty(nbytes, np.uint8)
+        return self._arena[:nbytes].view(dtype)
 
     def _spec(self, op: str, count: int, **kw: Any) -> Spec:
         return Spec(op, self._rank, self.size(), count, ps_servers=self.rt.config["collectives.ps_servers"], **kw)

@@ -208,3 +208,34 @@ def torch_inputs(pg):
 def test_torch_tensors(erdma_shared_world):
     pytest.importorskip("torch")
     assert erdma_shared_world(2, CONFIG).run(torch_inputs) == [(True, True, True)] * 2
+
+
+class DLPackOnly:
+    """Something that speaks only DLPack (no buffer protocol, not an ndarray)."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    def __dlpack__(self, **kw):
+        return self._arr.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
+def generic_inputs(pg):
+    import array
+
+    p = pg.size()
+    raw = bytearray([1, 2, 3])
+    pg.allreduce(raw)
+    doubles = array.array("d", [0.5, 1.5])
+    pg.allreduce(doubles, op="max")
+    backing = np.arange(4, dtype=np.int32)
+    pg.allreduce(DLPackOnly(backing))
+    return list(raw), list(doubles), backing.tolist(), p
+
+
+def test_buffer_protocol_and_dlpack_inputs(erdma_shared_world):
+    for raw, doubles, backing, p in erdma_shared_world(2, CONFIG).run(generic_inputs):
+        assert raw == [p, 2 * p, 3 * p] and doubles == [0.5, 1.5] and backing == [0, p, 2 * p, 3 * p]
