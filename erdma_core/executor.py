@@ -8,13 +8,16 @@ way, so chunk k of a slice meets chunk k.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import reduce_ops
-from .algorithms.schedule import Schedule, Xfer
+from .algorithms.schedule import Schedule, Step, Xfer
 from .errors import CollectiveError, CollectiveTimeoutError
 from .mailbox import Request, as_bytes
 from .reduce_ops import ReduceOp
@@ -59,37 +62,31 @@ def _chunks(x: Xfer, chunk: int) -> list[tuple[int, int]]:
 
 
 def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
-        scratch_for: Callable[[int, np.dtype], np.ndarray] | None = None) -> None:
+        scratch_for: Callable[[int, np.dtype, int], np.ndarray] | None = None) -> None:
     """Execute ``schedule``; raise a CollectiveError naming this rank, the op and the peer on failure.
-    ``scratch_for(count, dtype)`` lends the memory reducing receives land in (reused step after step)."""
-    sent: dict[int, int] = {}
-    received: dict[int, int] = {}
+
+    ``scratch_for(count, dtype, slot)`` lends the memory reducing receives land in (two slots, used by
+    alternate steps). The next step's receives are posted before this step's sends whenever
+    ``lookahead`` says that is safe, so a fast neighbour's data lands in place instead of being buffered.
+    """
+    counters: tuple[dict[int, int], dict[int, int]] = ({}, {})  # messages sent to / received from each rank
     itemsize = next(iter(buffers.values())).itemsize
-    for step in schedule:
+    early = lookahead(tuple(schedule))
+    posted: list[tuple[Request, Xfer, int, int, np.ndarray | None]] | None = None
+    for i, step in enumerate(schedule):
         for c in step.copies:
             buffers[c.dst][c.dst_offset:c.dst_offset + c.count] = buffers[c.src][c.src_offset:c.src_offset + c.count]
-        pending: list[tuple[Request, Xfer, int, int, np.ndarray | None]] = []
-        need = sum(x.count for x in step.recvs if x.reduce)
-        scratch = scratch_for(need, buffers["out"].dtype) if scratch_for else np.empty(need, buffers["out"].dtype)
-        used = 0
-        for x in step.recvs:
-            g = op.ranks[x.peer]
-            for off, cnt in _chunks(x, op.chunk_elems):
-                if x.reduce:
-                    land = scratch[used:used + cnt]
-                    used += cnt
-                else:
-                    land = buffers[x.buf][off:off + cnt]
-                tag = received.get(g, 0)
-                received[g] = tag + 1
-                req = transport.irecv(g, _header(op, tag, cnt * itemsize), as_bytes(land))
-                pending.append((req, x, off, cnt, land if x.reduce else None))
+        pending = posted if posted is not None else _post(step, i % 2, buffers, transport, op, counters[1],
+                                                          itemsize, scratch_for)
+        posted = None
+        if i + 1 < len(schedule) and early[i + 1]:
+            posted = _post(schedule[i + 1], (i + 1) % 2, buffers, transport, op, counters[1], itemsize, scratch_for)
         done = 0
         for x in step.sends:
             g = op.ranks[x.peer]
             for off, cnt in _chunks(x, op.chunk_elems):
-                tag = sent.get(g, 0)
-                sent[g] = tag + 1
+                tag = counters[0].get(g, 0)
+                counters[0][g] = tag + 1
                 req = transport.isend(g, _header(op, tag, cnt * itemsize), as_bytes(buffers[x.buf][off:off + cnt]),
                                       op.deadline)
                 finish(req, x.peer, op, transport, "sending to")
@@ -98,6 +95,46 @@ def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transp
                     done += 1
         for item in pending[done:]:
             _land(item, buffers, op, transport)
+
+
+def _post(step: Step, slot: int, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
+          received: dict[int, int], itemsize: int,
+          scratch_for: Callable[[int, np.dtype, int], np.ndarray] | None) -> list[Any]:
+    dtype = buffers["out"].dtype
+    need = sum(x.count for x in step.recvs if x.reduce)
+    scratch = scratch_for(need, dtype, slot) if scratch_for else np.empty(need, dtype)
+    used, pending = 0, []
+    for x in step.recvs:
+        g = op.ranks[x.peer]
+        for off, cnt in _chunks(x, op.chunk_elems):
+            if x.reduce:
+                land = scratch[used:used + cnt]
+                used += cnt
+            else:
+                land = buffers[x.buf][off:off + cnt]
+            tag = received.get(g, 0)
+            received[g] = tag + 1
+            req = transport.irecv(g, _header(op, tag, cnt * itemsize), as_bytes(land))
+            pending.append((req, x, off, cnt, land if x.reduce else None))
+    return pending
+
+
+@functools.lru_cache(maxsize=512)
+def lookahead(schedule: tuple[Step, ...]) -> tuple[bool, ...]:
+    """For each step: may its receives be posted while the step before it is still running? Yes when it
+    makes no local copies and its in-place receives touch nothing the previous step reads or writes."""
+
+    def spans(xs: Sequence[Xfer]) -> list[tuple[str, int, int]]:
+        return [(x.buf, x.offset, x.offset + x.count) for x in xs]
+
+    out = [False]
+    for prev, step in itertools.pairwise(schedule):
+        busy = spans(prev.sends) + spans(prev.recvs) + [(c.dst, c.dst_offset, c.dst_offset + c.count)
+                                                         for c in prev.copies]
+        mine = spans([x for x in step.recvs if not x.reduce])
+        clash = any(b == m and lo < mhi and mlo < hi for b, lo, hi in busy for m, mlo, mhi in mine)
+        out.append(not step.copies and not clash)
+    return tuple(out)
 
 
 def _header(op: Op, tag: int, nbytes: int) -> Header:

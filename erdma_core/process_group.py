@@ -39,7 +39,7 @@ class ProcessGroup:
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
         self._sender = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}-tx")
         self._lock = threading.Lock()
-        self._arena = np.empty(0, np.uint8)  # scratch for reducing receives; only the worker thread uses it
+        self._arenas = [np.empty(0, np.uint8), np.empty(0, np.uint8)]  # scratch for reducing receives (worker only)
 
     def rank(self) -> int:
         return self._rank
@@ -86,11 +86,11 @@ class ProcessGroup:
 
         return self._submit(name, run, async_op)
 
-    def _scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
+    def _scratch(self, count: int, dtype: np.dtype, slot: int) -> np.ndarray:
         nbytes = count * dtype.itemsize
-        if self._arena.nbytes < nbytes:
-            self._arena = np.empty(nbytes, np.uint8)
-        return self._arena[:nbytes].view(dtype)
+        if self._arenas[slot].nbytes < nbytes:
+            self._arenas[slot] = np.empty(nbytes, np.uint8)
+        return self._arenas[slot][:nbytes].view(dtype)
 
     def _spec(self, op: str, count: int, **kw: Any) -> Spec:
         return Spec(op, self._rank, self.size(), count, ps_servers=self.rt.config["collectives.ps_servers"], **kw)

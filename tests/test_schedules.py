@@ -98,3 +98,18 @@ def test_sequential_alltoall_is_one_pair_at_a_time():
     # rank 3 takes part in pairs (0,3), (1,3), (2,3): before each it waits for a token
     tokens = [s for s in scheds[3] if s.recvs and not s.sends]
     assert len(tokens) == 3 and all(s.recvs[0].count == 0 for s in tokens)
+
+
+def test_lookahead_posts_early_only_when_safe():
+    from erdma_core.algorithms.schedule import Copy, Step, Xfer
+    from erdma_core.executor import lookahead
+
+    send_a = Step(sends=(Xfer(1, "out", 0, 4),), recvs=(Xfer(1, "out", 4, 4),))
+    recv_into_a = Step(recvs=(Xfer(1, "out", 2, 4),))        # overlaps what the step before sends
+    recv_elsewhere = Step(recvs=(Xfer(1, "out", 8, 4),))
+    reduce_into_a = Step(recvs=(Xfer(1, "out", 0, 4, reduce=True),))  # lands in scratch: safe
+    with_copy = Step(copies=(Copy("in", 0, "out", 12, 1),), recvs=(Xfer(1, "out", 12, 1),))
+    assert lookahead((send_a, recv_into_a)) == (False, False)
+    assert lookahead((send_a, recv_elsewhere, reduce_into_a, with_copy)) == (False, True, True, False)
+    ring = tuple(ALGOS[("allreduce", "ring")](Spec("allreduce", 0, 4, 100)))
+    assert lookahead(ring) == (False,) + (True,) * 5  # every ring step after the first can pre-post
