@@ -80,7 +80,6 @@ class _Gloo:
         import torch
         import torch.distributed as dist
 
-        os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group("gloo")
         self.dist, self.torch = dist, torch
@@ -197,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         if backend.rank == 0:
             print(table(rows), flush=True)
         results.append(rows)
+        if isinstance(backend, _Erdma) and args.compare:  # rank 0 picks a free port for the peer's store
+            from .launcher import free_port
+
+            port = np.array([free_port() if backend.rank == 0 else 0], np.int64)
+            backend.pg.broadcast(port, 0)
+            os.environ["MASTER_PORT"] = str(int(port[0]))
         backend.close()
     if len(results) == 2 and results[0] and int(os.environ.get("RANK", "0")) == 0:
         print(ratios(results[0], results[1]), flush=True)

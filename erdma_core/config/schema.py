@@ -23,7 +23,7 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
     collectives |= {
         "small_message_bytes": Option(int, 65536, "allreduce inputs up to this size use halving_doubling, "
                                       "larger ones ring (when allreduce = 'auto')", minimum=0),
-        "chunk_bytes": Option(int, 1 << 20, "largest message an algorithm sends in one piece; "
+        "chunk_bytes": Option(int, 4 << 20, "largest message an algorithm sends in one piece; "
                               "larger slices are split and pipelined", minimum=1024),
         "ps_servers": Option(int, 1, "parameter_server: how many ranks serve shards", minimum=1),
     }
