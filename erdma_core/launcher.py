@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,10 +23,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_OUTPUT_LOCK = threading.Lock()
+
+
 def _pump(src: IO[bytes], dst: IO[str], prefix: str) -> None:
-    for line in iter(src.readline, b""):
-        dst.write(prefix + line.decode(errors="replace"))
-        dst.flush()
+    """Copy a rank's output as it comes, a whole line at a time (a progress line ends in \r, not \n),
+    each prefixed, so that ranks never interleave inside a line."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pending = ""
+    while True:
+        chunk = os.read(src.fileno(), 65536)
+        pending += decoder.decode(chunk, final=not chunk)
+        lines = re.split(r"(?<=[\r\n])", pending)
+        pending = lines.pop() if chunk else ""  # keep an unfinished line until its end arrives
+        lines = [line for line in lines if line]
+        if lines:
+            with _OUTPUT_LOCK:
+                dst.write("".join(line if line in ("\r", "\n") else prefix + line for line in lines))
+                dst.flush()
+        if not chunk:
+            return
 
 
 def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapping[str, str] | None = None,
