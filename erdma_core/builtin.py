@@ -43,7 +43,7 @@ def erdma_register_discovery(register: Callable[..., None]) -> None:
 
 @hookimpl
 def erdma_register_traversals(register: Callable[..., None]) -> None:
-    from .compression import DirectTraversal
+    from .traversal import DirectTraversal
 
     register("direct", DirectTraversal, description="no NAT traversal: dial the listening address")
 

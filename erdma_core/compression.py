@@ -32,13 +32,3 @@ class NoCompression:
 
     def decode(self, payload: bytes | memoryview, meta: dict[str, Any], out: np.ndarray) -> None:
         out.reshape(-1).view(np.uint8)[:] = np.frombuffer(payload, np.uint8)
-
-
-class DirectTraversal:
-    """No NAT traversal: peers dial the address this rank listens on."""
-
-    def __init__(self, config: Any = None, section: dict[str, Any] | None = None) -> None:
-        pass
-
-    def advertise(self, host: str, port: int) -> tuple[str, int]:
-        return host, port

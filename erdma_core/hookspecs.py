@@ -46,8 +46,9 @@ def erdma_register_traversals(register: Callable[..., None]) -> None:
     """Register NAT traversal strategies.
 
     Called by: the plugin manager builder, once. Arguments: ``register(name, factory, *, options=None,
-    description="")``; ``factory(config, section)`` returns an object with ``advertise(host, port, store)
-    -> (host, port)`` giving the address peers should dial. Returns: nothing. Every implementation is called.
+    description="")``; ``factory(config, section)`` returns an ``erdma_core.traversal.Traversal``: its
+    ``advertise(host, port) -> (host, port)`` is called once at set-up with the address the transport
+    listens on and returns the address peers should dial. Returns: nothing. Every implementation is called.
     """
 
 

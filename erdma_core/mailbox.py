@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from . import dtypes
-from .errors import AbortedError, MismatchError, ProtocolError
+from .errors import MismatchError, ProtocolError
 from .reduce_ops import ReduceOp
 from .wire import OPNAMES, P2P_GROUP_BIT, Header
 
@@ -180,6 +180,3 @@ def _deliver(rank: int, peer: int, posted: _Posted, early: _Early) -> None:
 def as_bytes(arr: np.ndarray) -> memoryview:
     return memoryview(arr).cast("B")
 
-
-def aborted_error(rank: int, cause: BaseException) -> AbortedError:
-    return AbortedError(f"rank {rank}: process group aborted earlier: {cause}", rank=rank)

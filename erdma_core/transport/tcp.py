@@ -305,8 +305,10 @@ class TcpTransport:
         for conn in self.conns.values():
             try:
                 if conn.send_lock.acquire(timeout=_POLL):
-                    conn.sock.sendall(bye)
-                    conn.send_lock.release()
+                    try:
+                        conn.sock.sendall(bye)
+                    finally:
+                        conn.send_lock.release()
                 conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
