@@ -87,3 +87,24 @@ def test_file_store(tmp_path):
     assert [a.add("c", 1), b.add("c", 1)] == [1, 2]
     with pytest.raises(CollectiveTimeoutError, match="did not appear in the folder"):
         b.get("nope", 0.1)
+
+
+def listening_address(pg):
+    conn = pg.rt.transport.conns[1 - pg.rank()]
+    return conn.sock.getsockname()[0], where_am_i(pg)
+
+
+def test_interface_option_binds_that_interface():
+    with World(2, {"transport.tcp.interface": "lo"}, timeout=30) as w:
+        assert [addr for addr, _ in w.run(listening_address)] == ["127.0.0.1", "127.0.0.1"]
+
+
+def test_unknown_interface_is_a_config_error():
+    from erdma_core.testing import RankFailure
+
+    with pytest.raises(RankFailure) as info:
+        World(1, {"transport.tcp.interface": "nope0"}, timeout=30)
+    err = info.value.errors[0]
+    assert isinstance(err, ConfigError)
+    assert "config key 'transport.tcp.interface': value 'nope0' has no IPv4 address" in str(err)
+    assert "interfaces here: lo" in str(err)

@@ -77,7 +77,11 @@ class World:
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
-        self._collect("init", timeout)
+        try:
+            self._collect("init", timeout)
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> list[Any]:
         """Run ``fn(pg, *args)`` on every rank; return the per-rank results or raise RankFailure."""
