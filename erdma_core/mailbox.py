@@ -90,6 +90,7 @@ class Mailbox:
         self._lock = threading.Lock()
         self._posted: dict[tuple[int, tuple[int, int, int]], _Posted] = {}
         self._unexpected: dict[tuple[int, tuple[int, int, int]], _Early] = {}
+        self._inflight: dict[tuple[int, tuple[int, int, int]], Request] = {}  # matched, payload still arriving
         self._floor: dict[int, int] = {}  # group -> lowest sequence still live
         self.aborted: BaseException | None = None
         self.rejected = 0
@@ -137,17 +138,21 @@ class Mailbox:
                 early = _Early(h, bytearray(h.nbytes))
                 self._unexpected[key] = early
                 return memoryview(early.data), ("early", key, early)
+            self._inflight[key] = posted.req  # abort() must still reach it while its payload arrives
         err = check_match(self.rank, peer, posted.meta, h)
         if err is not None:
-            return None, ("fail", posted.req, err)
-        return posted.out, ("done", posted.req, None)
+            return None, ("fail", key, err)
+        return posted.out, ("done", key, None)
 
     def on_payload(self, token: object) -> None:
         if token is None:
             return
         kind, a, b = token  # type: ignore[misc]
         if kind != "early":
-            a.complete(b)
+            with self._lock:
+                req = self._inflight.pop(a, None)
+            if req is not None:
+                req.complete(b)
             return
         with self._lock:
             b.landed = True
@@ -163,6 +168,9 @@ class Mailbox:
                 self.aborted = error
             posted, self._posted = self._posted, {}
             early, self._unexpected = self._unexpected, {}
+            inflight, self._inflight = self._inflight, {}
+        for req in inflight.values():
+            req.complete(self.aborted)
         for p in posted.values():
             p.req.complete(self.aborted)
         for e in early.values():

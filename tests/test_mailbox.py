@@ -119,3 +119,16 @@ def test_fuzzed_headers_never_crash_differently():
             Header.parse(data)
         except ProtocolError:
             pass
+
+
+def test_abort_reaches_a_receive_whose_payload_is_still_arriving():
+    """The peer dies mid-payload: the matched receive must fail at once, not wait for its deadline."""
+    box = Mailbox(0, JOB)
+    req = box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(bytearray(8)))
+    buf, token = box.on_header(1, hdr(nbytes=8, numel=2))
+    assert buf is not None and not req.done()
+    box.abort(ConnectionError("peer 1 gone"))
+    with pytest.raises(ConnectionError, match="peer 1 gone"):
+        req.wait(1)
+    box.on_payload(token)  # a late end of the payload changes nothing
+    assert isinstance(req.error, ConnectionError)

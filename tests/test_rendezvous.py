@@ -25,9 +25,11 @@ def test_tcp_init_method():
         assert w.run(where_am_i) == [(r, 3, 6) for r in range(3)]
 
 
-def test_file_init_method(tmp_path):
-    with World(2, init_method=f"file://{tmp_path}/rdv", timeout=30) as w:
-        assert w.run(where_am_i) == [(0, 2, 3), (1, 2, 3)]
+def test_file_init_method_and_reuse_after_cleanup(tmp_path):
+    for _ in range(2):  # the second job finds the folder emptied by the first one's rank 0
+        with World(2, init_method=f"file://{tmp_path}/rdv", timeout=30) as w:
+            assert w.run(where_am_i) == [(0, 2, 3), (1, 2, 3)]
+        assert list((tmp_path / "rdv").iterdir()) == []
 
 
 def test_env_init_method_without_arguments(tmp_path):

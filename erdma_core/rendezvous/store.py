@@ -155,7 +155,8 @@ def _bindable(host: str) -> str:
 
 
 class FileStore:
-    """A store in a folder every rank can reach (one file per key, written atomically)."""
+    """A store in a folder every rank can reach (one file per key, written atomically). The folder must be
+    new for each job: rank 0 empties it when the job's default group is destroyed (``cleanup``)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -192,3 +193,7 @@ class FileStore:
 
     def close(self) -> None:
         pass
+
+    def cleanup(self) -> None:
+        for entry in self.path.iterdir():
+            entry.unlink(missing_ok=True)
