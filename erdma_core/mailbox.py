@@ -92,6 +92,7 @@ class Mailbox:
         self._unexpected: dict[tuple[int, tuple[int, int, int]], _Early] = {}
         self._inflight: dict[tuple[int, tuple[int, int, int]], Request] = {}  # matched, payload still arriving
         self._floor: dict[int, int] = {}  # group -> lowest sequence still live
+        self._gone: dict[int, BaseException] = {}  # peers that closed: nothing more will come from them
         self.aborted: BaseException | None = None
         self.rejected = 0
 
@@ -106,8 +107,8 @@ class Mailbox:
     def post_recv(self, peer: int, meta: Header, out: memoryview) -> Request:
         req = Request(peer, meta.nbytes)
         with self._lock:
-            if self.aborted is not None:
-                req.complete(self.aborted)
+            if self.aborted is not None or peer in self._gone:
+                req.complete(self.aborted or self._gone[peer])
                 return req
             key = (peer, meta.key)
             if key in self._posted:
@@ -160,6 +161,16 @@ class Mailbox:
                 return
             self._unexpected.pop(a, None)
         _deliver(self.rank, a[0], b.waiter, b)
+
+    def peer_gone(self, peer: int, error: BaseException) -> None:
+        """``peer`` closed in good order: fail what still waits for data from it, and later receives from it."""
+        with self._lock:
+            self._gone[peer] = error
+            posted = [self._posted.pop(k) for k in [k for k in self._posted if k[0] == peer]]
+            inflight = [self._inflight.pop(k) for k in [k for k in self._inflight if k[0] == peer]]
+            waiters = [e.waiter for k, e in self._unexpected.items() if k[0] == peer and e.waiter is not None]
+        for req in [p.req for p in posted] + inflight + [w.req for w in waiters]:
+            req.complete(error)
 
     def abort(self, error: BaseException) -> None:
         """Fail every posted receive and every later one with ``error`` (first cause wins)."""

@@ -132,3 +132,17 @@ def test_abort_reaches_a_receive_whose_payload_is_still_arriving():
         req.wait(1)
     box.on_payload(token)  # a late end of the payload changes nothing
     assert isinstance(req.error, ConnectionError)
+
+
+def test_peer_that_closed_fails_only_receives_from_it():
+    box = Mailbox(0, JOB)
+    from_1 = box.post_recv(1, hdr(), memoryview(bytearray(4)))
+    from_2 = box.post_recv(2, hdr(), memoryview(bytearray(4)))
+    box.peer_gone(1, ConnectionError("rank 1 closed its process group"))
+    with pytest.raises(ConnectionError, match="rank 1 closed"):
+        from_1.wait(1)
+    assert not from_2.done()  # rank 2 is still sending
+    deliver(box, 2, hdr(), b"okay")
+    assert from_2.wait(1)
+    with pytest.raises(ConnectionError):
+        box.post_recv(1, hdr(tag=5), memoryview(bytearray(4))).wait(1)

@@ -222,9 +222,9 @@ class TcpTransport:
                 if not self._read_into(conn, memoryview(hdr), idle_ok=True):
                     return
                 h = Header.parse(hdr)
-                if h.kind == BYE:
-                    self.mailbox.abort(PeerLostError(f"rank {self.rank}: rank {conn.peer} closed its process group",
-                                                     peer=conn.peer, rank=self.rank))
+                if h.kind == BYE:  # everything it sent has been read; only receives from it can no longer finish
+                    self.mailbox.peer_gone(conn.peer, PeerLostError(
+                        f"rank {self.rank}: rank {conn.peer} closed its process group", peer=conn.peer, rank=self.rank))
                     return
                 if h.kind == ABORT:
                     payload = bytearray(h.nbytes)
