@@ -107,13 +107,16 @@ class Mailbox:
     def post_recv(self, peer: int, meta: Header, out: memoryview) -> Request:
         req = Request(peer, meta.nbytes)
         with self._lock:
-            if self.aborted is not None or peer in self._gone:
-                req.complete(self.aborted or self._gone[peer])
+            if self.aborted is not None:
+                req.complete(self.aborted)
                 return req
             key = (peer, meta.key)
             if key in self._posted:
                 raise ProtocolError(f"rank {self.rank}: a receive from rank {peer} with key {meta.key} is already posted")
             early = self._unexpected.get(key)
+            if early is None and peer in self._gone:  # what it sent before closing is still delivered above
+                req.complete(self._gone[peer])
+                return req
             if early is None:
                 self._posted[key] = _Posted(meta, out, req)
                 return req

@@ -77,3 +77,20 @@ def test_doctor_reports_host():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "interfaces:" in r.stdout and "lo" in r.stdout and "127.0.0.1" in r.stdout
     assert "transport: tcp" in r.stdout and "RDMA devices:" in r.stdout and "GPU:" in r.stdout
+
+
+def test_root_that_finishes_first_and_exits_does_not_fail_the_others(tmp_path):
+    """The root's data arrives before the others post their receives, then the root leaves (BYE)."""
+    job = script(tmp_path, '''
+        import time, erdma_core, numpy as np
+        pg = erdma_core.init()
+        if pg.rank() != 0:
+            time.sleep(0.5)
+        a = np.array([pg.rank() + 10], np.int64)
+        pg.broadcast(a, 0)
+        print("got", int(a[0]))
+        pg.destroy()
+    ''')
+    r = erdma("run", "-n", "4", "--", sys.executable, job)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == [f"[rank {i}] got 10" for i in range(4)]

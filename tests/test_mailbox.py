@@ -146,3 +146,10 @@ def test_peer_that_closed_fails_only_receives_from_it():
     assert from_2.wait(1)
     with pytest.raises(ConnectionError):
         box.post_recv(1, hdr(tag=5), memoryview(bytearray(4))).wait(1)
+
+
+def test_frames_that_arrived_before_a_peer_closed_are_still_delivered():
+    box, out = Mailbox(0, JOB), bytearray(4)
+    deliver(box, 1, hdr(), b"last")  # e.g. a broadcast root's data, then its BYE
+    box.peer_gone(1, ConnectionError("rank 1 closed its process group"))
+    assert box.post_recv(1, hdr(), memoryview(out)).wait(1) and out == b"last"
