@@ -54,7 +54,6 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None 
          rank: int | None = None, world_size: int | None = None, init_method: str | None = None,
          timeout: float | None = None) -> ProcessGroup:
     """Join the job and return its default ProcessGroup. With no arguments: env:// as torchrun sets it."""
-    global _default
     comps = components()
     overrides: dict[str, Any] = {}
     if init_method is not None:
@@ -68,8 +67,15 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None 
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"init: rank {rank} is not in [0, world_size={world_size})")
     scheme = urlparse(url).scheme
+    store = comps.create("discovery", scheme or url, url, rank, world_size, conf["timeouts.connect"], conf)
+    return init_with_store(store, rank, world_size, conf)
+
+
+def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) -> ProcessGroup:
+    """Join the job through a store that is already up (e.g. the one torch.distributed made)."""
+    global _default
+    comps = components()
     connect_timeout = conf["timeouts.connect"]
-    store = comps.create("discovery", scheme or url, url, rank, world_size, connect_timeout, conf)
     try:
         job = _agree_job(store, rank, world_size, conf["security.job_token"], connect_timeout)
         traversal = comps.create("traversal", conf["traversal.name"], conf, conf.section(
