@@ -6,7 +6,10 @@
 Each torch process group becomes an eRDMA ProcessGroup built by the pipeline ``erdma.toml`` chooses
 (transport, algorithms, ...). The rendezvous goes through the store torch made (torchrun's or
 ``erdma run``'s env:// variables), so no second port is needed. Works hand torch a Future that eRDMA
-completes, so ``wait()`` and ``get_future()`` behave as torch expects and errors surface as exceptions.
+completes (``ErdmaWork``), so ``wait()`` and ``get_future()`` behave as torch expects and errors surface
+as exceptions. In torch 2.13 every op, gather, scatter and reduce included, reaches the backend's Python
+methods directly; ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` arrive as ``_allgather_base``
+and ``_reduce_scatter_base``, ``all_to_all_single`` as ``alltoall_base``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from .errors import CollectiveTimeoutError
@@ -61,6 +63,56 @@ class TorchStore:
         pass
 
 
+class ErdmaWork(dist.Work):
+    """A torch Work over one or more eRDMA Works: ``wait()`` raises the first error (PeerLostError,
+    CollectiveTimeoutError, MismatchError, ...) and ``get_future()`` completes with the op's tensors.
+    (A Work made by ``_create_work_from_future`` would swallow errors: its ``wait()`` returns True.)"""
+
+    def __init__(self, works: Sequence[Any], result: Any) -> None:
+        super().__init__()
+        self._works = list(works)
+        self._result = result
+        self._future: Future[Any] = Future()
+        futures = [w.get_future() for w in self._works]
+
+        def settle(_: object) -> None:
+            if self._future.done() or not all(f.done() for f in futures):
+                return
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            if errors:
+                self._future.set_exception(errors[0])
+            else:
+                self._future.set_result(result)
+
+        if not futures:
+            self._future.set_result(result)
+        for f in futures:
+            f.add_done_callback(settle)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        seconds = None if not timeout else timeout.total_seconds()
+        for w in self._works:
+            w.wait(seconds)  # raises the op's own error, with its type
+        self._future.wait()  # the completion callback may still be running
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self) -> BaseException | None:
+        return next((w.exception() for w in self._works if w.exception() is not None), None)
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def get_future(self) -> Future[Any]:
+        return self._future
+
+
 class ErdmaProcessGroup(dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on an eRDMA ProcessGroup."""
 
@@ -75,25 +127,8 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         return BACKEND
 
     # ---- Work plumbing ----------------------------------------------------------------------------------
-    def _work(self, works: Sequence[Any], result: Any) -> Any:
-        """One torch Work completing when every eRDMA Work in ``works`` has (with the first error)."""
-        fut: Future[Any] = Future()
-        futures = [w.get_future() for w in works]
-
-        def settle(_: object) -> None:
-            if not all(f.done() for f in futures) or fut.done():
-                return
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            if errors:
-                fut.set_exception(errors[0])
-            else:
-                fut.set_result(result)
-
-        if not futures:
-            fut.set_result(result)
-        for f in futures:
-            f.add_done_callback(settle)
-        return _create_work_from_future(fut)
+    def _work(self, works: Sequence[Any], result: Any) -> ErdmaWork:
+        return ErdmaWork(works, result)
 
     # ---- collectives ----------------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:

@@ -40,3 +40,29 @@ def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
     assert params["gloo"].keys() == params["erdma"].keys()
     for key in params["gloo"]:
         assert torch.equal(params["gloo"][key], params["erdma"][key]), key
+
+
+def test_torchrun_launches_the_backend():
+    from erdma_core.launcher import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(free_port()), str(ROOT / "tests" / "torch_ops_script.py")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["OK", "OK"]
+
+
+def test_dead_peer_raises_instead_of_hanging():
+    from erdma_core.launcher import free_port
+
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "ERDMA_TIMEOUT": "60"}
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "torch_peer_death_script.py")],
+                              env={**base, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    out0, err0 = procs[0].communicate(timeout=40)  # far below the 60 s collective timeout
+    procs[1].communicate(timeout=40)
+    assert out0.startswith("PeerLostError: allreduce"), out0 + err0[-2000:]
+    assert "rank 1" in out0
