@@ -149,6 +149,13 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         return self._work([self.pg.allgather(o, i, async_op=True) for o, i in zip(outputs, inputs, strict=True)],
                           outputs)
 
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> Any:
+        """``outputs[q][j]`` receives rank q's ``inputs[j]`` (outer index: rank, unlike ``allgather``)."""
+        works = [self.pg.allgather([outputs[q][j] for q in range(len(outputs))], t, async_op=True)
+                 for j, t in enumerate(inputs)]
+        return self._work(works, outputs)
+
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         return self._work([self.pg.allgather(output, input, async_op=True)], [output])
 
