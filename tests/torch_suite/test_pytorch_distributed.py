@@ -9,12 +9,16 @@ PyTorch's own decorators gate to other backends by name, e.g. "Only MPI supports
 still skip). Tests that cannot apply to eRDMA are skipped with the reason in ``NOT_APPLICABLE``.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("BACKEND", "erdma")
 os.environ.setdefault("WORLD_SIZE", "2")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="erdma-torch-suite-"))
+if "TEMP_DIR" not in os.environ:  # made once, by the pytest process; spawned ranks inherit it
+    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="erdma-torch-suite-")
+    atexit.register(shutil.rmtree, os.environ["TEMP_DIR"], ignore_errors=True)
 
 import pytest
 
