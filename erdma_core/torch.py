@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,14 +76,17 @@ class ErdmaWork(dist.Work):
         self._future: Future[Any] = Future()
         futures = [w.get_future() for w in self._works]
 
+        lock = threading.Lock()  # callbacks may run on different eRDMA threads at once
+
         def settle(_: object) -> None:
-            if self._future.done() or not all(f.done() for f in futures):
-                return
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            if errors:
-                self._future.set_exception(errors[0])
-            else:
-                self._future.set_result(result)
+            with lock:
+                if self._future.done() or not all(f.done() for f in futures):
+                    return
+                errors = [f.exception() for f in futures if f.exception() is not None]
+                if errors:
+                    self._future.set_exception(errors[0])
+                else:
+                    self._future.set_result(result)
 
         if not futures:
             self._future.set_result(result)
