@@ -8,7 +8,6 @@ way, so chunk k of a slice meets chunk k.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import reduce_ops
-from .algorithms.schedule import Schedule, Step, Xfer
+from .algorithms.schedule import Step, Xfer
 from .errors import CollectiveError, CollectiveTimeoutError
 from .mailbox import Request, as_bytes
 from .reduce_ops import ReduceOp
@@ -61,17 +60,20 @@ def _chunks(x: Xfer, chunk: int) -> list[tuple[int, int]]:
     return [(o, min(chunk, x.offset + x.count - o)) for o in range(x.offset, x.offset + x.count, chunk)]
 
 
-def run(schedule: Schedule, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
-        scratch_for: Callable[[int, np.dtype, int], np.ndarray] | None = None) -> None:
+def run(schedule: Sequence[Step], buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
+        scratch_for: Callable[[int, np.dtype, int], np.ndarray] | None = None,
+        early: Sequence[bool] | None = None) -> None:
     """Execute ``schedule``; raise a CollectiveError naming this rank, the op and the peer on failure.
 
     ``scratch_for(count, dtype, slot)`` lends the memory reducing receives land in (two slots, used by
     alternate steps). The next step's receives are posted before this step's sends whenever
-    ``lookahead`` says that is safe, so a fast neighbour's data lands in place instead of being buffered.
+    ``early`` (``lookahead(schedule)``, best computed once with the schedule) says that is safe, so a fast
+    neighbour's data lands in place instead of being buffered.
     """
     counters: tuple[dict[int, int], dict[int, int]] = ({}, {})  # messages sent to / received from each rank
     itemsize = next(iter(buffers.values())).itemsize
-    early = lookahead(tuple(schedule))
+    if early is None:
+        early = lookahead(tuple(schedule))
     posted: list[tuple[Request, Xfer, int, int, np.ndarray | None]] | None = None
     for i, step in enumerate(schedule):
         for c in step.copies:
@@ -119,7 +121,6 @@ def _post(step: Step, slot: int, buffers: Mapping[str, np.ndarray], transport: T
     return pending
 
 
-@functools.lru_cache(maxsize=512)
 def lookahead(schedule: tuple[Step, ...]) -> tuple[bool, ...]:
     """For each step: may its receives be posted while the step before it is still running? Yes when it
     makes no local copies and its in-place receives touch nothing the previous step reads or writes."""

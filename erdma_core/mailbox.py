@@ -21,13 +21,11 @@ from .wire import OPNAMES, P2P_GROUP_BIT, Header
 class Request:
     """One send or receive. ``wait`` returns when done or raises what failed it."""
 
-    __slots__ = ("_event", "error", "nbytes", "peer")
+    __slots__ = ("_event", "error")
 
-    def __init__(self, peer: int, nbytes: int) -> None:
+    def __init__(self) -> None:
         self._event = threading.Event()
         self.error: BaseException | None = None
-        self.peer = peer
-        self.nbytes = nbytes
 
     def complete(self, error: BaseException | None = None) -> None:
         if not self._event.is_set():
@@ -105,7 +103,7 @@ class Mailbox:
                 self.rejected += 1
 
     def post_recv(self, peer: int, meta: Header, out: memoryview) -> Request:
-        req = Request(peer, meta.nbytes)
+        req = Request()
         with self._lock:
             if self.aborted is not None:
                 req.complete(self.aborted)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, executor, reduce_ops
-from .algorithms.schedule import Schedule, Spec
+from .algorithms.schedule import Schedule, Spec, Step
 from .buffers import Buffer, as_buffer
 from .errors import ErdmaError
 from .mailbox import as_bytes
@@ -73,7 +73,7 @@ class ProcessGroup:
                     algorithm: str | None = None) -> Work | None:
         seq = next(self._seq)
         algo = self._algorithm(name, spec.count * buffers["out"].itemsize, algorithm)
-        schedule = _schedule(self.rt.components.algorithm(name, algo).factory, spec)
+        schedule, early = _schedule(self.rt.components.algorithm(name, algo).factory, spec)
         chunk = max(1, self.rt.config["collectives.chunk_bytes"] // buffers["out"].itemsize)
 
         def run() -> None:
@@ -81,7 +81,7 @@ class ProcessGroup:
                 op = executor.Op(name, OPCODES[name], dtype, dtypes.code_of(dtype), spec.count, self.rt.job,
                                  self.group_id, seq, reduce_op, self.rt.timeout, chunk, self.ranks, self.rt.rank)
                 self.rt.transport.begin(self.group_id, seq)
-                executor.run(schedule, buffers, self.rt.transport, op, self._scratch)
+                executor.run(schedule, buffers, self.rt.transport, op, self._scratch, early)
             after()
 
         return self._submit(name, run, async_op)
@@ -290,13 +290,7 @@ class ProcessGroup:
         """A flat array of size*n to gather into, and the write-back to the user's output."""
         p, n = self.size(), src.array.size
         if isinstance(output, list | tuple):
-            if len(output) != p:
-                raise ValueError(f"{what}: need {p} tensors, got {len(output)}")
-            outs = [as_buffer(o, f"{what}[{i}]") for i, o in enumerate(output)]
-            for i, b in enumerate(outs):
-                _same_dtype(src, b, what)
-                if b.array.size != n:
-                    raise ValueError(f"{what}[{i}] has {b.array.size} elements, the input {n}")
+            outs = self._parts(output, src, what, writable=True, other="input")
             flat = np.empty(p * n, src.array.dtype)
             return flat, lambda: _unpack(flat, outs)
         dst = as_buffer(output, what)
@@ -305,16 +299,22 @@ class ProcessGroup:
             raise ValueError(f"{what} has {dst.array.size} elements; world size {p} x input {n} = {p * n}")
         return dst.array, dst.commit
 
+    def _parts(self, items: Sequence[Any], ref: Buffer, what: str, *, writable: bool, other: str) -> list[Buffer]:
+        """One tensor per rank, each of ``ref``'s dtype and element count."""
+        p, n = self.size(), ref.array.size
+        if len(items) != p:
+            raise ValueError(f"{what}: need {p} tensors, got {len(items)}")
+        bufs = [as_buffer(t, f"{what}[{i}]", writable=writable) for i, t in enumerate(items)]
+        for i, b in enumerate(bufs):
+            _same_dtype(ref, b, what)
+            if b.array.size != n:
+                raise ValueError(f"{what}[{i}] has {b.array.size} elements, the {other} {n}")
+        return bufs
+
     def _joined(self, inputs: Any, dst: Buffer, what: str) -> np.ndarray:
         p, n = self.size(), dst.array.size
         if isinstance(inputs, list | tuple):
-            if len(inputs) != p:
-                raise ValueError(f"{what}: need {p} tensors, got {len(inputs)}")
-            parts = [as_buffer(t, f"{what}[{i}]", writable=False) for i, t in enumerate(inputs)]
-            for i, b in enumerate(parts):
-                _same_dtype(dst, b, what)
-                if b.array.size != n:
-                    raise ValueError(f"{what}[{i}] has {b.array.size} elements, the output {n}")
+            parts = self._parts(inputs, dst, what, writable=False, other="output")
             return np.concatenate([b.array for b in parts])
         src = as_buffer(inputs, what, writable=False)
         _same_dtype(dst, src, what)
@@ -355,8 +355,10 @@ def _unpack(flat: np.ndarray, outs: Sequence[Buffer]) -> None:
 
 
 @functools.lru_cache(maxsize=512)
-def _schedule(fn: Callable[[Spec], Schedule], spec: Spec) -> Schedule:
+def _schedule(fn: Callable[[Spec], Schedule], spec: Spec) -> tuple[tuple[Step, ...], tuple[bool, ...]]:
+    """A schedule and its lookahead flags, built once per (algorithm, spec)."""
     schedule = fn(spec)
     if not isinstance(schedule, list):
         raise ErdmaError(f"algorithm {fn.__qualname__} returned {type(schedule).__name__}, not a list of Steps")
-    return schedule
+    steps = tuple(schedule)
+    return steps, executor.lookahead(steps)

@@ -165,10 +165,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
-    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> Any:
-        return self._work([self.pg.allgather(o, i, async_op=True) for o, i in zip(outputs, inputs, strict=True)],
-                          outputs)
+    allgather_into_tensor_coalesced = allgather  # same body: outputs[j] gathers inputs[j]
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         op = _reduce_op(opts)
@@ -180,11 +177,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any) -> Any:
-        op = _reduce_op(opts)
-        return self._work([self.pg.reduce_scatter(o, i, op=op, async_op=True)
-                           for o, i in zip(outputs, inputs, strict=True)], outputs)
+    reduce_scatter_tensor_coalesced = reduce_scatter  # same body: outputs[j] from inputs[j]
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> Any:

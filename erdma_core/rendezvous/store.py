@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import CollectiveTimeoutError, ErdmaError
+from ..sockets import dial, recv_exact
 
 _SET, _GET, _ADD = 1, 2, 3
 _REQ = struct.Struct("<BdII")  # op, timeout, key length, value length
@@ -37,17 +38,6 @@ def _timeout(key: str, timeout: float, where: str) -> CollectiveTimeoutError:
                                   f"(are all ranks started with the same init_method and world size?)")
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("store connection closed")
-        got += k
-    return bytes(buf)
-
-
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -64,9 +54,9 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         try:
             while True:
-                op, timeout, klen, vlen = _REQ.unpack(_recv_exact(sock, _REQ.size))
-                key = _recv_exact(sock, klen).decode()
-                value = _recv_exact(sock, vlen)
+                op, timeout, klen, vlen = _REQ.unpack(recv_exact(sock, _REQ.size))
+                key = recv_exact(sock, klen).decode()
+                value = recv_exact(sock, vlen)
                 status, out = 0, b""
                 with srv.cond:
                     if op == _SET:
@@ -101,18 +91,13 @@ class TCPStore:
         self._sock = self._dial(timeout)
 
     def _dial(self, timeout: float) -> socket.socket:
-        deadline, delay = time.monotonic() + timeout, 0.01
-        while True:
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return sock
-            except OSError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise CollectiveTimeoutError(f"rendezvous: cannot reach the store at {self.host}:{self.port} "
-                                                 f"within {timeout:.1f}s: {exc}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        try:
+            sock = dial(self.host, self.port, time.monotonic() + timeout)
+        except OSError as exc:
+            raise CollectiveTimeoutError(f"rendezvous: cannot reach the store at {self.host}:{self.port} "
+                                         f"within {timeout:.1f}s: {exc}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def _call(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
         k = key.encode()
@@ -120,8 +105,8 @@ class TCPStore:
             self._sock.settimeout(timeout + 5.0)
             try:
                 self._sock.sendall(_REQ.pack(op, timeout, len(k), len(value)) + k + value)
-                status, n = _RESP.unpack(_recv_exact(self._sock, _RESP.size))
-                return status, _recv_exact(self._sock, n)
+                status, n = _RESP.unpack(recv_exact(self._sock, _RESP.size))
+                return status, recv_exact(self._sock, n)
             except (OSError, ConnectionError) as exc:
                 raise ErdmaError(f"rendezvous store at {self.host}:{self.port} failed: {exc}") from exc
 

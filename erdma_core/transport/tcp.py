@@ -24,6 +24,7 @@ from ..errors import (
     ProtocolError,
 )
 from ..mailbox import Mailbox, Request
+from ..sockets import dial, recv_exact
 from ..wire import ABORT, BYE, FRAME, HELLO, HELLO_ACCEPTED, HELLO_REJECTED, HELLO_REQUEST, Header, Hello
 from . import addresses
 from .base import TransportContext
@@ -109,21 +110,15 @@ class TcpTransport:
 
     def _dial(self, peer: int, addr: str, deadline: float) -> socket.socket:
         host, port = addr.rsplit(":", 1)
-        delay = 0.01
-        while True:
-            try:
-                sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
-                break
-            except OSError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: {exc}",
-                                                 rank=self.rank, op="connect") from None
-                time.sleep(delay)
-                delay = min(2 * delay, 0.5)
+        try:
+            sock = dial(host, int(port), deadline)
+        except OSError as exc:
+            raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: {exc}",
+                                         rank=self.rank, op="connect") from None
         self._tune(sock)
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         sock.sendall(Hello(HELLO_REQUEST, self.job, self.rank, self.world_size).pack())
-        reply = Hello.parse(_read_exact(sock, HELLO.size))
+        reply = Hello.parse(recv_exact(sock, HELLO.size))
         if reply.status != HELLO_ACCEPTED or reply.rank != peer:
             sock.close()
             raise ProtocolError(f"rank {self.rank}: rank {peer} at {addr} rejected the connection "
@@ -143,7 +138,7 @@ class TcpTransport:
                 return
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
-                hello = Hello.parse(_read_exact(sock, HELLO.size))
+                hello = Hello.parse(recv_exact(sock, HELLO.size))
                 ok = hello.job == self.job and hello.world == self.world_size and hello.rank in expected \
                     and hello.rank not in accepted
                 sock.sendall(Hello(HELLO_ACCEPTED if ok else HELLO_REJECTED, self.job, self.rank,
@@ -173,7 +168,7 @@ class TcpTransport:
 
     def isend(self, peer: int, header: Header, data: memoryview, deadline: float) -> Request:
         assert self.mailbox is not None
-        req = Request(peer, header.nbytes)
+        req = Request()
         if self.mailbox.aborted is not None:
             req.complete(self.mailbox.aborted)
             return req
@@ -317,13 +312,3 @@ class TcpTransport:
                 conn.reader.join(_POLL * 2)
             conn.sock.close()
 
-
-def _read_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("connection closed during the handshake")
-        got += k
-    return bytes(buf)
