@@ -161,7 +161,7 @@ def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) ->
                         **_fields(exc, op)) from exc
     if not ok:
         err = CollectiveTimeoutError(
-            f"rank {op.rank}: {op.name} (group {op.group}, seq {op.seq}) timed out after {op.timeout:.1f}s "
+            f"rank {op.rank}: {op.name} (group {op.group}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
             f"{doing} rank {op.ranks[peer]}", rank=op.rank, op=op.name)
         transport.abort(err)
         raise err

@@ -54,6 +54,9 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
             "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "PYTHONUNBUFFERED": "1"}
     if config:
         base["ERDMA_CONFIG"] = os.path.abspath(config)
+    if nprocs > 1 and "OMP_NUM_THREADS" not in base:
+        # as torchrun does: N ranks each running a full-width intra-op pool oversubscribe the cores
+        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     for rank in range(nprocs):

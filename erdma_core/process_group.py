@@ -47,6 +47,11 @@ class ProcessGroup:
     def size(self) -> int:
         return len(self.ranks)
 
+    @property
+    def devices(self) -> frozenset[str]:
+        """Device types the transport moves without a host copy (see ``Transport.devices``)."""
+        return frozenset(getattr(self.rt.transport, "devices", {"cpu"}))
+
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self._rank}, size={self.size()}, group={self.group_id})"
 

@@ -15,6 +15,7 @@ and ``_reduce_scatter_base``, ``all_to_all_single`` as ``alltoall_base``.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -64,40 +65,103 @@ class TorchStore:
         pass
 
 
+def _map(obj: Any, fn: Any) -> Any:
+    """``obj`` (a tensor, or lists of them, nested) with every tensor replaced by ``fn(tensor)``."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map(o, fn) for o in obj)
+    return obj
+
+
+class _Staging:
+    """Host copies of device tensors for a transport that moves host memory only (as Gloo stages CUDA
+    tensors). ``host`` swaps them in before the op; ``restore`` copies every staged tensor back (a
+    collective may write any of them) and maps the op's result to the caller's tensors."""
+
+    def __init__(self, devices: frozenset[str]) -> None:
+        self.devices = devices
+        self.pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(host copy) -> (device, host)
+
+    def host(self, obj: Any) -> Any:
+        def stage(t: torch.Tensor) -> torch.Tensor:
+            if t.device.type in self.devices:
+                return t
+            h = t.detach().to("cpu")
+            self.pairs[id(h)] = (t, h)
+            return h
+        return _map(obj, stage)
+
+    def restore(self, result: Any) -> Any:
+        for dev, h in self.pairs.values():
+            dev.copy_(h)
+        return _map(result, lambda t: self.pairs.get(id(t), (t,))[0])
+
+
+def _staged(method: Any) -> Any:
+    """Run the op on host copies of tensors that live on a device the transport cannot move."""
+
+    @functools.wraps(method)
+    def op(self: ErdmaProcessGroup, *args: Any) -> Any:
+        staging = _Staging(self.pg.devices)
+        host_args = staging.host(list(args))
+        if not staging.pairs:
+            return method(self, *args)
+        self._local.staging = staging
+        try:
+            return method(self, *host_args)
+        finally:
+            self._local.staging = None
+    return op
+
+
 class ErdmaWork(dist.Work):
     """A torch Work over one or more eRDMA Works: ``wait()`` raises the first error (PeerLostError,
     CollectiveTimeoutError, MismatchError, ...) and ``get_future()`` completes with the op's tensors.
-    (A Work made by ``_create_work_from_future`` would swallow errors: its ``wait()`` returns True.)"""
+    (A Work made by ``_create_work_from_future`` would swallow errors: its ``wait()`` returns True.)
 
-    def __init__(self, works: Sequence[Any], result: Any) -> None:
+    The future handed to torch must fail in C++ terms: ``Future.set_exception`` only stores the exception
+    as the future's *value*, which C++ consumers such as DDP's reducer then read as tensors (a segfault).
+    So the future torch sees is ``then()`` of an internal one, and its callback raises the eRDMA error,
+    which torch records as the future's error (surfacing as RuntimeError naming the eRDMA error type)."""
+
+    def __init__(self, works: Sequence[Any], result: Any, staging: _Staging | None = None) -> None:
         super().__init__()
         self._works = list(works)
         self._result = result
-        self._future: Future[Any] = Future()
+        self._staging = staging
+        self._error: BaseException | None = None
+        settled: Future[None] = Future()
+        self._future: Future[Any] = settled.then(self._outcome)
         futures = [w.get_future() for w in self._works]
 
         lock = threading.Lock()  # callbacks may run on different eRDMA threads at once
 
         def settle(_: object) -> None:
             with lock:
-                if self._future.done() or not all(f.done() for f in futures):
+                if settled.done() or not all(f.done() for f in futures):
                     return
-                errors = [f.exception() for f in futures if f.exception() is not None]
-                if errors:
-                    self._future.set_exception(errors[0])
-                else:
-                    self._future.set_result(result)
+                self._error = next((f.exception() for f in futures if f.exception() is not None), None)
+                settled.set_result(None)
 
         if not futures:
-            self._future.set_result(result)
+            settled.set_result(None)
         for f in futures:
             f.add_done_callback(settle)
+
+    def _outcome(self, _: Future[None]) -> Any:
+        if self._error is not None:
+            raise self._error
+        if self._staging is not None:
+            self._result = self._staging.restore(self._result)
+            self._staging = None
+        return self._result
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         seconds = None if not timeout else timeout.total_seconds()
         for w in self._works:
             w.wait(seconds)  # raises the op's own error, with its type
-        self._future.wait()  # the completion callback may still be running
+        self._future.wait()  # the completion callback (and copies back to the device) may still be running
         return True
 
     def is_completed(self) -> bool:
@@ -126,15 +190,17 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         if conf.sources["timeouts.collective"] == "default":  # nothing configured: torch's timeout rules
             conf = load_config(None, **{"timeouts.collective": timeout.total_seconds()})
         self.pg = init_with_store(TorchStore(store, os.environ.get("MASTER_ADDR")), rank, size, conf)
+        self._local = threading.local()  # the staging of the op being issued on this thread
 
     def getBackendName(self) -> str:
         return BACKEND
 
     # ---- Work plumbing ----------------------------------------------------------------------------------
     def _work(self, works: Sequence[Any], result: Any) -> ErdmaWork:
-        return ErdmaWork(works, result)
+        return ErdmaWork(works, result, getattr(self._local, "staging", None))
 
     # ---- collectives ----------------------------------------------------------------------------------
+    @_staged
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _reduce_op(opts) if opts is not None else "sum"
         return self._work([self.pg.allreduce(t, op=op, async_op=True) for t in tensors], tensors)
@@ -142,17 +208,21 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
+    @_staged
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         return self._work([self.pg.broadcast(t, src=opts.rootRank, async_op=True) for t in tensors], tensors)
 
+    @_staged
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         return self._work([self.pg.reduce(t, dst=opts.rootRank, op=_reduce_op(opts), async_op=True)
                            for t in tensors], tensors)
 
+    @_staged
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._work([self.pg.allgather(o, i, async_op=True) for o, i in zip(outputs, inputs, strict=True)],
                           outputs)
 
+    @_staged
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> Any:
         """``outputs[q][j]`` receives rank q's ``inputs[j]`` (outer index: rank, unlike ``allgather``)."""
@@ -160,6 +230,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
                  for j, t in enumerate(inputs)]
         return self._work(works, outputs)
 
+    @_staged
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         return self._work([self.pg.allgather(output, input, async_op=True)], [output])
 
@@ -167,11 +238,13 @@ class ErdmaProcessGroup(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = allgather  # same body: outputs[j] gathers inputs[j]
 
+    @_staged
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         op = _reduce_op(opts)
         return self._work([self.pg.reduce_scatter(o, i, op=op, async_op=True)
                            for o, i in zip(outputs, inputs, strict=True)], outputs)
 
+    @_staged
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
         return self._work([self.pg.reduce_scatter(output, input, op=_reduce_op(opts), async_op=True)], [output])
 
@@ -179,6 +252,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter  # same body: outputs[j] from inputs[j]
 
+    @_staged
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> Any:
         return self._work([self.pg.alltoall(output, input, list(output_split_sizes) or None,
@@ -188,14 +262,17 @@ class ErdmaProcessGroup(dist.ProcessGroup):
                           input_split_sizes: list[int] | None, opts: Any = None) -> Any:
         return self.alltoall_base(output, input, output_split_sizes or [], input_split_sizes or [], opts)
 
+    @_staged
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._work([self.pg.alltoall(outputs, inputs, async_op=True)], outputs)
 
+    @_staged
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
         root = opts.rootRank
         gather_list = outputs[0] if self.pg.rank() == root else None
         return self._work([self.pg.gather(inputs[0], gather_list, dst=root, async_op=True)], outputs)
 
+    @_staged
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         root = opts.rootRank
         scatter_list = inputs[0] if self.pg.rank() == root else None
@@ -204,9 +281,11 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:
         return self._work([self.pg.barrier(async_op=True)], [])
 
+    @_staged
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         return self._work([self.pg.send(t, dst, tag=tag, async_op=True) for t in tensors], tensors)
 
+    @_staged
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
         return self._work([self.pg.recv(t, src, tag=tag, async_op=True) for t in tensors], tensors)
 

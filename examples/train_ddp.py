@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--print-every", type=int, default=0, help="every rank prints its step count this often")
     args = ap.parse_args()
     if args.backend == "erdma":
         import erdma_core.torch  # noqa: F401  (registers the backend)
@@ -35,7 +36,9 @@ def main() -> None:
     target = torch.randn(32, 1)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own data shard
     start = time.perf_counter()
-    for _ in range(args.steps):
+    for step in range(args.steps):
+        if args.print_every and step % args.print_every == 0:
+            print(f"rank {rank} step {step}", flush=True)
         x = torch.randn(args.batch, 32, generator=gen)
         y = torch.sin(x @ target)
         loss = nn.functional.mse_loss(ddp(x), y)

@@ -90,7 +90,7 @@ def test_timeout_names_op_and_peer(erdma_world):
     assert outcomes[1] == "late"
     err = outcomes[0]
     assert isinstance(err, CollectiveTimeoutError) and err.op == "allreduce"
-    assert "timed out after 1.0s waiting for rank 1" in str(err)
+    assert "hit its timeout of 1.0s waiting for rank 1" in str(err)
 
 
 def _connect(rank, job, store, results, timeout):

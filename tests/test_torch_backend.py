@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,17 @@ def test_every_op_through_torch_distributed(n):
     assert sorted(r.stdout.splitlines()) == [f"[rank {i}] OK" for i in range(n)]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_every_op_on_cuda_tensors():
+    """The TCP transport moves host memory, so CUDA tensors are staged through the host and copied back."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")} | {"TORCH_OPS_DEVICE": "cuda"}
+    r = subprocess.run([sys.executable, "-m", "erdma_core.cli", "run", "-n", "2", "--", sys.executable,
+                        str(ROOT / "tests" / "torch_ops_script.py")], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == ["[rank 0] OK", "[rank 1] OK"]
+
+
 def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
     """Two ranks: each gradient element is the sum of two floats, which is the same in any order, so
     eRDMA and Gloo must give identical parameters."""
@@ -42,13 +54,69 @@ def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
         assert torch.equal(params["gloo"][key], params["erdma"][key]), key
 
 
-def test_torchrun_launches_the_backend():
+def torchrun(n, *cmd, timeout=300):
     from erdma_core.launcher import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(free_port()), str(ROOT / "tests" / "torch_ops_script.py")],
-                       capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                           "--master-port", str(free_port()), *cmd], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+# Four ranks: a gradient element is a sum of four floats, and Gloo and eRDMA add them in different orders
+# (ring/halving-doubling segments start at different ranks), so single steps differ by an ulp or so and
+# 200 SGD steps with momentum carry that forward. The stated tolerance: every parameter within
+# rtol=1e-4, atol=1e-5 of Gloo's (measured largest difference: see the issue note), and training identical
+# whichever launcher starts eRDMA.
+def test_ddp_on_four_ranks_matches_gloo_under_both_launchers(tmp_path):
+    script = str(ROOT / "examples" / "train_ddp.py")
+    runs = {
+        "gloo": lambda out: erdma_run(4, script, "--backend", "gloo", "--steps", "200", "--out", out),
+        "erdma-run": lambda out: erdma_run(4, script, "--backend", "erdma", "--steps", "200", "--out", out),
+        "erdma-torchrun": lambda out: torchrun(4, script, "--backend", "erdma", "--steps", "200", "--out", out),
+    }
+    params = {}
+    for name, launch in runs.items():
+        out = tmp_path / f"{name}.pt"
+        r = launch(str(out))
+        assert r.returncode == 0, (name, r.stderr[-3000:])
+        params[name] = torch.load(out)
+    for key, ref in params["gloo"].items():
+        torch.testing.assert_close(params["erdma-run"][key], ref, rtol=1e-4, atol=1e-5)
+        assert torch.equal(params["erdma-run"][key], params["erdma-torchrun"][key]), key
+
+
+def test_rank_killed_mid_training_fails_the_others_with_the_cause():
+    """SIGKILL one of three DDP ranks mid-training: the other two exit non-zero within seconds (timeout
+    60 s), each naming the lost rank, instead of hanging in backward()."""
+    from erdma_core.launcher import free_port
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "3", "ERDMA_TIMEOUT": "60"}
+    cmd = [sys.executable, str(ROOT / "examples" / "train_ddp.py"), "--steps", "1000000", "--print-every", "10"]
+    procs = [subprocess.Popen(cmd, env={**base, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(3)]
+    try:
+        assert procs[2].stdout is not None
+        for line in procs[2].stdout:
+            if line.startswith("rank 2 step 30"):
+                break
+        procs[2].kill()
+        start = time.monotonic()
+        for p in procs[:2]:
+            _, err = p.communicate(timeout=50)
+            assert p.returncode == 1, err[-2000:]
+            assert "PeerLostError: allreduce" in err, err[-2000:]
+            assert "rank 2" in err, err[-2000:]
+        assert time.monotonic() - start < 50
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_torchrun_launches_the_backend():
+    r = torchrun(2, str(ROOT / "tests" / "torch_ops_script.py"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "".join(r.stdout.split()) == "OKOK"  # both ranks print to one stdout; lines may interleave
 

@@ -1,5 +1,9 @@
 """Run by tests/test_torch_backend.py on every rank: each torch.distributed op through the erdma backend,
-checked against the values every rank can compute itself. Prints OK or raises."""
+checked against the values every rank can compute itself. Prints OK or raises.
+With TORCH_OPS_DEVICE=cuda every tensor lives on the rank's GPU (staged through host memory by the backend
+while the transport moves host memory only)."""
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -8,6 +12,11 @@ import erdma_core.torch  # noqa: F401
 
 dist.init_process_group("erdma")
 r, p = dist.get_rank(), dist.get_world_size()
+device = os.environ.get("TORCH_OPS_DEVICE", "cpu")
+if device == "cuda":
+    device = f"cuda:{r % torch.cuda.device_count()}"
+    torch.cuda.set_device(device)
+torch.set_default_device(device)
 tri = p * (p + 1) / 2
 
 t = torch.full((5,), float(r + 1))
@@ -71,5 +80,6 @@ if r < 2:
     t = torch.full((2,), float(r + 1))
     dist.all_reduce(t, group=sub)
     assert t.tolist() == [3.0, 3.0]
+assert t.device == torch.device(device), t.device
 dist.destroy_process_group()
 print("OK")

@@ -32,10 +32,15 @@ class Transport(Protocol):
     disagrees with the sender's (opcode, dtype, numel, nbytes) fails with ``MismatchError``. A lost
     peer fails every pending and later request with ``PeerLostError``. ``abort`` fails everything and
     tells the peers (they fail with ``AbortedError`` carrying the reason). ``close`` is idempotent.
+
+    ``devices`` names the device types whose memory the transport moves without a host copy ("cpu" for
+    host memory). Front ends (the torch backend) stage tensors of any other device through host memory,
+    and must not when the transport names that device.
     """
 
     rank: int
     world_size: int
+    devices: frozenset[str]
 
     def connect(self, ctx: TransportContext) -> None: ...
 

@@ -47,6 +47,8 @@ class _Conn:
 class TcpTransport:
     """Factory signature for the registry: ``TcpTransport(config, section)``."""
 
+    devices = frozenset({"cpu"})  # host memory only: CUDA tensors are staged by the front end
+
     def __init__(self, config: Any, section: dict[str, Any]) -> None:
         self.opts = section
         self.rank = -1
