@@ -110,6 +110,45 @@ class _Gloo:
         self.dist.destroy_process_group()
 
 
+class _Mpi:
+    """Open MPI (or any MPI) through mpi4py; imported only when selected. Start with mpirun."""
+
+    name = "mpi"
+
+    def __init__(self, algorithm: str | None) -> None:
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def wrap(self, a: np.ndarray) -> Any:
+        return a
+
+    def op(self, name: str, out: Any, inp: Any) -> None:
+        c = self.comm
+        if name == "allreduce":
+            c.Allreduce(self.MPI.IN_PLACE, out)
+        elif name == "broadcast":
+            c.Bcast(out, 0)
+        elif name == "allgather":
+            c.Allgather(inp, out)
+        elif name == "reduce_scatter":
+            c.Reduce_scatter_block(inp, out)
+        elif name == "alltoall":
+            c.Alltoall(inp, out)
+
+    def max_over_ranks(self, x: float) -> float:
+        a = np.array([x])
+        self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.MAX)
+        return float(a[0])
+
+    def close(self) -> None:
+        pass  # MPI finalizes at exit
+
+
+BACKENDS: dict[str, type] = {"erdma": _Erdma, "gloo": _Gloo, "mpi": _Mpi}
+
+
 def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(template for out, input, expected out) with values whose results are exact in any order."""
     if op == "allreduce":
@@ -128,10 +167,15 @@ def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[n
     raise ValueError(f"--op {op!r}; valid choices: {', '.join(BUS_FACTOR)}")
 
 
-def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int) -> list[dict[str, Any]]:
+def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int,
+          max_seconds: float | None = None) -> list[dict[str, Any]]:
+    """Time ``op`` at each size; with ``max_seconds``, stop before a size whose predecessor's timed loop
+    took longer than that (the decision uses the max over ranks, so every rank stops at the same size)."""
     rows = []
     p = backend.size
     for nbytes in sizes:
+        if max_seconds is not None and rows and rows[-1]["time_us"] * 1e-6 * (warmup + iters) > max_seconds:
+            break
         count = max(1, nbytes // dtype.itemsize)
         template, inp, expected = _buffers(op, count, backend.rank, p, dtype)
         out = template.copy()
@@ -184,15 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
+    ap.add_argument("--backend", choices=sorted(BACKENDS), default="erdma",
+                    help="the system to time (mpi: start the ranks with mpirun)")
     ap.add_argument("--compare", choices=["gloo"], default=None, help="also time this peer in the same run")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="skip the remaining (larger) sizes once one size's loop took longer than this")
     ap.add_argument("--json", default=None, help="write all rows to this file (rank 0)")
     args = ap.parse_args(argv)
+    if args.compare and args.backend != "erdma":
+        ap.error(f"--compare {args.compare} needs --backend erdma, got --backend {args.backend}")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     dtype = np.dtype(args.dtype)
     results = []
-    for cls in [_Erdma] + ([_Gloo] if args.compare == "gloo" else []):
+    for cls in [BACKENDS[args.backend]] + ([_Gloo] if args.compare == "gloo" else []):
         backend = cls(args.algorithm)
-        rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup)
+        rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup, args.max_seconds)
         if backend.rank == 0:
             print(table(rows), flush=True)
         results.append(rows)
@@ -203,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
             backend.pg.broadcast(port, 0)
             os.environ["MASTER_PORT"] = str(int(port[0]))
         backend.close()
-    if len(results) == 2 and results[0] and int(os.environ.get("RANK", "0")) == 0:
+    if len(results) == 2 and results[0] and backend.rank == 0:
         print(ratios(results[0], results[1]), flush=True)
-    if args.json and int(os.environ.get("RANK", "0")) == 0:
+    if args.json and backend.rank == 0:
         with open(args.json, "w") as f:
             json.dump([r for rows in results for r in rows], f, indent=1)
     wrong = sum(r["wrong"] for rows in results for r in rows)

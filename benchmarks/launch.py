@@ -1,0 +1,85 @@
+"""Start one benchmark job (``python -m erdma_core.bench``) of one system on P ranks, on loopback or with one
+rank per lab namespace, and return its validated rows. MPI ranks start through mpirun; in the lab mpirun
+reaches each namespace the way it reaches hosts, through a remote-shell agent (``netlab/nsrsh``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.netlab.topology import Lab
+from erdma_core.launcher import free_port
+
+HERE = Path(__file__).resolve().parent
+SYSTEMS = ("erdma", "gloo", "mpi")
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    return env | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"} | extra
+
+
+def _mpirun(n: int, argv: Sequence[str], lab: Lab | None) -> tuple[list[str], dict[str, str]]:
+    base = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), "--mca", "btl", "tcp,self"]
+    if lab is None:  # TCP over loopback: a network transport like the others (shared memory would not be)
+        return [*base, "--mca", "btl_tcp_if_include", "lo", *argv], _env({})
+    net = f"10.77.{lab.subnet}.0/24"
+    hosts = ",".join(f"{lab.addr(i)}:1" for i in range(n))
+    cmd = [*base, "--host", hosts, "--mca", "plm_rsh_agent", str(HERE / "netlab" / "nsrsh"),
+           "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "oob_tcp_if_include", net,
+           "--mca", "btl_tcp_if_include", net, *argv]
+    return cmd, _env({"ERDMA_LAB_HOSTS": " ".join(f"{lab.addr(i)}={lab.ranks[i]}" for i in range(n))})
+
+
+def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = None,
+            timeout: float = 1800.0, erdma_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run the job; raise JobFailed naming the system, the rank and the cause on any failure or timeout."""
+    if system not in SYSTEMS:
+        raise ValueError(f"system {system!r}: valid choices are {', '.join(SYSTEMS)}")
+    with tempfile.TemporaryDirectory(prefix="erdma-bench-") as tmp:
+        out = Path(tmp) / "rows.json"
+        argv = [sys.executable, "-m", "erdma_core.bench", "--backend", system, *bench_args, "--json", str(out)]
+        if system == "mpi":
+            cmd, env = _mpirun(n, argv, lab)
+            procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+        else:
+            master = lab.addr(0) if lab else "127.0.0.1"
+            env = _env({"MASTER_ADDR": master, "MASTER_PORT": str(29500 if lab else free_port()),
+                        "WORLD_SIZE": str(n), "GLOO_SOCKET_IFNAME": "eth0" if lab else "lo"} | (erdma_env or {}))
+            procs = [subprocess.Popen(lab.command(i, argv) if lab else argv, env=env | {"RANK": str(i)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+        _wait(system, procs, timeout)
+        return json.loads(out.read_text())
+
+
+def _wait(system: str, procs: list[subprocess.Popen[str]], timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    errors: list[str] = []
+    try:
+        for rank, p in enumerate(procs):
+            try:
+                _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise JobFailed(f"{system}: rank {rank} still running after {timeout:.0f}s") from None
+            if p.returncode != 0:
+                errors.append(f"{system}: rank {rank} exited {p.returncode}: {err.strip()[-1500:]}")
+                break
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if errors:
+        raise JobFailed(errors[0])
