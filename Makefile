@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test lint clean
+.PHONY: demo test bench bench-quick lint clean
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,9 +23,22 @@ demo: $(VENV)/.core
 ## test: install everything and run lint plus the whole suite
 ## (PyTorch's own distributed tests run in a pytest process of their own: they set process-wide env)
 test: $(VENV)/.test
+	scripts/system-deps.sh test
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:randomly --ignore=tests/torch_suite
 	cd tests/torch_suite && ../../$(PY) -m pytest -q -p no:randomly -p no:cacheprovider test_pytorch_distributed.py
+
+$(VENV)/.bench: $(VENV)/.test
+	scripts/system-deps.sh bench
+	$(PIP) install -q -e '.[test,bench]' 'torch==2.13.0'
+	touch $@
+
+## bench: eRDMA vs Gloo vs Open MPI on loopback and emulated WAN links; rewrites docs/benchmarks.md (root)
+bench: $(VENV)/.bench
+	benchmarks/reproduce.sh
+
+bench-quick: $(VENV)/.bench
+	QUICK=1 benchmarks/reproduce.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -36,13 +36,13 @@ def _mpirun(n: int, argv: Sequence[str], lab: Lab | None) -> tuple[list[str], di
     net = f"10.77.{lab.subnet}.0/24"
     hosts = ",".join(f"{lab.addr(i)}:1" for i in range(n))
     cmd = [*base, "--host", hosts, "--mca", "plm_rsh_agent", str(HERE / "netlab" / "nsrsh"),
-           "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "oob_tcp_if_include", net,
+           "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "plm_rsh_num_concurrent", "1", "--mca", "oob_tcp_if_include", net,
            "--mca", "btl_tcp_if_include", net, *argv]
     return cmd, _env({"ERDMA_LAB_HOSTS": " ".join(f"{lab.addr(i)}={lab.ranks[i]}" for i in range(n))})
 
 
 def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = None,
-            timeout: float = 1800.0, erdma_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+            timeout: float = 900.0, erdma_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run the job; raise JobFailed naming the system, the rank and the cause on any failure or timeout."""
     if system not in SYSTEMS:
         raise ValueError(f"system {system!r}: valid choices are {', '.join(SYSTEMS)}")

@@ -167,14 +167,25 @@ def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[n
     raise ValueError(f"--op {op!r}; valid choices: {', '.join(BUS_FACTOR)}")
 
 
+def _predict(rows: list[dict[str, Any]], nbytes: int) -> float:
+    """Seconds one op of ``nbytes`` should take: latency + size/bandwidth fitted through the last two sizes
+    (with one size, assume it was all latency; a lower bound)."""
+    t2, n2 = rows[-1]["time_us"] * 1e-6, rows[-1]["size"]
+    if len(rows) < 2:
+        return t2
+    t1, n1 = rows[-2]["time_us"] * 1e-6, rows[-2]["size"]
+    per_byte = max(0.0, (t2 - t1) / (n2 - n1)) if n2 != n1 else 0.0
+    return t2 + per_byte * (nbytes - n2)
+
+
 def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int,
           max_seconds: float | None = None) -> list[dict[str, Any]]:
-    """Time ``op`` at each size; with ``max_seconds``, stop before a size whose predecessor's timed loop
-    took longer than that (the decision uses the max over ranks, so every rank stops at the same size)."""
+    """Time ``op`` at each size; with ``max_seconds``, stop before a size whose loop would take longer than
+    that, predicted from the sizes before (from the max over ranks: every rank stops alike)."""
     rows = []
     p = backend.size
     for nbytes in sizes:
-        if max_seconds is not None and rows and rows[-1]["time_us"] * 1e-6 * (warmup + iters) > max_seconds:
+        if max_seconds is not None and rows and _predict(rows, nbytes) * (warmup + iters) > max_seconds:
             break
         count = max(1, nbytes // dtype.itemsize)
         template, inp, expected = _buffers(op, count, backend.rank, p, dtype)
@@ -232,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the system to time (mpi: start the ranks with mpirun)")
     ap.add_argument("--compare", choices=["gloo"], default=None, help="also time this peer in the same run")
     ap.add_argument("--max-seconds", type=float, default=None,
-                    help="skip the remaining (larger) sizes once one size's loop took longer than this")
+                    help="skip the remaining (larger) sizes once one's loop is predicted to take longer than this")
     ap.add_argument("--json", default=None, help="write all rows to this file (rank 0)")
     args = ap.parse_args(argv)
     if args.compare and args.backend != "erdma":

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Regenerates docs/benchmarks.md (tables, plots, emulator ceiling, alpha-beta check) from scratch: about
+# 50 minutes on the 2-core development machine. Run it through `make bench` (root: the lab builds network
+# namespaces). QUICK=1 runs a small subset (a few minutes) to check the pipeline.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=bench-results/docs
+rm -rf "$OUT" && mkdir -p "$OUT"
+# a run whose jobs failed (exit 2) still reports; wrong results (exit 1) stop everything
+run() {
+    echo "python -m benchmarks.run $*" >> "$OUT/commands.txt"
+    $PY -m benchmarks.run "$@" || { rc=$?; [[ $rc == 2 ]] || exit $rc; }
+}
+if [[ "${QUICK:-0}" == 1 ]]; then
+    ALLREDUCE=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
+    OTHERS=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
+    WAN=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 2 --warmup 1)
+    AB=(--ranks 2,4 --iters 2)
+else
+    ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --max-seconds 30)
+    OTHERS=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 5 --max-seconds 30)
+    WAN=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 2 --warmup 1 --max-seconds 45)
+    AB=(--ranks 2,3,4,5,6,7,8 --iters 3)
+fi
+$PY -m benchmarks.ceiling --json "$OUT/ceiling.json" | tee "$OUT/ceiling.txt"
+run --scenarios loopback,lan,metro --ops allreduce "${ALLREDUCE[@]}" --out "$OUT/allreduce"
+run --scenarios loopback,lan --ops allgather,broadcast,alltoall "${OTHERS[@]}" --out "$OUT/others"
+run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce "${WAN[@]}" --out "$OUT/wan"
+$PY -m benchmarks.alphabeta "${AB[@]}" --json "$OUT/alphabeta.json" | tee "$OUT/alphabeta.txt"
+$PY -m benchmarks.docs "$OUT" docs/benchmarks.md

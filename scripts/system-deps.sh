@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Debian packages the project needs beyond Python: installs only what is missing (no apt traffic otherwise).
+#   scripts/system-deps.sh test    the network lab's tests: iproute2, ethtool, ping, a C compiler
+#   scripts/system-deps.sh bench   plus Open MPI (mpirun, headers for mpi4py) for the benchmark lab
+set -euo pipefail
+want=(ip:iproute2 ethtool:ethtool ping:iputils-ping cc:gcc tc:iproute2)
+if [[ "${1:-test}" == bench ]]; then
+    want+=(mpirun:openmpi-bin mpicc:libopenmpi-dev)
+fi
+missing=()
+for pair in "${want[@]}"; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if ((${#missing[@]} == 0)); then
+    exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+    echo "system-deps: missing ${missing[*]} and not root; install them with apt-get" >&2
+    [[ "${1:-test}" == bench ]] && exit 1
+    exit 0  # the lab's tests skip without root anyway
+fi
+echo "system-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
