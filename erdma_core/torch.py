@@ -195,6 +195,15 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    # torch keeps a group's name in its backends; this ProcessGroup has none (it is its own backend), so
+    # the name torch gives it lives here (``destroy_process_group(subgroup)`` reads it back).
+    def _set_group_name(self, name: str) -> None:
+        self._erdma_group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_erdma_group_name", "")
+
     # ---- Work plumbing ----------------------------------------------------------------------------------
     def _work(self, works: Sequence[Any], result: Any) -> ErdmaWork:
         return ErdmaWork(works, result, getattr(self._local, "staging", None))
