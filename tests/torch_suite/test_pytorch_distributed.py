@@ -51,7 +51,7 @@ for _name, _why in NAME_GATED.items():
     _test.__unittest_skip__ = False
 
 # Each of these ran and passed with WORLD_SIZE=2 (the *_group variants need 3+ ranks and skip there).
-# Results of whole-suite runs (TORCH_SUITE=all, WORLD_SIZE=2 and 3) are in docs/torch-suite.md.
+# Recorded runs of larger selections (TORCH_SUITE=all, WORLD_SIZE=2 and 3) are in docs/torch-suite.md.
 CI = {
     "test_all_reduce_sum", "test_all_reduce_product", "test_all_reduce_min", "test_all_reduce_max",
     "test_all_reduce_sum_async", "test_broadcast", "test_all_gather", "test_all_gather_coalesced_simple",
