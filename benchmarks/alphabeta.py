@@ -7,6 +7,9 @@ the same link first. For P ranks and N bytes:
     halving-doubling:  T = 2*log2(P)*alpha + 2(P-1)/P * N/B        (P a power of two)
 
 Every rank has its own access link of rate B each way, as the lab builds it, so the model's B is per rank.
+The model has no contention and no loss; the `drops` column counts packets the lab's rate limiters dropped
+during the run (queue overflow: two senders briefly sharing one rank's downlink, or a burst larger than the
+one-BDP queue), which TCP then recovers at a cost the model does not include.
 
     python -m benchmarks.alphabeta --ranks 2,3,4,5,6,7,8 --rtt-ms 10 --rate-mbit 50 --size 4M
 """
@@ -66,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     alpha, b = link_parameters(spec)
     print(f"link: rtt {args.rtt_ms} ms, rate {args.rate_mbit} Mbit/s per rank; measured alpha = {alpha * 1e3:.2f} ms, "
           f"B = {b * 8 / 1e6:.1f} Mbit/s; N = {human(n)}")
-    print(f"{'P':>3} {'algorithm':>17} {'measured (ms)':>14} {'model (ms)':>11} {'measured/model':>15}")
+    print(f"{'P':>3} {'algorithm':>17} {'measured (ms)':>14} {'model (ms)':>11} {'measured/model':>15} "
+          f"{'drops':>7}")
     rows: list[dict[str, Any]] = []
     for p in [int(x) for x in args.ranks.split(",")]:
         with Lab(p, spec) as lab:
@@ -74,12 +78,15 @@ def main(argv: list[str] | None = None) -> int:
                 expect = model(algorithm, p, n, alpha, b)
                 if expect is None:
                     continue
+                before = lab.queue_drops()
                 res = run_job("erdma", p, ["--op", "allreduce", "--sizes", args.size, "--iters", str(args.iters),
                                            "--warmup", "1", "--algorithm", algorithm], lab)
+                drops = lab.queue_drops() - before
                 t = res[0]["time_us"] * 1e-6
                 rows.append({"ranks": p, "algorithm": algorithm, "measured_s": t, "model_s": expect,
-                             "ratio": t / expect, "wrong": res[0]["wrong"]})
-                print(f"{p:>3} {algorithm:>17} {t * 1e3:>14.1f} {expect * 1e3:>11.1f} {t / expect:>15.2f}", flush=True)
+                             "ratio": t / expect, "wrong": res[0]["wrong"], "queue_drops": drops})
+                print(f"{p:>3} {algorithm:>17} {t * 1e3:>14.1f} {expect * 1e3:>11.1f} {t / expect:>15.2f} "
+                      f"{drops:>7}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"alpha_s": alpha, "B_bytes_s": b, "size": n, "rows": rows}, indent=1))
     return 1 if any(r["wrong"] for r in rows) else 0

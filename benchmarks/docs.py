@@ -21,7 +21,9 @@ def _summary(cells: list[dict[str, Any]]) -> list[str]:
     lines = ["| scenario | cc | ranks | op | size | gloo/erdma | mpi/erdma |", "|---|---|---|---|---|---|---|"]
     for c in cells:
         for size in SUMMARY_SIZES:
-            cols = [f"{c['ratios'][p][size]:.2f}" if size in c["ratios"].get(p, {}) else "-" for p in ("gloo", "mpi")]
+            # JSON object keys are strings
+            found = [c["ratios"].get(p, {}).get(str(size)) for p in ("gloo", "mpi")]
+            cols = ["-" if r is None else f"{r:.2f}" for r in found]
             if cols != ["-", "-"]:
                 lines.append(f"| {c['scenario']} | {c['cc']} | {c['ranks']} | {c['op']} | {human(size)} | "
                              f"{cols[0]} | {cols[1]} |")
@@ -60,10 +62,17 @@ def build(src: Path, dest: Path) -> str:
                 for c in all_cells for s, why in c["failures"].items()]
     if failures:
         md += ["", "Failed jobs:", "", *failures]
-    md += ["", "## Alpha-beta check", "", "```"]
+    md += ["", "## Alpha-beta check", "",
+           "`python -m benchmarks.alphabeta --ranks 2,3,4,5,6,7,8 --iters 3` (see its docstring for the model):",
+           "", "```"]
     ab = src / "alphabeta.txt"
     md += ab.read_text().splitlines() if ab.exists() else ["(not run)"]
-    md += ["```", ""]
+    md += ["```", "",
+           "The model assumes no contention and no loss. `drops` counts the packets the lab's rate limiters "
+           "dropped during that run (`tc -s qdisc`). Ring always receives from the same neighbour; "
+           "halving-doubling changes partner at every step, so when ranks drift apart a rank's downlink briefly "
+           "carries two senders, its one-BDP queue overflows and TCP's loss recovery adds time the model does "
+           "not have. Where `drops` is 0, the ratio measures the model itself.", ""]
     for run in runs:
         text = (run / "report.md").read_text()
         for png in sorted((run / "plots").glob("*.png")):

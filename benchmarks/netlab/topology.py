@@ -220,6 +220,15 @@ class Lab:
             raise LabError(f"erdma-relay did not start: {line}{self.relay.stderr.read() if self.relay.stderr else ''}")
         self._wait_reachable()
 
+    def queue_drops(self) -> int:
+        """Packets the rate limiters (tbf, rank uplinks and switch downlinks) have dropped so far."""
+        total = 0
+        for ns in (self.switch, *self.ranks):
+            out = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "qdisc"], capture_output=True, text=True,
+                                 check=True).stdout
+            total += sum(int(m) for m in re.findall(r"dropped (\d+)", out))
+        return total
+
     def _wait_reachable(self, timeout: float = 10.0) -> None:
         """Every rank answers ARP through the relay before the lab is handed out."""
         deadline = time.monotonic() + timeout
