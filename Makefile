@@ -12,21 +12,27 @@ $(VENV)/.core: pyproject.toml
 	$(PIP) install -q -e .
 	touch $@
 
-$(VENV)/.test: $(VENV)/.core
-	$(PIP) install -q -e '.[test]' 'torch==2.13.0'
+PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+
+$(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS))
+	$(PIP) install -q -e '.[test]' 'torch==2.13.0' $(addprefix -e ,$(PLUGINS))
 	touch $@
 
 ## demo: a 4-rank job on loopback with the embedded defaults; prints the allreduce table
 demo: $(VENV)/.core
 	$(VENV)/bin/erdma run -n 4 -- $(PY) -m erdma_core.bench --op allreduce --sizes 4K,64K,1M,16M --iters 10
 
-## test: install everything and run lint plus the whole suite
-## (PyTorch's own distributed tests run in a pytest process of their own: they set process-wide env)
+## test: install everything (core and plugins/*) and run lint plus every suite: the core's, PyTorch's own
+## distributed tests (a pytest process of their own: they set process-wide env), each plugin's in its folder,
+## and the core's collective and failure tests again over QUIC
 test: $(VENV)/.test
 	scripts/system-deps.sh test
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:randomly --ignore=tests/torch_suite
 	cd tests/torch_suite && ../../$(PY) -m pytest -q -p no:randomly -p no:cacheprovider test_pytorch_distributed.py
+	set -e; for p in $(PLUGINS); do (cd $$p && $(abspath $(PY)) -m pytest -q -p no:randomly); done
+	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret \
+		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py
 
 $(VENV)/.bench: $(VENV)/.test
 	scripts/system-deps.sh bench

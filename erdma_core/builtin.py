@@ -75,6 +75,13 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
     register("barrier", "dissemination", direct.barrier, description="log2(p) rounds of zero-byte messages")
 
 
+@hookimpl(tryfirst=True)
+def erdma_add_commands(subparsers: Any) -> None:
+    from .cli import add_core_commands
+
+    add_core_commands(subparsers)
+
+
 _DEFAULTS = {"broadcast": "tree", "reduce": "tree", "allgather": "ring", "reduce_scatter": "ring",
              "gather": "direct", "scatter": "direct", "alltoall": "pairwise", "barrier": "dissemination"}
 

@@ -1,4 +1,4 @@
-"""The ``erdma`` command: run, bench, plugins, doctor, config show."""
+"""The ``erdma`` command: run, bench, plugins, doctor, config show, and what plugins add (``erdma keys``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from .errors import ErdmaError
 
@@ -83,38 +84,41 @@ def _config_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="erdma", description="eRDMA collective communication")
-    sub = ap.add_subparsers(dest="command", required=True)
+def add_core_commands(sub: Any) -> None:
+    """The core's own subcommands; ``erdma_core.builtin`` adds them through ``erdma_add_commands``."""
     run = sub.add_parser("run", help="start N local ranks of a command")
     run.add_argument("-n", "--nprocs", type=int, required=True)
     run.add_argument("--config", default=None)
     run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank N]")
     run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
+    run.set_defaults(handler=_run)
     bench = sub.add_parser("bench", help="benchmark collectives (other options go to erdma_core.bench; "
                                          "see python -m erdma_core.bench --help)")
     bench.add_argument("-n", "--nprocs", type=int, default=2)
     bench.add_argument("--config", default=None)
-    sub.add_parser("plugins", help="installed plugins, their components and load errors")
-    sub.add_parser("doctor", help="what this host can use")
+    bench.set_defaults(handler=_bench, takes_extra=True)
+    sub.add_parser("plugins", help="installed plugins, their components and load errors").set_defaults(
+        handler=_plugins)
+    sub.add_parser("doctor", help="what this host can use").set_defaults(handler=_doctor)
     config = sub.add_parser("config", help="config tools")
     csub = config.add_subparsers(dest="config_command", required=True)
     show = csub.add_parser("show", help="print the effective config and where each value came from")
     show.add_argument("--config", default=None)
+    show.set_defaults(handler=_config_show)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .plugins import components
+
+    ap = argparse.ArgumentParser(prog="erdma", description="eRDMA collective communication")
+    sub = ap.add_subparsers(dest="command", required=True)
+    components().pm.hook.erdma_add_commands(subparsers=sub)
     args, extra = ap.parse_known_args(argv)
-    if extra and args.command != "bench":
+    if extra and not getattr(args, "takes_extra", False):
         ap.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if args.command == "run":
-            return _run(args)
-        if args.command == "bench":
-            return _bench(args, extra)
-        if args.command == "plugins":
-            return _plugins(args)
-        if args.command == "doctor":
-            return _doctor(args)
-        return _config_show(args)
+        return int(args.handler(args, extra) if getattr(args, "takes_extra", False) else args.handler(args))
     except ErdmaError as exc:
         print(f"erdma: error: {exc}", file=sys.stderr)
         return 2

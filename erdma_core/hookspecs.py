@@ -84,3 +84,15 @@ def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -
     None to defer to the next implementation. firstresult: the first non-None answer wins; the core's
     answer (by the ``[collectives]`` size thresholds) is registered first and so runs last.
     """
+
+
+@hookspec
+def erdma_add_commands(subparsers: Any) -> None:
+    """Add subcommands to the ``erdma`` command line (e.g. ``erdma keys`` from erdma-quic).
+
+    Called by: ``erdma_core.cli.main`` once, while it builds its parser, before arguments are parsed.
+    Arguments: ``subparsers``, the ``argparse`` sub-parser action of ``erdma``. An implementation adds
+    parsers with ``subparsers.add_parser(name, help=...)`` and sets ``handler=fn`` on each with
+    ``set_defaults``; ``fn(args) -> int`` runs the command and returns the exit status. It must not import
+    heavy modules until ``fn`` runs. Returns: nothing. Every implementation is called.
+    """

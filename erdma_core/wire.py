@@ -31,7 +31,7 @@ import struct
 
 import attrs
 
-from .errors import ProtocolError
+from .errors import AbortedError, CollectiveError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
 
 WIRE_VERSION = 1
 HELLO = struct.Struct("<4sHHQIIQ")
@@ -47,6 +47,26 @@ OPCODES = {name: i + 1 for i, name in enumerate((
     "barrier", "send", "recv", "header",
 ))}
 OPNAMES = {v: k for k, v in OPCODES.items()}
+ABORT_BODY = struct.Struct("<Bi")  # ABORT payload: error class code, lost peer (or -1), then the UTF-8 reason
+_ABORT_CODES: dict[type[CollectiveError], int] = {MismatchError: 1, PeerLostError: 2, CollectiveTimeoutError: 3}
+
+
+def abort_body(error: BaseException) -> bytes:
+    """The payload of an ABORT frame telling peers why this rank gave up."""
+    code = next((c for cls, c in _ABORT_CODES.items() if isinstance(error, cls)), 0)
+    return ABORT_BODY.pack(code, getattr(error, "peer", -1)) + str(error).encode()
+
+
+def abort_error(rank: int, peer: int, body: bytes) -> CollectiveError:
+    """The error ``rank`` raises when ``peer`` sent an ABORT frame with payload ``body``."""
+    if len(body) < ABORT_BODY.size:
+        raise ProtocolError(f"short ABORT payload from rank {peer}: {len(body)} bytes")
+    code, lost = ABORT_BODY.unpack_from(body)
+    msg = f"rank {rank}: rank {peer} aborted the job: {body[ABORT_BODY.size:].decode(errors='replace')}"
+    if code == 2:
+        return PeerLostError(msg, peer=lost, rank=rank)
+    cls = {1: MismatchError, 3: CollectiveTimeoutError}.get(code, AbortedError)
+    return cls(msg, rank=rank)
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ ERDMA = [sys.executable, "-m", "erdma_core.cli"]
 
 
 def erdma(*args, timeout=120, **kw):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_") or k == "ERDMA_DISABLE_PLUGINS"}
     return subprocess.run([*ERDMA, *args], capture_output=True, text=True, timeout=timeout, env=env, **kw)
 
 

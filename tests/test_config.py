@@ -16,7 +16,7 @@ from erdma_core.config import env_name
 def clean_env(monkeypatch, tmp_path):
     import os
 
-    for var in [v for v in os.environ if v.startswith("ERDMA_")]:
+    for var in [v for v in os.environ if v.startswith("ERDMA_") and v != "ERDMA_DISABLE_PLUGINS"]:  # see conftest
         monkeypatch.delenv(var)
     monkeypatch.chdir(tmp_path)
 

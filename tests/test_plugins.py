@@ -19,7 +19,7 @@ HOOKS = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.st
 
 def test_hooks_are_documented():
     docs = (ROOT / "docs" / "plugins.md").read_text()
-    assert len(HOOKS) == 6
+    assert len(HOOKS) == 7
     for name in HOOKS:
         doc = inspect.getdoc(getattr(hookspecs, name)) or ""
         for part in ("Called by", "Returns"):
@@ -75,6 +75,9 @@ def fake_site(tmp_path):
 
 def py(site, code, **env):
     full = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    disabled = [os.environ.get("ERDMA_DISABLE_PLUGINS", ""), env.pop("ERDMA_DISABLE_PLUGINS", "")]
+    if any(disabled):  # installed plugin distributions stay off (conftest.py), as do the test's own
+        full["ERDMA_DISABLE_PLUGINS"] = ",".join(filter(None, disabled))
     full |= {"PYTHONPATH": str(site), **env}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=full, timeout=60)

@@ -10,30 +10,32 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
 import threading
 import time
 from typing import Any
 
-from ..errors import (
-    AbortedError,
-    CollectiveError,
-    CollectiveTimeoutError,
-    MismatchError,
-    PeerLostError,
-    ProtocolError,
-)
+from ..errors import CollectiveError, CollectiveTimeoutError, PeerLostError, ProtocolError
 from ..mailbox import Mailbox, Request
 from ..sockets import dial, recv_exact
-from ..wire import ABORT, BYE, FRAME, HELLO, HELLO_ACCEPTED, HELLO_REJECTED, HELLO_REQUEST, Header, Hello
+from ..wire import (
+    ABORT,
+    BYE,
+    FRAME,
+    HELLO,
+    HELLO_ACCEPTED,
+    HELLO_REJECTED,
+    HELLO_REQUEST,
+    Header,
+    Hello,
+    abort_body,
+    abort_error,
+)
 from . import addresses
 from .base import TransportContext
 
 log = logging.getLogger("erdma.tcp")
 _POLL = 1.0  # seconds a socket call may block before we look at deadlines and shutdown again
 _SLICE = 4 << 20
-_ABORT = struct.Struct("<Bi")  # error class code, lost peer (or -1)
-_CODES: dict[type[CollectiveError], int] = {MismatchError: 1, PeerLostError: 2, CollectiveTimeoutError: 3}
 
 
 class _Conn:
@@ -226,7 +228,7 @@ class TcpTransport:
                 if h.kind == ABORT:
                     payload = bytearray(h.nbytes)
                     self._read_into(conn, memoryview(payload))
-                    self.mailbox.abort(self._remote_error(conn.peer, bytes(payload)))
+                    self.mailbox.abort(abort_error(self.rank, conn.peer, bytes(payload)))
                     continue
                 buf, token = self.mailbox.on_header(conn.peer, h)
                 if buf is None:
@@ -263,15 +265,6 @@ class TcpTransport:
             self._read_into(conn, scratch[:min(n, len(scratch))])
             n -= min(n, len(scratch))
 
-    def _remote_error(self, peer: int, payload: bytes) -> CollectiveError:
-        code, lost = _ABORT.unpack_from(payload)
-        reason = payload[_ABORT.size:].decode(errors="replace")
-        msg = f"rank {self.rank}: rank {peer} aborted the job: {reason}"
-        if code == 2:
-            return PeerLostError(msg, peer=lost, rank=self.rank)
-        cls = {1: MismatchError, 3: CollectiveTimeoutError}.get(code, AbortedError)
-        return cls(msg, rank=self.rank)
-
     # ---- failure and shutdown -------------------------------------------------------------------------
     def abort(self, error: BaseException) -> None:
         """Fail everything pending here and tell every reachable peer why (best effort, bounded)."""
@@ -280,8 +273,7 @@ class TcpTransport:
         self.mailbox.abort(error)
         if not first or self._closing:
             return
-        code = next((c for cls, c in _CODES.items() if isinstance(error, cls)), 0)
-        body = _ABORT.pack(code, getattr(error, "peer", -1)) + str(error).encode()
+        body = abort_body(error)
         frame = Header(ABORT, 0, 0, 0, self.job, 0, 0, 0, 0, len(body)).pack() + body
         for conn in self.conns.values():
             if conn.peer == getattr(error, "peer", None):

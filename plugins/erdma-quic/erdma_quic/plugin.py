@@ -1,0 +1,72 @@
+"""Entry point ``erdma.plugins: quic``: registers the ``quic`` transport and the ``erdma keys`` command.
+Importing this module is cheap; aioquic and cryptography load only when the transport or command runs."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from erdma_core import hookimpl
+from erdma_core.config.option import Option
+
+CONGESTION = ("reno", "cubic")
+OPTIONS = {
+    "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the rendezvous host"),
+    "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
+    "port": Option(int, 0, "UDP port; 0 picks a free one", minimum=0),
+    "ca_cert": Option(str, "", "cluster CA certificate (PEM) made by `erdma keys init`; empty: "
+                      "$ERDMA_KEYS_DIR or ~/.config/erdma/keys/ca.pem when present"),
+    "ca_key": Option(str, "", "the CA's private key; every rank signs its own certificate with it"),
+    "secret": Option(str, "", "shared secret instead of CA files: each job's CA is derived from it"),
+    "insecure_dev_mode": Option(bool, False, "INSECURE: no peer authentication (development only; warns)"),
+    "cipher": Option(str, "aes128gcm", "preferred TLS 1.3 cipher suite", choices=("aes128gcm", "aes256gcm", "chacha20")),
+    "congestion_control": Option(str, "cubic", "congestion controller", choices=CONGESTION),
+    "datagram_size": Option(int, 0, "UDP payload per QUIC packet; 0: path MTU less headers, at most 16000",
+                            minimum=0),
+    "part_bytes": Option(int, 1 << 20, "a message larger than this is split across several streams",
+                         minimum=4096),
+    "send_window_bytes": Option(int, 32 << 20, "bytes handed to QUIC per peer and not yet acknowledged",
+                                minimum=65536),
+    "idle_timeout": Option(float, 30.0, "seconds of silence after which a peer counts as lost", minimum=1.0),
+    "keepalive_interval": Option(float, 5.0, "seconds between PINGs to every peer", minimum=0.1),
+}
+
+
+def _factory(config: Any, section: dict[str, Any]) -> Any:
+    from .transport import QuicTransport
+
+    return QuicTransport(config, section)
+
+
+@hookimpl
+def erdma_register_transports(register: Callable[..., None]) -> None:
+    register("quic", _factory, options=OPTIONS,
+             description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank")
+
+
+def _keys_init(args: argparse.Namespace) -> int:
+    from . import credentials as cred
+
+    folder = Path(args.out) if args.out else cred.default_dir()
+    try:
+        cert, key = cred.write_authority(cred.new_authority(args.name), folder, force=args.force)
+    except FileExistsError as exc:
+        print(f"erdma keys init: {exc}")
+        return 1
+    print(f"wrote {cert} (CA certificate) and {key} (CA key, mode 0600).\n"
+          "Copy both to every host of the cluster (or point transport.quic.ca_cert / ca_key at them).\n"
+          "Whoever holds ca.key can join your jobs: keep it secret.")
+    return 0
+
+
+@hookimpl
+def erdma_add_commands(subparsers: Any) -> None:
+    keys = subparsers.add_parser("keys", help="credentials for the QUIC transport (erdma-quic)")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    init = ksub.add_parser("init", help="create a cluster CA (ca.pem, ca.key)")
+    init.add_argument("--out", default="", help="folder (default: $ERDMA_KEYS_DIR or ~/.config/erdma/keys)")
+    init.add_argument("--name", default="eRDMA cluster CA", help="the CA's common name")
+    init.add_argument("--force", action="store_true", help="replace an existing CA")
+    init.set_defaults(handler=_keys_init)

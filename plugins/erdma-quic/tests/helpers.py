@@ -1,0 +1,106 @@
+"""Ranks of one job as QuicTransport objects in threads of this process, sharing an in-memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aioquic.asyncio import QuicConnectionProtocol, connect
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from erdma_quic.plugin import OPTIONS
+from erdma_quic.transport import QuicTransport
+
+from erdma_core.transport.base import TransportContext
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.cond:
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def get(self, key: str, timeout: float) -> bytes:
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout):
+                raise TimeoutError(key)
+            return self.data[key]
+
+
+def options(**kw: Any) -> dict[str, Any]:
+    opts = {k: o.default for k, o in OPTIONS.items()}
+    opts.update(kw)
+    return opts
+
+
+def start(rank: int, world: int, store: MemoryStore, job: int, opts: dict[str, Any],
+          timeout: float = 10.0) -> tuple[QuicTransport, threading.Thread, list[BaseException]]:
+    """Connect one rank in a thread; ``errors`` receives what ``connect`` raised."""
+    t = QuicTransport(None, opts)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            t.connect(TransportContext(rank, world, store, job, timeout))
+        except BaseException as exc:
+            errors.append(exc)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return t, th, errors
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+class _Watch(QuicConnectionProtocol):
+    closed: events.ConnectionTerminated | None = None
+
+    def quic_event_received(self, event: events.QuicEvent) -> None:
+        if isinstance(event, events.ConnectionTerminated):
+            self.closed = event
+        super().quic_event_received(event)
+
+
+def raw_dial(addr: str, cert: Any = None, key: Any = None, hello: bytes = b"") -> events.ConnectionTerminated | None:
+    """An outsider with plain aioquic: dial, present ``cert`` (or none), skip checking the listener, send
+    ``hello`` on a stream, and return how the listener ended the connection (None: it did not)."""
+    host, port = addr.rsplit(":", 1)
+
+    made: list[_Watch] = []
+
+    def protocol(*a: Any, **kw: Any) -> _Watch:
+        made.append(_Watch(*a, **kw))
+        return made[-1]
+
+    async def go() -> None:
+        cfg = QuicConfiguration(is_client=True, alpn_protocols=["erdma/1"], verify_mode=ssl.CERT_NONE)
+        if cert is not None:
+            cfg.certificate, cfg.private_key = cert, key
+        async with asyncio.timeout(10):
+            async with connect(host, int(port), configuration=cfg, create_protocol=protocol) as client:
+                if hello:
+                    sid = client._quic.get_next_available_stream_id(is_unidirectional=True)
+                    client._quic.send_stream_data(sid, hello, end_stream=True)
+                    client.transmit()
+                while made[0].closed is None:
+                    await asyncio.sleep(0.05)
+
+    try:
+        asyncio.run(go())
+    except (ConnectionError, TimeoutError):
+        pass
+    return made[0].closed if made else None

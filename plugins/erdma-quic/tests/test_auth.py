@@ -1,0 +1,185 @@
+"""Mutual TLS between ranks: who gets in, who is refused, and what each side says about it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from erdma_quic import credentials as cred
+from erdma_quic.session import REFUSED
+from erdma_quic.streams import hello_stream
+from helpers import MemoryStore, options, raw_dial, start, wait_for
+
+from erdma_core.cli import main as erdma_main
+from erdma_core.errors import CollectiveTimeoutError, ConfigError, ProtocolError
+from erdma_core.wire import DATA, HELLO_REQUEST, Header, Hello
+
+JOB = 0x1234_5678_9ABC_DEF0
+
+
+@pytest.fixture
+def ca(ca_files: tuple[Path, Path]) -> cred.Authority:
+    return cred.read_authority(*ca_files)
+
+
+@pytest.fixture
+def rank0(ca_files: tuple[Path, Path]):
+    """Rank 0 of a 2-rank job, listening and waiting for rank 1."""
+    store = MemoryStore()
+    t, th, errors = start(0, 2, store, JOB, options(ca_cert=str(ca_files[0]), ca_key=str(ca_files[1])), timeout=20)
+    addr = store.get("quic/addr/0", 5).decode()
+    yield store, t, th, errors, addr
+    t.close()
+
+
+def _exchange(a, b) -> bool:
+    """rank a sends 3 MiB to rank b over the connected pair; True when the bytes arrive intact."""
+    import time
+
+    src = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    h = Header(DATA, 1, 1, 0, JOB, 0, 0, 0, src.size, src.size)
+    r = b.irecv(0, h, memoryview(dst))
+    s = a.isend(1, h, memoryview(src), time.monotonic() + 30)
+    return s.wait(time.monotonic() + 30) and r.wait(time.monotonic() + 30) and bool((src == dst).all())
+
+
+def test_ranks_with_the_cluster_ca_connect_and_exchange(rank0, ca_files):
+    store, t0, th0, errors0, _ = rank0
+    t1, th1, errors1 = start(1, 2, store, JOB, options(ca_cert=str(ca_files[0]), ca_key=str(ca_files[1])))
+    th0.join(15)
+    th1.join(15)
+    assert errors0 == [] and errors1 == []
+    try:
+        assert _exchange(t0, t1)
+    finally:
+        t1.close()
+
+
+def test_client_without_certificate_is_refused_and_logged(rank0, caplog):
+    _store, t0, th0, _errors0, addr = rank0
+    caplog.set_level(logging.WARNING, logger="erdma.quic")
+    closed = raw_dial(addr, hello=hello_stream(Hello(HELLO_REQUEST, JOB, 1, 2)))
+    assert closed is not None and closed.error_code == REFUSED
+    assert closed.reason_phrase == "it presented no certificate"
+    assert wait_for(lambda: "refused the QUIC connection of a peer" in caplog.text)
+    assert 1 not in t0.peers and th0.is_alive()  # still waiting for the real rank 1
+
+
+def test_certificate_from_another_ca_is_refused(rank0, caplog):
+    _store, t0, _, _, addr = rank0
+    caplog.set_level(logging.WARNING, logger="erdma.quic")
+    outsider = cred.issue(cred.new_authority("someone else"), 1, JOB)
+    closed = raw_dial(addr, outsider.cert, outsider.key, hello_stream(Hello(HELLO_REQUEST, JOB, 1, 2)))
+    assert closed is not None and closed.error_code == REFUSED
+    assert "does not verify against this job's CA" in closed.reason_phrase
+    assert 1 not in t0.peers
+
+
+def test_certificate_of_another_job_is_refused(rank0, ca, caplog):
+    """Signed by the right CA, but for another job: the listener refuses it before reading anything."""
+    _store, t0, _, _, addr = rank0
+    caplog.set_level(logging.WARNING, logger="erdma.quic")
+    other = cred.issue(ca, 1, JOB + 1)
+    closed = raw_dial(addr, other.cert, other.key, hello_stream(Hello(HELLO_REQUEST, JOB + 1, 1, 2)))
+    assert closed is not None and closed.error_code == REFUSED
+    assert closed.reason_phrase == f"its certificate is for job {JOB + 1:016x}, this job is {JOB:016x}"
+    assert wait_for(lambda: f"is for job {JOB + 1:016x}" in caplog.text)
+    assert 1 not in t0.peers
+
+
+def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca_files):
+    """An honest rank that dials into the wrong job refuses the listener's certificate itself."""
+    store, t0, _, _, _ = rank0
+    t1, th1, errors1 = start(1, 2, store, JOB + 1, options(ca_cert=str(ca_files[0]), ca_key=str(ca_files[1])))
+    th1.join(15)
+    t1.close()
+    assert len(errors1) == 1 and isinstance(errors1[0], ProtocolError), errors1
+    assert "QUIC connection to rank 0" in str(errors1[0])
+    assert f"r0.j{JOB + 1:016x}.erdma" in str(errors1[0])  # the name it expected and did not get
+    assert 1 not in t0.peers
+
+
+def test_certificate_naming_an_unexpected_rank_is_refused(rank0, ca):
+    _, _t0, _, _, addr = rank0
+    lower = cred.issue(ca, 0, JOB)  # rank 0 never dials rank 0
+    closed = raw_dial(addr, lower.cert, lower.key)
+    assert closed is not None and closed.reason_phrase == "its certificate names rank 0, expected one of [1]"
+
+
+def test_listener_times_out_naming_the_missing_rank(rank0):
+    _, _, th0, errors0, _ = rank0
+    th0.join(30)
+    assert len(errors0) == 1 and isinstance(errors0[0], CollectiveTimeoutError)
+    assert str(errors0[0]) == "rank 0: ranks [1] did not connect over QUIC within 20.0s"
+
+
+def test_shared_secret_derives_one_ca_per_job():
+    a = cred.derived_authority(b"s3cret", JOB)
+    assert a.pem != cred.derived_authority(b"s3cret", JOB + 1).pem
+    leaf = cred.issue(a, 1, JOB)
+    same = cred.derived_authority(b"s3cret", JOB)  # what another rank of the job derives
+    assert cred.check_peer(leaf.cert, [], same.pem, JOB, {1}) == 1
+    for ca_pem in (cred.derived_authority(b"s3cret", JOB + 1).pem, cred.derived_authority(b"other", JOB).pem):
+        with pytest.raises(cred.CredentialError, match="does not verify against this job's CA"):
+            cred.check_peer(leaf.cert, [], ca_pem, JOB, {1})
+
+
+def test_secret_mode_ranks_connect():
+    store = MemoryStore()
+    ranks = [start(r, 2, store, JOB, options(secret="s3cret")) for r in range(2)]
+    for _, th, _ in ranks:
+        th.join(15)
+    try:
+        assert [e for _, _, e in ranks] == [[], []]
+        assert _exchange(ranks[0][0], ranks[1][0])
+    finally:
+        for t, _, _ in ranks:
+            t.close()
+
+
+def test_insecure_dev_mode_says_so(caplog):
+    store = MemoryStore()
+    caplog.set_level(logging.WARNING, logger="erdma.quic")
+    with pytest.warns(UserWarning, match="insecure_dev_mode is on: peers are NOT authenticated"):
+        ranks = [start(r, 2, store, JOB, options(insecure_dev_mode=True)) for r in range(2)]
+        for _, th, _ in ranks:
+            th.join(15)
+    try:
+        assert [e for _, _, e in ranks] == [[], []]
+        assert caplog.text.count("Development only") == 2
+    finally:
+        for t, _, _ in ranks:
+            t.close()
+
+
+def test_no_credentials_is_a_config_error_naming_the_keys(tmp_path, monkeypatch):
+    monkeypatch.setenv("ERDMA_KEYS_DIR", str(tmp_path))
+    _t, th, errors = start(0, 1, MemoryStore(), JOB, options())
+    th.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], ConfigError)
+    msg = str(errors[0])
+    for needle in ("erdma keys init", "transport.quic.ca_cert", "transport.quic.secret", "insecure_dev_mode"):
+        assert needle in msg
+
+
+def test_half_a_ca_is_a_config_error(ca_files):
+    _t, th, errors = start(0, 1, MemoryStore(), JOB, options(ca_cert=str(ca_files[0])))
+    th.join(10)
+    assert isinstance(errors[0], ConfigError)
+    assert str(errors[0]) == ("transport.quic.ca_cert and transport.quic.ca_key go together; got "
+                              f"ca_cert={str(ca_files[0])!r}, ca_key=''")
+
+
+def test_keys_init_writes_a_usable_ca(tmp_path, capsys):
+    assert erdma_main(["keys", "init", "--out", str(tmp_path)]) == 0
+    assert stat.S_IMODE(os.stat(tmp_path / "ca.key").st_mode) == 0o600
+    ca = cred.read_authority(tmp_path / "ca.pem", tmp_path / "ca.key")
+    leaf = cred.issue(ca, 3, JOB)
+    assert cred.check_peer(leaf.cert, [], ca.pem, JOB, {3}) == 3
+    assert erdma_main(["keys", "init", "--out", str(tmp_path)]) == 1
+    assert "already holds a CA" in capsys.readouterr().out
