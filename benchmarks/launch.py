@@ -17,7 +17,15 @@ from benchmarks.netlab.topology import Lab
 from erdma_core.launcher import free_port
 
 HERE = Path(__file__).resolve().parent
-SYSTEMS = ("erdma", "gloo", "mpi")
+# system name -> (erdma_core.bench --backend, extra environment); erdma-quic authenticates with a secret
+# made fresh for each harness process
+_QUIC_SECRET = os.urandom(16).hex()
+SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
+    "erdma": ("erdma", {}),
+    "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
+    "gloo": ("gloo", {}),
+    "mpi": ("mpi", {}),
+}
 
 
 class JobFailed(RuntimeError):
@@ -46,16 +54,18 @@ def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = No
     """Run the job; raise JobFailed naming the system, the rank and the cause on any failure or timeout."""
     if system not in SYSTEMS:
         raise ValueError(f"system {system!r}: valid choices are {', '.join(SYSTEMS)}")
+    backend, system_env = SYSTEMS[system]
     with tempfile.TemporaryDirectory(prefix="erdma-bench-") as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [sys.executable, "-m", "erdma_core.bench", "--backend", system, *bench_args, "--json", str(out)]
-        if system == "mpi":
+        argv = [sys.executable, "-m", "erdma_core.bench", "--backend", backend, *bench_args, "--json", str(out)]
+        if backend == "mpi":
             cmd, env = _mpirun(n, argv, lab)
             procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
         else:
             master = lab.addr(0) if lab else "127.0.0.1"
             env = _env({"MASTER_ADDR": master, "MASTER_PORT": str(29500 if lab else free_port()),
-                        "WORLD_SIZE": str(n), "GLOO_SOCKET_IFNAME": "eth0" if lab else "lo"} | (erdma_env or {}))
+                        "WORLD_SIZE": str(n), "GLOO_SOCKET_IFNAME": "eth0" if lab else "lo"} | system_env
+                       | (erdma_env or {}))
             procs = [subprocess.Popen(lab.command(i, argv) if lab else argv, env=env | {"RANK": str(i)},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
         _wait(system, procs, timeout)

@@ -38,17 +38,17 @@ def table(title: str, results: dict[str, list[dict[str, Any]]], ours: str = "erd
     """nccl-tests' columns (bandwidths in MB/s: WAN links are slow) for every system, then eRDMA's time
     ratio to each peer."""
     lines = [f"### {title}", "", "```"]
-    head = (f"{'system':>8} {'size':>10} {'count':>11} {'type':>8} {'op':>10} {'time(us)':>11} "
+    head = (f"{'system':>10} {'size':>10} {'count':>11} {'type':>8} {'op':>10} {'time(us)':>11} "
             f"{'algbw(MB/s)':>12} {'busbw(MB/s)':>12} {'#wrong':>7} {'runs':>5}")
     lines.append(head)
     for system, rows in results.items():
         for r in rows:
-            lines.append(f"{system:>8} {human(r['size']):>10} {r['count']:>11} {r['dtype']:>8} {r['op']:>10} "
+            lines.append(f"{system:>10} {human(r['size']):>10} {r['count']:>11} {r['dtype']:>8} {r['op']:>10} "
                          f"{r['time_us']:>11.1f} {r['algbw'] * 1e3:>12.2f} {r['busbw'] * 1e3:>12.2f} {r['wrong']:>7} "
                          f"{r['repeats']:>5}")
     rs = ratios(results, ours)
     if rs:
-        lines += ["", f"{'size':>10} " + " ".join(f"{f'{p}/{ours}':>12}" for p in rs) + "   (time ratio; >1: eRDMA faster)"]
+        lines += ["", f"{'size':>10} " + " ".join(f"{f'{p}/{ours}':>12}" for p in rs) + f"   (time ratio; >1: {ours} faster)"]
         sizes = [r["size"] for r in results.get(ours, [])]
         for size in sizes:
             cells = " ".join(f"{rs[p][size]:>12.2f}" if size in rs[p] else f"{'-':>12}" for p in rs)

@@ -39,7 +39,8 @@ def _list(text: str, valid: Any, what: str) -> list[str]:
 
 
 def run_cell(systems: list[str], n: int, op: str, sizes: str, iters: int, warmup: int, repeats: int,
-             max_seconds: float, lab: Lab | None, log: Any, job_timeout: float = 900.0) -> dict[str, Any]:
+             max_seconds: float, lab: Lab | None, log: Any, job_timeout: float = 900.0,
+             baseline: str = "erdma") -> dict[str, Any]:
     """All systems on one (link, ranks, op), alternating: repeat r starts with system r mod len(systems)."""
     args = ["--op", op, "--sizes", sizes, "--iters", str(iters), "--warmup", str(warmup),
             "--max-seconds", str(max_seconds)]
@@ -55,15 +56,16 @@ def run_cell(systems: list[str], n: int, op: str, sizes: str, iters: int, warmup
                 try:
                     rows = run_job(system, n, args, lab, timeout=job_timeout)
                 except JobFailed as exc:  # one retry: a launch can hang (seen once: an orted never started)
-                    log(f"    {system:>5} repeat {rep + 1}: {exc}; retrying once")
+                    log(f"    {system:>10} repeat {rep + 1}: {exc}; retrying once")
                     rows = run_job(system, n, args, lab, timeout=job_timeout)
                 jobs[system].append(rows)
-                log(f"    {system:>5} repeat {rep + 1}/{repeats}: {time.monotonic() - t0:.1f}s")
+                log(f"    {system:>10} repeat {rep + 1}/{repeats}: {time.monotonic() - t0:.1f}s")
             except JobFailed as exc:
                 failures[system] = str(exc)
-                log(f"    {system:>5} FAILED: {exc}")
+                log(f"    {system:>10} FAILED: {exc}")
     medians = {s: report.median_rows(j) for s, j in jobs.items() if j}
-    return {"jobs": jobs, "medians": medians, "ratios": report.ratios(medians), "failures": failures}
+    return {"jobs": jobs, "medians": medians, "ratios": report.ratios(medians, baseline), "failures": failures,
+            "baseline": baseline}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default="loopback,lan", help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--systems", default="erdma,gloo,mpi", help=f"comma list of {', '.join(SYSTEMS)}")
+    ap.add_argument("--baseline", default="erdma", help="the system every ratio divides by (e.g. erdma-quic)")
     ap.add_argument("--ops", default="allreduce", help=f"comma list of {', '.join(BUS_FACTOR)}")
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--sizes", default="4K,64K,1M,16M,64M")
@@ -84,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     scenarios = _list(args.scenarios, SCENARIOS, "scenarios")
     systems = _list(args.systems, SYSTEMS, "systems")
+    if args.baseline not in systems:
+        raise SystemExit(f"--baseline {args.baseline}: not among --systems {','.join(systems)}")
     ops = _list(args.ops, BUS_FACTOR, "ops")
     ccs = _list(args.cc, ("bbr", "cubic", "reno"), "cc")
     ranks = [int(r) for r in args.ranks.split(",")]
@@ -106,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                         title = f"{name} ({cc}), {n} ranks, {op}"
                         log(f"== {title}")
                         cell = run_cell(systems, n, op, args.sizes, args.iters, args.warmup, args.repeats,
-                                        args.max_seconds, lab, log, args.job_timeout)
+                                        args.max_seconds, lab, log, args.job_timeout, args.baseline)
                         cell |= {"scenario": name, "cc": cc, "ranks": n, "op": op,
                                  "link": attrs.asdict(spec) if spec else None,
                                  "relay": lab.relay_counters() if lab else None}
                         cells.append(cell)
-                        md.append(report.table(title, cell["medians"]))
+                        md.append(report.table(title, cell["medians"], args.baseline))
                         md += [f"- {s} failed: {why}" for s, why in cell["failures"].items()]
                         png = out / "plots" / f"{name}-{cc}-{n}-{op}.png"
                         report.plot(png, title, cell["medians"])

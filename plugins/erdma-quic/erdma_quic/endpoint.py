@@ -28,6 +28,7 @@ class Session(Protocol):
     """What the endpoint drives: a connection plus what to do with its events."""
 
     conn: QuicConnection
+    last_rx: float
 
     def on_events(self) -> None: ...
 
@@ -173,6 +174,7 @@ class Endpoint:
                 continue
             session = self._route(data, addr)
             if session is not None:
+                session.last_rx = self.now
                 session.conn.receive_datagram(data, addr, now=self.now)
                 touched[id(session)] = session
         for session in touched.values():
@@ -196,7 +198,7 @@ class Endpoint:
         return session
 
     def _read_errors(self) -> None:
-        """Drain the socket's error queue; a peer whose port answers 'unreachable' is reported."""
+        """Drain the socket's error queue: a session whose peer's port answered 'unreachable' hears of it."""
         while True:
             try:
                 _, _, _, addr = self.sock.recvmsg(64, 512, socket.MSG_ERRQUEUE)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("erdma.quic")
 REFUSED = 0x0100  # application close code: credentials or HELLO refused
+UNREACHABLE_GRACE = 0.5  # seconds a peer whose port is unreachable has to be heard from again
 
 
 class Connection(QuicConnection):
@@ -57,6 +58,8 @@ class PeerSession:
         self.failure: str | None = None
         self.terminated = False
         self.sent_frames = 0
+        self.last_rx = 0.0
+        self._suspect = False
 
     # ---- events --------------------------------------------------------------------------------------
     def on_events(self) -> None:
@@ -140,11 +143,21 @@ class PeerSession:
         self.t.endpoint.forget(self)
 
     def on_unreachable(self) -> None:
-        """The peer's port answered ICMP 'unreachable': its process is gone."""
-        if self.ready and not self.terminated and not (self.inbound is not None and self.inbound.closed_cleanly):
-            self.terminated = True
-            self.t.lost(self, "its port is unreachable (the process ended)")
-            self.t.endpoint.forget(self)
+        """The peer's port answered ICMP 'unreachable'. Its process is gone unless it is heard from again
+        within ``UNREACHABLE_GRACE`` (a path that changed under it, e.g. NAT rebinding, is not a death)."""
+        if not self.ready or self.terminated or self._suspect:
+            return
+        self._suspect = True
+        loop = self.t.endpoint.loop
+        loop.call_later(UNREACHABLE_GRACE, self._confirm_unreachable, loop.time())
+
+    def _confirm_unreachable(self, since: float) -> None:
+        self._suspect = False
+        if self.terminated or self.last_rx > since or (self.inbound is not None and self.inbound.closed_cleanly):
+            return
+        self.terminated = True
+        self.t.lost(self, "its port is unreachable (the process ended)")
+        self.t.endpoint.forget(self)
 
     # ---- sending -------------------------------------------------------------------------------------
     def send_raw(self, data: bytes) -> None:
