@@ -11,6 +11,7 @@ import asyncio
 import errno
 import logging
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -22,6 +23,8 @@ _IP_RECVERR = 11
 _IP_MTU = 14
 _RECV_BATCH = 256  # datagrams read per wake-up before connections get to answer
 _CID_LENGTH = 8
+_UDP_SEGMENT = 103  # linux/udp.h: GSO segment size for one sendmsg
+_GSO_MAX = 65000  # one GSO send is one IP packet before segmentation: at most 64 KiB
 
 
 class Session(Protocol):
@@ -32,7 +35,7 @@ class Session(Protocol):
 
     def on_events(self) -> None: ...
 
-    def after_io(self) -> None: ...
+    def after_io(self) -> bool: ...
 
     def on_unreachable(self) -> None: ...
 
@@ -72,6 +75,7 @@ class Endpoint:
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._dirty: dict[int, Session] = {}
         self.send_drops = 0
+        self.gso = hasattr(socket, "SOL_UDP")
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -130,15 +134,12 @@ class Endpoint:
         conn = session.conn
         session.on_events()
         session.after_io()
-        now = self.now
-        for data, addr in conn.datagrams_to_send(now=now):
-            try:
-                self.sock.sendto(data, addr)
-            except BlockingIOError:
-                self.send_drops += 1  # QUIC's loss recovery resends it
-            except OSError as exc:
-                if exc.errno != errno.ECONNREFUSED:
-                    log.debug("sendto %s: %s", addr, exc)
+        while True:
+            self._transmit(conn)
+            # building packets retires acknowledged streams, which may open the window: hand QUIC more now,
+            # or nothing would ask again until the next timer
+            if not session.after_io():
+                break
         for cid in _host_cids(conn):
             self.sessions.setdefault(cid, session)
         key = id(session)
@@ -148,6 +149,49 @@ class Endpoint:
         at = conn.get_timer()
         if at is not None:
             self._timers[key] = self.loop.call_at(at, self._on_timer, session)
+
+    def _transmit(self, conn: QuicConnection) -> None:
+        out = conn.datagrams_to_send(now=self.now)
+        if not self.gso or len(out) < 2:
+            for data, addr in out:
+                self._send(data, addr)
+            return
+        # UDP GSO: runs of equal-size datagrams to one address (the last may be shorter) in one sendmsg
+        i = 0
+        while i < len(out):
+            data, addr = out[i]
+            size, j, total = len(data), i + 1, len(data)
+            while (j < len(out) and out[j][1] == addr and len(out[j][0]) <= size and total + len(out[j][0]) <= _GSO_MAX
+                   and len(out[j - 1][0]) == size):
+                total += len(out[j][0])
+                j += 1
+            if j - i == 1:
+                self._send(data, addr)
+            else:
+                self._send_gso(b"".join(d for d, _ in out[i:j]), size, addr, out[i:j])
+            i = j
+
+    def _send(self, data: bytes, addr: Any) -> None:
+        try:
+            self.sock.sendto(data, addr)
+        except BlockingIOError:
+            self.send_drops += 1  # QUIC's loss recovery resends it
+        except OSError as exc:
+            if exc.errno != errno.ECONNREFUSED:
+                log.debug("sendto %s: %s", addr, exc)
+
+    def _send_gso(self, blob: bytes, size: int, addr: Any, parts: list[tuple[bytes, Any]]) -> None:
+        try:
+            self.sock.sendmsg([blob], [(socket.SOL_UDP, _UDP_SEGMENT, struct.pack("=H", size))], 0, addr)
+        except BlockingIOError:
+            self.send_drops += len(parts)
+        except OSError as exc:
+            if exc.errno == errno.ECONNREFUSED:
+                return
+            log.info("UDP GSO unavailable (%s); sending datagrams one by one", exc)
+            self.gso = False
+            for data, a in parts:
+                self._send(data, a)
 
     def _on_timer(self, session: Session) -> None:
         self._timers.pop(id(session), None)

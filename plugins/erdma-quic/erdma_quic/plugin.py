@@ -11,7 +11,7 @@ from typing import Any
 from erdma_core import hookimpl
 from erdma_core.config.option import Option
 
-CONGESTION = ("reno", "cubic")
+CONGESTION = ("bbr", "cubic", "reno")
 OPTIONS = {
     "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the rendezvous host"),
     "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
@@ -22,12 +22,13 @@ OPTIONS = {
     "secret": Option(str, "", "shared secret instead of CA files: each job's CA is derived from it"),
     "insecure_dev_mode": Option(bool, False, "INSECURE: no peer authentication (development only; warns)"),
     "cipher": Option(str, "aes128gcm", "preferred TLS 1.3 cipher suite", choices=("aes128gcm", "aes256gcm", "chacha20")),
-    "congestion_control": Option(str, "cubic", "congestion controller", choices=CONGESTION),
+    "congestion_control": Option(str, "bbr", "congestion controller: bbr (model-based, ignores random loss; "
+                                 "erdma_quic.congestion) or aioquic's cubic, reno", choices=CONGESTION),
     "datagram_size": Option(int, 0, "UDP payload per QUIC packet; 0: path MTU less headers, at most 16000",
                             minimum=0),
-    "part_bytes": Option(int, 1 << 20, "a message larger than this is split across several streams",
+    "part_bytes": Option(int, 4 << 20, "a message larger than this is split across several streams",
                          minimum=4096),
-    "send_window_bytes": Option(int, 32 << 20, "bytes handed to QUIC per peer and not yet acknowledged",
+    "send_window_bytes": Option(int, 16 << 20, "bytes handed to QUIC per peer and not yet acknowledged",
                                 minimum=65536),
     "idle_timeout": Option(float, 30.0, "seconds of silence after which a peer counts as lost", minimum=1.0),
     "keepalive_interval": Option(float, 5.0, "seconds between PINGs to every peer", minimum=0.1),

@@ -175,14 +175,16 @@ class PeerSession:
             self.queue.append(item)
         self.t.endpoint.touch(self)
 
-    def after_io(self) -> None:
-        """Count what the peer acknowledged, then hand QUIC more while the window allows."""
+    def after_io(self) -> bool:
+        """Count what the peer acknowledged, then hand QUIC more while the window allows; True if it did."""
         if self.open_streams:
             live = self.conn._streams
             for sid in [s for s in self.open_streams if s not in live]:
                 self.inflight -= self.open_streams.pop(sid)
         window = self.t.window
+        pushed = False
         while self.queue and self.inflight < window and not self.terminated:
+            pushed = True
             item = self.queue[0]
             head, body = item.parts[item.done]
             sid = self.conn.get_next_available_stream_id(is_unidirectional=True)
@@ -195,6 +197,7 @@ class PeerSession:
             if item.done == len(item.parts):
                 self.queue.popleft()
                 item.req.complete()
+        return pushed
 
     def fail_queue(self, error: BaseException) -> None:
         while self.queue:

@@ -27,6 +27,7 @@ from erdma_core.transport import addresses
 from erdma_core.transport.base import TransportContext
 from erdma_core.wire import ABORT, BYE, Header, abort_body
 
+from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import credentials as cred
 from .endpoint import Endpoint, datagram_size
 from .session import Connection, Outgoing, PeerSession
