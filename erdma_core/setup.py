@@ -82,7 +82,9 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
             f"traversal.{conf['traversal.name']}"))
         name = conf["transport.name"]
         transport = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
-        transport.connect(TransportContext(rank, world_size, store, job, connect_timeout, traversal.advertise))
+        udp = getattr(traversal, "udp_socket", None)
+        transport.connect(TransportContext(rank, world_size, store, job, connect_timeout, traversal.advertise,
+                                           udp() if callable(udp) else None))
     except BaseException:
         store.close()
         raise

@@ -6,6 +6,10 @@ from typing import Any, Protocol
 
 
 class Traversal(Protocol):
+    """``advertise`` is required. A strategy that prepares a UDP socket itself (binds it, learns its public
+    mapping, punches holes through it) may also offer ``udp_socket() -> socket | None``: a datagram
+    transport (QUIC) then runs on that socket instead of binding its own, so the mapping stays in use."""
+
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """Given the address this rank listens on, return the address peers should dial."""
         ...

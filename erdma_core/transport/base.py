@@ -21,6 +21,7 @@ class TransportContext:
     job: int
     connect_timeout: float
     advertise: Any = None  # traversal: ``advertise(host, port) -> (host, port)``
+    udp_socket: Any = None  # a bound UDP socket handed over by the traversal (``Traversal.udp_socket``), or None
 
 
 class Transport(Protocol):

@@ -129,9 +129,14 @@ class QuicTransport:
         self._credentials()
         o = self.opts
         bind_host, advertised = addresses.choose(o["bind_address"], o["interface"], getattr(ctx.store, "host", None))
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind((bind_host, o["port"]))
-        host, port = advertised, sock.getsockname()[1]
+        if ctx.udp_socket is not None:  # handed over by the traversal (a punched hole): keep using its mapping
+            sock = ctx.udp_socket
+            bound = sock.getsockname()[0]
+            host, port = (advertised if bound in ("0.0.0.0", "") else bound), sock.getsockname()[1]
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((bind_host, o["port"]))
+            host, port = advertised, sock.getsockname()[1]
         if ctx.advertise is not None:
             host, port = ctx.advertise(host, port)
         self.endpoint = Endpoint(sock, self._accept, f"erdma-quic-{self.rank}")

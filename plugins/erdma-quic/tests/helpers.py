@@ -42,14 +42,14 @@ def options(**kw: Any) -> dict[str, Any]:
 
 
 def start(rank: int, world: int, store: MemoryStore, job: int, opts: dict[str, Any],
-          timeout: float = 10.0) -> tuple[QuicTransport, threading.Thread, list[BaseException]]:
+          timeout: float = 10.0, udp_socket: Any = None) -> tuple[QuicTransport, threading.Thread, list[BaseException]]:
     """Connect one rank in a thread; ``errors`` receives what ``connect`` raised."""
     t = QuicTransport(None, opts)
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            t.connect(TransportContext(rank, world, store, job, timeout))
+            t.connect(TransportContext(rank, world, store, job, timeout, udp_socket=udp_socket))
         except BaseException as exc:
             errors.append(exc)
     th = threading.Thread(target=run, daemon=True)

@@ -183,3 +183,24 @@ def test_keys_init_writes_a_usable_ca(tmp_path, capsys):
     assert cred.check_peer(leaf.cert, [], ca.pem, JOB, {3}) == 3
     assert erdma_main(["keys", "init", "--out", str(tmp_path)]) == 1
     assert "already holds a CA" in capsys.readouterr().out
+
+
+def test_runs_on_a_udp_socket_handed_over_by_the_traversal():
+    """A traversal that punched a hole hands its socket over; peers are told that socket's address."""
+    import socket
+
+    store = MemoryStore()
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ranks = [start(r, 2, store, JOB, options(secret="s3cret"), udp_socket=socks[r]) for r in range(2)]
+    for _, th, _ in ranks:
+        th.join(15)
+    try:
+        assert [e for _, _, e in ranks] == [[], []]
+        for r in range(2):
+            assert store.data[f"quic/addr/{r}"].decode() == f"127.0.0.1:{socks[r].getsockname()[1]}"
+        assert _exchange(ranks[0][0], ranks[1][0])
+    finally:
+        for t, _, _ in ranks:
+            t.close()
