@@ -62,7 +62,7 @@ def datagram_size(addr: tuple[str, int], configured: int) -> int:
 
 class Endpoint:
     def __init__(self, sock: socket.socket, accept: Callable[[bytes, tuple[str, int]], Session | None],
-                 name: str) -> None:
+                 name: str, gso: bool = False) -> None:
         """``accept(dcid, addr)`` makes a session for a new incoming connection (None: ignore it)."""
         self.sock = sock
         self.sock.setblocking(False)
@@ -75,7 +75,7 @@ class Endpoint:
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._dirty: dict[int, Session] = {}
         self.send_drops = 0
-        self.gso = hasattr(socket, "SOL_UDP")
+        self.gso = gso and hasattr(socket, "SOL_UDP")
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

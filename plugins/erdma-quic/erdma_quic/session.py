@@ -14,6 +14,7 @@ from erdma_core.errors import PeerLostError, ProtocolError
 from erdma_core.mailbox import Request
 from erdma_core.wire import HELLO_ACCEPTED, HELLO_REQUEST, Hello
 
+from .congestion import attach
 from .credentials import CredentialError, check_peer
 from .streams import Inbound, hello_stream
 
@@ -26,7 +27,12 @@ UNREACHABLE_GRACE = 0.5  # seconds a peer whose port is unreachable has to be he
 
 
 class Connection(QuicConnection):
-    """aioquic's connection, with listeners asking the dialler for its certificate (mutual TLS)."""
+    """aioquic's connection, with listeners asking the dialler for its certificate (mutual TLS), and the
+    model-based controller's own pacer when that controller is configured."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        attach(self)
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)

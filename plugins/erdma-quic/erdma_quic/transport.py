@@ -139,7 +139,7 @@ class QuicTransport:
             host, port = advertised, sock.getsockname()[1]
         if ctx.advertise is not None:
             host, port = ctx.advertise(host, port)
-        self.endpoint = Endpoint(sock, self._accept, f"erdma-quic-{self.rank}")
+        self.endpoint = Endpoint(sock, self._accept, f"erdma-quic-{self.rank}", gso=o["gso"])
         ctx.store.set(f"quic/addr/{self.rank}", f"{host}:{port}".encode())
         deadline = time.monotonic() + ctx.connect_timeout
         try:
@@ -312,6 +312,10 @@ class QuicTransport:
         self._when_flushed(reqs, done, tries=250)
 
     def _close_all(self) -> None:
+        for s in self.peers.values():
+            rec = s.conn._loss
+            log.debug("rank %d -> rank %d at close: %s, srtt %.5f s, datagrams dropped by a full socket %d",
+                      self.rank, s.rank, rec._cc.get_log_data(), rec._rtt_smoothed, self.endpoint.send_drops)
         for s in [*self.peers.values(), *self._pending]:
             s.conn.close()
             self.endpoint.touch(s)

@@ -5,6 +5,7 @@ on arrival; loss declared by packet threshold as QUIC does."""
 from __future__ import annotations
 
 import heapq
+import math
 import random
 
 import aioquic.quic.recovery  # noqa: F401  registers reno and cubic
@@ -13,14 +14,22 @@ import pytest
 from aioquic.quic.congestion.base import create_congestion_control
 from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.tls import Epoch
-from erdma_quic.congestion import DRAIN, PROBE_BW, STARTUP, ModelBasedCongestionControl
+from erdma_quic.congestion import (
+    CWND_GAIN,
+    DRAIN,
+    MIN_PACKETS,
+    PROBE_BW,
+    STARTUP,
+    ModelBasedCongestionControl,
+)
 
 MSS = 1200
 
 
 def simulate(name: str, *, rate: float, rtt: float, loss: float, seconds: float, buffer_bdp: float = 1.0,
-             seed: int = 1) -> tuple[float, object]:
-    """Goodput (bytes/s delivered) of one bulk flow under controller ``name``."""
+             seed: int = 1, ack_delay: float = 0.0) -> tuple[float, object]:
+    """Goodput (bytes/s delivered) of one bulk flow under controller ``name``; with ``ack_delay`` the
+    receiver acknowledges in batches that often, as a busy or ACK-delaying receiver does."""
     rng = random.Random(seed)
     cc = create_congestion_control(name, max_datagram_size=MSS)
     buffer = buffer_bdp * rate * rtt
@@ -44,7 +53,10 @@ def simulate(name: str, *, rate: float, rtt: float, loss: float, seconds: float,
                 continue  # dropped: at the full queue, or at random
             link_free = max(link_free, now) + MSS / rate
             seq += 1
-            heapq.heappush(events, (link_free + rtt, seq, "ack", pkt))
+            arrive = link_free + rtt
+            if ack_delay:  # the receiver acknowledges in batches, every ack_delay seconds
+                arrive = math.ceil(link_free / ack_delay) * ack_delay + rtt
+            heapq.heappush(events, (arrive, seq, "ack", pkt))
         if not events:
             break
         now, _, _, pkt = heapq.heappop(events)
@@ -74,7 +86,7 @@ def test_random_loss_does_not_collapse_the_model(loss):
     assert goodput["bbr"] >= 3 * max(goodput["cubic"], goodput["reno"]), goodput
 
 
-def test_clean_link_is_filled_without_a_standing_queue_blowup():
+def test_clean_link_is_filled_with_the_window_the_model_sets():
     rate = 50e6 / 8
     goodput, cc = simulate("bbr", rate=rate, rtt=0.02, loss=0.0, seconds=10)
     assert goodput >= 0.9 * rate
@@ -82,7 +94,15 @@ def test_clean_link_is_filled_without_a_standing_queue_blowup():
     assert cc.state == PROBE_BW
     assert 0.8 * rate <= cc.bandwidth <= 1.1 * rate
     assert 0.02 <= cc.min_rtt <= 0.025
-    assert cc.congestion_window <= 1.6 * rate * 0.02 + 4 * MSS  # at most the largest gain times the BDP
+    assert cc.srtt <= 2.1 * 0.02  # the queue stays within the one-BDP buffer
+    assert cc.congestion_window <= CWND_GAIN * 1.1 * rate * cc.srtt + MIN_PACKETS * MSS
+
+
+def test_late_acks_on_a_short_path_do_not_starve_the_flow():
+    """1 ms RTT, 800 Mbit/s, ACKs sent every 10 ms: the window follows bw x srtt, not bw x min_rtt."""
+    rate = 800e6 / 8
+    goodput, cc = simulate("bbr", rate=rate, rtt=0.001, loss=0.0, seconds=1.5, buffer_bdp=20, ack_delay=0.01)
+    assert goodput >= 0.8 * rate, (goodput, cc.get_log_data())
 
 
 def test_startup_leaves_when_bandwidth_stops_growing():
@@ -96,3 +116,22 @@ def test_heavy_loss_guard_shrinks_the_window():
     cc._round_lost, cc._round_acked = 30 * MSS, 70 * MSS
     cc._on_round(1.0)
     assert cc.congestion_window == 80 * MSS
+
+
+def test_connections_with_the_model_pace_at_its_rate():
+    """aioquic paces at window / srtt; a connection using the model gets a pacer that asks it instead."""
+    from aioquic.quic.configuration import QuicConfiguration
+    from erdma_quic.congestion import ModelPacer
+    from erdma_quic.session import Connection
+
+    conn = Connection(configuration=QuicConfiguration(is_client=True, congestion_control_algorithm="bbr",
+                                                      max_datagram_size=MSS))
+    pacer, cc = conn._loss._pacer, conn._loss._cc
+    assert isinstance(pacer, ModelPacer) and pacer.cc is cc
+    cc._bw.append((0, 1e6))
+    cc.state = PROBE_BW
+    cc._cycle = 0  # the 1.25 probing phase
+    pacer.update_rate(congestion_window=10 * MSS, smoothed_rtt=0.5)  # aioquic's own rate would be 24 KB/s
+    assert pacer.packet_time == pytest.approx(MSS / 1.25e6)
+    plain = Connection(configuration=QuicConfiguration(is_client=True, congestion_control_algorithm="cubic"))
+    assert not isinstance(plain._loss._pacer, ModelPacer)
