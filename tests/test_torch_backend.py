@@ -20,6 +20,20 @@ def erdma_run(n, *cmd, timeout=300):
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def gloo_reference(n, *cmd):
+    """The Gloo reference run. torch 2.13's Gloo sometimes aborts a rank while tearing down, after training
+    and saving (measured on this machine: 1-3 runs in 10, with or without a barrier before
+    destroy_process_group; never in the eRDMA runs). Only that exact abort, after the result file was written,
+    earns one more try; eRDMA runs are never retried."""
+    r = erdma_run(n, *cmd)
+    if r.returncode != 0 and GLOO_TEARDOWN_ABORT in r.stderr and "steps/s=" in r.stdout:
+        r = erdma_run(n, *cmd)
+    return r
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_op_through_torch_distributed(n):
     r = erdma_run(n, str(ROOT / "tests" / "torch_ops_script.py"))
@@ -44,8 +58,8 @@ def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
     params = {}
     for backend in ("gloo", "erdma"):
         out = tmp_path / f"{backend}.pt"
-        r = erdma_run(2, str(ROOT / "examples" / "train_ddp.py"), "--backend", backend, "--steps", "60",
-                      "--out", str(out))
+        run = gloo_reference if backend == "gloo" else erdma_run
+        r = run(2, str(ROOT / "examples" / "train_ddp.py"), "--backend", backend, "--steps", "60", "--out", str(out))
         assert r.returncode == 0, r.stderr[-3000:]
         assert f"backend={backend} world=2 steps=60" in r.stdout
         params[backend] = torch.load(out)
@@ -71,7 +85,7 @@ def torchrun(n, *cmd, timeout=300):
 def test_ddp_on_four_ranks_matches_gloo_under_both_launchers(tmp_path):
     script = str(ROOT / "examples" / "train_ddp.py")
     runs = {
-        "gloo": lambda out: erdma_run(4, script, "--backend", "gloo", "--steps", "200", "--out", out),
+        "gloo": lambda out: gloo_reference(4, script, "--backend", "gloo", "--steps", "200", "--out", out),
         "erdma-run": lambda out: erdma_run(4, script, "--backend", "erdma", "--steps", "200", "--out", out),
         "erdma-torchrun": lambda out: torchrun(4, script, "--backend", "erdma", "--steps", "200", "--out", out),
     }
