@@ -3,7 +3,8 @@
     python tests/lab/quic_job.py ITERS COUNT [SIGNAL_FILE]
 
 With SIGNAL_FILE, rank 0 creates it after a third of the iterations (the test rebinds the NAT then).
-Prints one JSON line: iterations, wrong results, seconds.
+Prints one JSON line: iterations, wrong results, seconds, and the QUIC transport's per-peer link counters
+(reconnections, resumed sessions, accepted 0-RTT flights, parts sent again).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def main() -> int:
         wrong += int(not np.array_equal(arr.view(np.uint32), want.view(np.uint32)))
         if signal_file is not None and r == 0 and i == iters // 3:
             signal_file.touch()
-    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "seconds": time.monotonic() - t0}), flush=True)
+    seconds = time.monotonic() - t0
+    links = {str(k): v for k, v in pg.rt.transport.link_stats().items()}
+    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "seconds": seconds, "links": links}), flush=True)
     pg.destroy()
     return 0
 

@@ -1,21 +1,23 @@
-"""One peer's QUIC connection as the transport sees it: identity checks at the handshake, the outgoing
-message queue with its window, the incoming streams. Runs on the endpoint's loop thread only."""
+"""One QUIC connection as the transport sees it: who is at the other end (a certificate checked at the
+handshake, or a session ticket this rank issued to an identified peer), the HELLO exchange, and events
+handed to the peer's ``Link``, which outlives connections. Runs on the endpoint's loop thread only."""
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import QuicErrorCode
+from aioquic.tls import SessionTicket
 
-from erdma_core.errors import PeerLostError, ProtocolError
-from erdma_core.mailbox import Request
-from erdma_core.wire import HELLO_ACCEPTED, HELLO_REQUEST, Hello
+from erdma_core.errors import ProtocolError
+from erdma_core.wire import HELLO_ACCEPTED, Hello
 
 from .congestion import attach
 from .credentials import CredentialError, check_peer
+from .link import Link
 from .streams import Inbound, hello_stream
 
 if TYPE_CHECKING:
@@ -40,94 +42,146 @@ class Connection(QuicConnection):
             self.tls._request_client_certificate = True
 
 
-class Outgoing:
-    """One message waiting to be handed to QUIC: its streams, and the request that completes when it has."""
-
-    __slots__ = ("done", "parts", "req")
-
-    def __init__(self, parts: list[tuple[bytes, Any]], req: Request) -> None:
-        self.parts, self.req, self.done = parts, req, 0
-
-
 class PeerSession:
-    def __init__(self, transport: QuicTransport, conn: Connection, rank: int | None, addr: Any) -> None:
+    def __init__(self, transport: QuicTransport, rank: int | None, addr: Any) -> None:
         self.t = transport
-        self.conn = conn
-        self.rank = rank  # None for an accepted connection until its certificate names it
+        self.conn: Connection = None  # type: ignore[assignment]  # set by the transport right after
+        self.rank = rank  # None for an accepted connection until its certificate or ticket names it
         self.addr = addr
         self.dialled = rank is not None
-        self.inbound: Inbound | None = None
-        self.queue: deque[Outgoing] = deque()
-        self.open_streams: dict[int, int] = {}
-        self.inflight = 0
-        self.ready = False
+        self.link: Link | None = None
+        self.pre = Inbound(transport.rank, -1, None, self.on_hello)  # before the peer is identified: HELLO only
+        self.open_streams: dict[int, tuple[int, int]] = {}  # stream id -> (part number, bytes)
+        self.ready = False  # carries the link's data
         self.failure: str | None = None
         self.terminated = False
-        self.sent_frames = 0
+        self.resumed = False  # TLS session resumed from a ticket
+        self.established = False  # the peer has answered (dialler: handshake done; listener: identified)
         self.last_rx = 0.0
         self._suspect = False
+        self._ticket_rank: int | None = None  # listener: the rank the offered ticket was issued to
+        self._issued: SessionTicket | None = None  # listener: a ticket issued before the peer was identified
+
+    # ---- session tickets (TLS resumption) ------------------------------------------------------------
+    def fetch_ticket(self, label: bytes) -> SessionTicket | None:
+        """Listener: the dialler offers a ticket. Each is good once (a replayed first flight finds it gone)."""
+        found = self.t.tickets.pop(label, None)
+        if found is None:
+            return None
+        ticket, rank = found
+        link = self.t.links.get(rank)
+        if link is None or link.dead:
+            return None
+        self._ticket_rank = rank
+        self.conn.tls._request_client_certificate = False  # resumption carries the identity proven before
+        return ticket
+
+    def issued_ticket(self, ticket: SessionTicket) -> None:
+        if self.dialled:
+            if self.link is not None:
+                self.link.ticket = ticket
+        elif self.link is not None:
+            self.t.keep_ticket(ticket, self.link.rank)
+        else:
+            self._issued = ticket
 
     # ---- events --------------------------------------------------------------------------------------
     def on_events(self) -> None:
+        if (self._ticket_rank is not None and self.link is None and not self.terminated
+                and self.conn.tls.session_resumed):
+            self.resumed = True
+            self._identified(self._ticket_rank)
         while (ev := self.conn.next_event()) is not None:
             if isinstance(ev, events.StreamDataReceived):
-                if self.inbound is None:
-                    self.refuse("sent stream data before it was identified")
-                    continue
+                link = self.link
+                if self.failure is not None or self.terminated:
+                    continue  # refused: closing, nothing more is read
+                if link is None or link.session is not self:
+                    if self.t.verify:  # identification comes from the handshake, before any stream
+                        self.refuse("sent stream data before it was identified")
+                        continue
+                    inbound = self.pre  # insecure mode: the HELLO names the peer
+                else:
+                    inbound = link.inbound
                 try:
-                    self.inbound.feed(ev.stream_id, ev.data, ev.end_stream)
+                    inbound.feed(ev.stream_id, ev.data, ev.end_stream)
                 except ProtocolError as exc:
-                    if self.ready:
-                        self.t.lost(self, f"broke the protocol: {exc}")
+                    if self.ready and link is not None:
+                        self.t.lost(link, f"broke the protocol: {exc}")
                     else:
                         self.refuse(f"broke the protocol: {exc}")
             elif isinstance(ev, events.HandshakeCompleted):
-                self._handshake_done()
+                self._handshake_done(ev)
             elif isinstance(ev, events.ConnectionTerminated):
                 self._terminated(ev)
 
-    def _handshake_done(self) -> None:
+    def _handshake_done(self, ev: events.HandshakeCompleted) -> None:
         if self.dialled:
-            self._open_inbound()
-            self.send_raw(hello_stream(Hello(HELLO_REQUEST, self.t.job, self.t.rank, self.t.world_size)))
+            self.resumed, self.established = ev.session_resumed, True
+            if self.link is not None and ev.session_resumed:
+                self.link.stats["resumed"] += 1
+                self.link.stats["early_data"] += int(ev.early_data_accepted)
+            if self.link is not None:
+                self.link.back(self)
             return
-        if self.t.verify:
-            tls = self.conn.tls
-            try:
-                self.rank = check_peer(tls._peer_certificate, tls._peer_certificate_chain, self.t.ca_pem,
-                                       self.t.job, self.t.awaiting())
-            except CredentialError as exc:
-                self.refuse(str(exc))
-                return
-        self._open_inbound()
+        if self.link is not None or not self.t.verify:  # identified by its ticket, or (insecure) by HELLO
+            return
+        tls = self.conn.tls
+        try:
+            rank = check_peer(tls._peer_certificate, tls._peer_certificate_chain, self.t.ca_pem,
+                              self.t.job, self.t.diallers())
+        except CredentialError as exc:
+            self.refuse(str(exc))
+            return
+        self._identified(rank)
 
-    def _open_inbound(self) -> None:
-        assert self.t.mailbox is not None
-        self.inbound = Inbound(self.t.rank, self.rank if self.rank is not None else -1, self.t.mailbox, self._hello)
+    def _identified(self, rank: int) -> None:
+        """Listener: the peer proved it is ``rank``; a new link, or an existing one that it reconnects."""
+        t = self.t
+        link = t.links.get(rank)
+        if link is not None and link.dead:
+            self.refuse(f"rank {rank} was already given up as lost")
+            return
+        self.rank, self.established = rank, True
+        if link is None:
+            link = Link(t, rank, self.addr, dialler=False)
+        link.attach(self)
+        if self._issued is not None:
+            t.keep_ticket(self._issued, rank)
+        if t.links.get(rank) is link and t.verify:
+            link.go(self)  # a reconnection: what was not acknowledged goes again now
 
-    def _hello(self, hello: Hello) -> None:
+    def on_hello(self, hello: Hello) -> None:
         t = self.t
         if self.dialled:
             if hello.status != HELLO_ACCEPTED or hello.rank != self.rank:
                 self.refuse(f"answered HELLO with status {hello.status} as rank {hello.rank}")
                 return
-            t.joined(self)
+            assert self.link is not None
+            if not self.ready:
+                self.link.go(self)
+            if t.links.get(self.link.rank) is not self.link:
+                t.joined(self.link)
             return
         why = None
         if hello.job != t.job or hello.world != t.world_size:
             why = f"job {hello.job:#x} world {hello.world} (this job {t.job:#x}, world {t.world_size})"
         elif self.rank is not None and hello.rank != self.rank:
             why = f"its HELLO says rank {hello.rank}, its certificate rank {self.rank}"
-        elif self.rank is None and hello.rank not in t.awaiting():
+        elif self.rank is None and hello.rank not in t.diallers():
             why = f"rank {hello.rank} is not expected here"
         if why is not None:
             self.refuse(why)
             return
-        self.rank = hello.rank
-        assert self.inbound is not None
-        self.inbound.peer = hello.rank
+        if self.link is None:
+            self._identified(hello.rank)
+            if self.link is None:
+                return
         self.send_raw(hello_stream(Hello(HELLO_ACCEPTED, t.job, t.rank, t.world_size)))
-        t.joined(self)
+        if not self.ready:
+            self.link.go(self)
+        if t.links.get(self.link.rank) is not self.link:
+            t.joined(self.link)
 
     def refuse(self, why: str) -> None:
         who = f"rank {self.rank}" if self.rank is not None else "a peer"
@@ -139,19 +193,31 @@ class PeerSession:
         if self.terminated:
             return
         self.terminated = True
+        self.t.endpoint.forget(self)
         reason = ev.reason_phrase or f"error code {ev.error_code:#x}"
-        if not self.ready:
-            if self.failure is None:
-                self.failure = f"refused the connection: {reason}" if ev.error_code == REFUSED else reason
-            self.t.setup_failed(self)
-        elif not (self.inbound is not None and self.inbound.closed_cleanly) and not self.t.closing:
-            self.t.lost(self, f"connection ended ({reason})")
+        link = self.link
+        if link is not None and link.session is self and (self.ready or link.down_since is not None):
+            idle = ev.error_code == QuicErrorCode.INTERNAL_ERROR and ev.reason_phrase == "Idle timeout"
+            why = f"refused the connection: {reason}" if ev.error_code == REFUSED else f"connection ended ({reason})"
+            link.ended(self, why, reconnectable=idle)
+            return
+        if self.failure is None:
+            self.failure = f"refused the connection: {reason}" if ev.error_code == REFUSED else reason
+        self.t.setup_failed(self)
+
+    def detached(self) -> None:
+        """Another connection took over this one's link: drop it without a word."""
+        self.terminated = True
+        self.ready = False
         self.t.endpoint.forget(self)
 
     def on_unreachable(self) -> None:
         """The peer's port answered ICMP 'unreachable'. Its process is gone unless it is heard from again
         within ``UNREACHABLE_GRACE`` (a path that changed under it, e.g. NAT rebinding, is not a death)."""
-        if not self.ready or self.terminated or self._suspect:
+        link = self.link
+        if self.terminated or self._suspect or link is None or link.session is not self:
+            return
+        if not (self.ready or link.down_since is not None):
             return
         self._suspect = True
         loop = self.t.endpoint.loop
@@ -159,52 +225,17 @@ class PeerSession:
 
     def _confirm_unreachable(self, since: float) -> None:
         self._suspect = False
-        if self.terminated or self.last_rx > since or (self.inbound is not None and self.inbound.closed_cleanly):
+        link = self.link
+        if self.terminated or self.last_rx > since or link is None or link.inbound.closed_cleanly:
             return
         self.terminated = True
-        self.t.lost(self, "its port is unreachable (the process ended)")
         self.t.endpoint.forget(self)
+        link.ended(self, "its port is unreachable (the process ended)", reconnectable=False)
 
     # ---- sending -------------------------------------------------------------------------------------
     def send_raw(self, data: bytes) -> None:
         sid = self.conn.get_next_available_stream_id(is_unidirectional=True)
         self.conn.send_stream_data(sid, data, end_stream=True)
 
-    def enqueue(self, item: Outgoing, first: bool = False) -> None:
-        if self.terminated:
-            item.req.complete(PeerLostError(f"rank {self.t.rank}: the connection to rank {self.rank} is closed",
-                                            peer=self.rank, rank=self.t.rank))
-            return
-        if first:
-            self.queue.appendleft(item)
-        else:
-            self.queue.append(item)
-        self.t.endpoint.touch(self)
-
     def after_io(self) -> bool:
-        """Count what the peer acknowledged, then hand QUIC more while the window allows; True if it did."""
-        if self.open_streams:
-            live = self.conn._streams
-            for sid in [s for s in self.open_streams if s not in live]:
-                self.inflight -= self.open_streams.pop(sid)
-        window = self.t.window
-        pushed = False
-        while self.queue and self.inflight < window and not self.terminated:
-            pushed = True
-            item = self.queue[0]
-            head, body = item.parts[item.done]
-            sid = self.conn.get_next_available_stream_id(is_unidirectional=True)
-            self.conn.send_stream_data(sid, head)
-            self.conn.send_stream_data(sid, body, end_stream=True)
-            size = len(head) + len(body)
-            self.open_streams[sid] = size
-            self.inflight += size
-            item.done += 1
-            if item.done == len(item.parts):
-                self.queue.popleft()
-                item.req.complete()
-        return pushed
-
-    def fail_queue(self, error: BaseException) -> None:
-        while self.queue:
-            self.queue.popleft().req.complete(error)
+        return self.link.pump(self) if self.link is not None else False

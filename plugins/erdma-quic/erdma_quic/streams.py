@@ -6,13 +6,16 @@ belongs to. A message larger than ``part_bytes`` is cut into parts, each on its 
 one prefix and then its bytes, and ends (FIN) with them::
 
     kind    B  1 = HELLO (then the 32-byte wire HELLO), 2 = PART (then the 44-byte wire FRAME header)
+    number  Q  the part's number: 1, 2, 3 ... per direction of a pair of ranks, across its connections
     offset  Q  where this part's bytes start in the message's payload
     length  Q  how many payload bytes follow on this stream
 
 Every part repeats the frame header, so whichever part arrives first asks the mailbox where the payload goes.
-Streams complete in any order: the transport contract's "frames in order" reduces to the one thing the core
-relies on, that BYE comes after the data: a BYE carries in ``seq`` the number of DATA frames its sender sent,
-and the peer counts as gone only once that many have landed.
+A part counts once its stream has ended; the numbers let a peer that reconnects send again every part QUIC
+had not acknowledged, and the receiver drop the ones it already has (``Inbound.reset`` forgets the streams of
+the connection that ended). Streams complete in any order: the transport contract's "frames in order"
+reduces to the one thing the core relies on, that BYE comes after the data: a BYE carries in ``seq`` the
+number of DATA frames its sender sent, and the peer counts as gone only once that many have landed.
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from erdma_core.errors import PeerLostError, ProtocolError
 from erdma_core.mailbox import Mailbox
 from erdma_core.wire import ABORT, BYE, DATA, FRAME, HELLO, Header, Hello, abort_error
 
-PREFIX = struct.Struct("<BQQ")
+PREFIX = struct.Struct("<BQQQ")
 KIND_HELLO, KIND_PART = 1, 2
 _HEAD = {KIND_HELLO: HELLO.size, KIND_PART: FRAME.size}
 MAX_CONTROL_BYTES = 1 << 16
+_NUMBER = struct.Struct("<Q")
 
 
 def message_parts(header: Header, payload: memoryview | bytes, part_bytes: int) -> list[tuple[bytes, memoryview]]:
-    """The streams one message needs: ``(prefix and header, payload slice)`` for each."""
+    """The streams one message needs: ``(prefix and header, payload slice)`` for each, numbered 0 until
+    ``numbered`` gives each its number as it is sent."""
     n = header.nbytes
     view = memoryview(payload).cast("B") if not isinstance(payload, bytes) else memoryview(payload)
     if len(view) != n:
@@ -42,12 +47,17 @@ def message_parts(header: Header, payload: memoryview | bytes, part_bytes: int) 
     out = []
     for i in range(count):
         lo, hi = i * step, min(n, (i + 1) * step)
-        out.append((PREFIX.pack(KIND_PART, lo, hi - lo) + head, view[lo:hi]))
+        out.append((PREFIX.pack(KIND_PART, 0, lo, hi - lo) + head, view[lo:hi]))
     return out
 
 
+def numbered(head: bytes, number: int) -> bytes:
+    """A part's prefix and header with its number filled in."""
+    return head[:1] + _NUMBER.pack(number) + head[1 + _NUMBER.size:]
+
+
 def hello_stream(hello: Hello) -> bytes:
-    return PREFIX.pack(KIND_HELLO, 0, 0) + hello.pack()
+    return PREFIX.pack(KIND_HELLO, 0, 0, 0) + hello.pack()
 
 
 class _Frame:
@@ -58,15 +68,16 @@ class _Frame:
 
 
 class _Stream:
-    __slots__ = ("body", "end", "frame", "head", "key", "kind", "pos")
+    __slots__ = ("body", "end", "frame", "head", "key", "kind", "number", "pos", "skip", "start")
 
     def __init__(self) -> None:
         self.head = bytearray()
         self.key = (0, 0, 0)
-        self.kind = 0
+        self.kind = self.number = 0
         self.frame: _Frame | None = None
         self.body: bytearray | None = None  # HELLO, ABORT and BYE payloads are collected whole
-        self.pos = self.end = 0
+        self.pos = self.end = self.start = 0
+        self.skip = False  # a part that already landed over an earlier connection: read and drop
 
 
 class Inbound:
@@ -75,37 +86,59 @@ class Inbound:
     ``feed`` takes what QUIC delivered on a stream (in stream order, as QUIC guarantees per stream).
     ``on_hello(hello)`` is called for a HELLO stream; DATA frames go to the mailbox; ABORT aborts it; BYE
     marks the peer gone once every frame it announced has landed. Malformed input raises ProtocolError.
+    With ``mailbox`` None (a peer not yet identified) only HELLO is accepted.
     """
 
-    def __init__(self, rank: int, peer: int, mailbox: Mailbox, on_hello: Callable[[Hello], None]) -> None:
+    def __init__(self, rank: int, peer: int, mailbox: Mailbox | None, on_hello: Callable[[Hello], None]) -> None:
         self.rank, self.peer, self.mailbox, self.on_hello = rank, peer, mailbox, on_hello
         self._streams: dict[int, _Stream] = {}
         self._frames: dict[tuple[int, int, int], _Frame] = {}
+        self._landed: set[int] = set()  # part numbers at or above _below that have landed
+        self._below = 1  # every part numbered below this has landed
         self.completed = 0  # DATA frames fully landed
+        self.duplicates = 0  # parts that came again after a reconnection and were dropped
         self.bye_after: int | None = None  # the peer said BYE after sending this many DATA frames
         self.closed_cleanly = False  # its BYE came and everything before it landed
+
+    def reset(self) -> None:
+        """The connection ended: forget its half-read streams (their parts will come again, whole)."""
+        self._streams.clear()
 
     def feed(self, stream_id: int, data: bytes, fin: bool) -> None:
         st = self._streams.get(stream_id)
         if st is None:
             st = self._streams[stream_id] = _Stream()
         view = memoryview(data)
-        if st.frame is None and st.body is None:
+        if st.frame is None and st.body is None and not st.skip:
             view = self._read_head(st, view)
         if len(view):
             if st.pos + len(view) > st.end:
                 raise ProtocolError(f"rank {self.peer} sent {st.pos + len(view) - st.end} bytes past the end of a part")
             if st.body is not None:
                 st.body += view
-            elif st.frame is not None:
-                self._land(st, view)
+            elif st.frame is not None and st.frame.buf is not None:
+                st.frame.buf[st.pos:st.pos + len(view)] = view
             st.pos += len(view)
         if fin:
             del self._streams[stream_id]
-            if st.pos != st.end or (st.frame is None and st.body is None):
+            if st.pos != st.end or (st.frame is None and st.body is None and not st.skip):
                 raise ProtocolError(f"rank {self.peer} ended a stream after {st.pos} of {st.end} bytes")
+            if st.skip:
+                return
+            if st.number:
+                self._mark(st.number)
             if st.body is not None:
                 self._control(st)
+            elif st.frame is not None:
+                st.frame.remaining -= st.end - st.start
+                if st.frame.remaining == 0:
+                    self._finish(st.key, st.frame)
+
+    def _mark(self, number: int) -> None:
+        self._landed.add(number)
+        while self._below in self._landed:
+            self._landed.discard(self._below)
+            self._below += 1
 
     def _read_head(self, st: _Stream, view: memoryview) -> memoryview:
         while True:
@@ -119,17 +152,26 @@ class Inbound:
                 return view
             st.head += view[:take]
             view = view[take:]
-        st.kind, offset, length = PREFIX.unpack_from(st.head)
-        st.pos, st.end = offset, offset + length
+        st.kind, st.number, offset, length = PREFIX.unpack_from(st.head)
+        st.pos = st.start = offset
+        st.end = offset + length
         if st.kind == KIND_HELLO:
             if length != 0:
                 raise ProtocolError(f"rank {self.peer} sent a HELLO stream with {length} extra bytes")
             st.body = bytearray(st.head[PREFIX.size:])
             return view
+        if self.mailbox is None:
+            raise ProtocolError(f"rank {self.peer} sent a message before it was identified")
+        if st.number == 0:
+            raise ProtocolError(f"rank {self.peer} sent a part without a number")
         h = Header.parse(st.head[PREFIX.size:])
         st.key = h.key
         if offset + length > h.nbytes:
             raise ProtocolError(f"rank {self.peer} sent part [{offset}, {offset + length}) of a {h.nbytes}-byte frame")
+        if st.number < self._below or st.number in self._landed:
+            st.skip = True
+            self.duplicates += 1
+            return view
         if h.kind != DATA:
             if offset != 0 or length != h.nbytes or length > MAX_CONTROL_BYTES:
                 raise ProtocolError(f"rank {self.peer} sent a control frame of {h.nbytes} bytes in parts")
@@ -140,20 +182,10 @@ class Inbound:
             buf, token = self.mailbox.on_header(self.peer, h)
             fr = self._frames[h.key] = _Frame(buf, token, h.nbytes)
         st.frame = fr
-        if h.nbytes == 0:
-            self._finish(h.key, fr)
         return view
 
-    def _land(self, st: _Stream, view: memoryview) -> None:
-        fr = st.frame
-        assert fr is not None
-        if fr.buf is not None:
-            fr.buf[st.pos:st.pos + len(view)] = view
-        fr.remaining -= len(view)
-        if fr.remaining == 0:
-            self._finish(st.key, fr)
-
     def _finish(self, key: tuple[int, int, int], fr: _Frame) -> None:
+        assert self.mailbox is not None
         del self._frames[key]
         self.mailbox.on_payload(fr.token)
         self.completed += 1
@@ -164,6 +196,7 @@ class Inbound:
         if st.kind == KIND_HELLO:
             self.on_hello(Hello.parse(bytes(st.body)))
             return
+        assert self.mailbox is not None
         h = Header.parse(st.head[PREFIX.size:])
         if h.kind == ABORT:
             self.mailbox.abort(abort_error(self.rank, self.peer, bytes(st.body)))
@@ -173,6 +206,7 @@ class Inbound:
 
     def _maybe_gone(self) -> None:
         if self.bye_after is not None and self.completed >= self.bye_after:
+            assert self.mailbox is not None
             self.mailbox.peer_gone(self.peer, PeerLostError(
                 f"rank {self.rank}: rank {self.peer} closed its process group", peer=self.peer, rank=self.rank))
             self.bye_after = None

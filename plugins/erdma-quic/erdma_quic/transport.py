@@ -4,7 +4,8 @@ every message on streams of its own (``streams``), driven by an asyncio loop in 
 Higher ranks dial lower ranks, as in the TCP transport. A listener asks the dialler for its certificate,
 checks it names a rank of this job signed by the job's CA (``credentials``), then waits for its HELLO;
 the dialler checks the listener's certificate names the rank it meant to reach. Nothing is read from a peer
-before both checks pass.
+before both checks pass. The listener gives the dialler a single-use session ticket; a connection that ends
+by idle timeout is dialled again with it (TLS resumption, 0-RTT) and picks up where it stopped (``link``).
 """
 
 from __future__ import annotations
@@ -19,19 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.tls import CipherSuite
+from aioquic.tls import CipherSuite, SessionTicket
 
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, PeerLostError, ProtocolError
 from erdma_core.mailbox import Mailbox, Request
 from erdma_core.transport import addresses
 from erdma_core.transport.base import TransportContext
-from erdma_core.wire import ABORT, BYE, Header, abort_body
+from erdma_core.wire import ABORT, BYE, HELLO_REQUEST, Header, Hello, abort_body
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import credentials as cred
 from .endpoint import Endpoint, datagram_size
-from .session import Connection, Outgoing, PeerSession
-from .streams import message_parts
+from .link import Link, Outgoing
+from .session import Connection, PeerSession
+from .streams import hello_stream, message_parts
 
 log = logging.getLogger("erdma.quic")
 ALPN = "erdma/1"
@@ -54,7 +56,9 @@ class QuicTransport:
         self.world_size = 0
         self.job = 0
         self.mailbox: Mailbox | None = None
-        self.peers: dict[int, PeerSession] = {}
+        self.links: dict[int, Link] = {}  # peers that joined
+        self.tickets: dict[bytes, tuple[SessionTicket, int]] = {}  # issued to diallers: label -> (ticket, rank)
+        self.reconnect_timeout = float(section["reconnect_timeout"])
         self.closing = False
         self.window = int(section["send_window_bytes"])
         self.part_bytes = int(section["part_bytes"])
@@ -104,7 +108,8 @@ class QuicTransport:
             "credentials are derived per job). transport.quic.insecure_dev_mode = true turns authentication "
             "off (development only)")
 
-    def _configuration(self, client: bool, addr: Any, peer: int | None) -> QuicConfiguration:
+    def _configuration(self, client: bool, addr: Any, peer: int | None,
+                       ticket: SessionTicket | None = None) -> QuicConfiguration:
         o = self.opts
         assert self._creds is not None
         cipher = CIPHERS[o["cipher"]]
@@ -116,6 +121,7 @@ class QuicTransport:
             cipher_suites=[cipher, *[c for c in CIPHERS.values() if c != cipher]],
             verify_mode=ssl.CERT_REQUIRED if self.verify else ssl.CERT_NONE,
             server_name=cred.identity(peer, self.job) if peer is not None else None,
+            session_ticket=ticket,
         )
         c.certificate = self._creds.cert
         c.private_key = self._creds.key
@@ -153,33 +159,56 @@ class QuicTransport:
             raise
         self.endpoint.call(self._keepalive)
 
-    def _dial(self, peer: int, addr: tuple[str, int]) -> None:
-        conn = Connection(configuration=self._configuration(True, addr, peer))
-        session = PeerSession(self, conn, peer, addr)
-        conn.connect(addr, now=self.endpoint.now)
+    def _dial(self, peer: int, addr: tuple[str, int], link: Link | None = None) -> PeerSession:
+        """Dial ``peer``; the HELLO leaves with the first flight that can carry it (0-RTT when resuming)."""
+        if link is None:
+            link = Link(self, peer, addr, dialler=True)
+        session = PeerSession(self, peer, addr)
+        session.conn = Connection(configuration=self._configuration(True, addr, peer, link.ticket),
+                                  session_ticket_handler=session.issued_ticket)
+        session.conn.connect(addr, now=self.endpoint.now)
+        link.attach(session)
+        session.send_raw(hello_stream(Hello(HELLO_REQUEST, self.job, self.rank, self.world_size)))
         self.endpoint.add(session)
         self.endpoint.touch(session)
+        return session
+
+    def redial(self, link: Link) -> None:
+        """On the loop thread: the connection to a live peer ended; dial it again, resuming with its ticket."""
+        session = self._dial(link.rank, link.addr, link)
+        if self.verify:  # the listener knows who this is before it reads a byte: send the backlog now
+            link.go(session)
 
     def _accept(self, dcid: bytes, addr: Any) -> PeerSession | None:
-        if self.closing or len(self._pending) >= _MAX_PENDING_ACCEPTS or not self.awaiting():
+        if self.closing or len(self._pending) >= _MAX_PENDING_ACCEPTS or not self.diallers():
             return None
-        conn = Connection(configuration=self._configuration(False, addr, None), original_destination_connection_id=dcid)
-        session = PeerSession(self, conn, None, addr)
+        session = PeerSession(self, None, addr)
+        session.conn = Connection(configuration=self._configuration(False, addr, None),
+                                  original_destination_connection_id=dcid,
+                                  session_ticket_fetcher=session.fetch_ticket,
+                                  session_ticket_handler=session.issued_ticket)
         self._pending.append(session)
         return session
 
-    def awaiting(self) -> set[int]:
-        """Ranks that should dial this one and have not yet."""
-        return set(range(self.rank + 1, self.world_size)) - self.peers.keys()
+    def diallers(self) -> set[int]:
+        """Ranks that dial this one (and may dial it again)."""
+        return set(range(self.rank + 1, self.world_size))
 
-    def joined(self, session: PeerSession) -> None:
-        assert session.rank is not None
+    def keep_ticket(self, ticket: SessionTicket, rank: int) -> None:
+        """Listener: ``ticket`` went to ``rank``; it replaces the one that rank held."""
+        self.tickets = {k: v for k, v in self.tickets.items() if v[1] != rank}
+        self.tickets[ticket.ticket] = (ticket, rank)
+
+    def joined(self, link: Link) -> None:
         with self._cond:
-            if session in self._pending:
-                self._pending.remove(session)
-            session.ready = True
-            self.peers[session.rank] = session
+            if link.session in self._pending:
+                self._pending.remove(link.session)
+            self.links[link.rank] = link
             self._cond.notify_all()
+
+    def link_stats(self) -> dict[int, dict[str, int]]:
+        """Per peer: reconnections, resumed TLS sessions, accepted 0-RTT first flights, parts sent again."""
+        return self.endpoint.run_sync(lambda: {r: dict(link.stats) for r, link in self.links.items()})
 
     def setup_failed(self, session: PeerSession) -> None:
         with self._cond:
@@ -197,7 +226,7 @@ class QuicTransport:
                 if refused:
                     who, why = next(iter(refused.items()))
                     raise ProtocolError(f"rank {self.rank}: QUIC connection to {who} failed: {why}")
-                missing = sorted(want - self.peers.keys())
+                missing = sorted(want - self.links.keys())
                 if not missing:
                     return
                 left = deadline - time.monotonic()
@@ -209,8 +238,9 @@ class QuicTransport:
     def _keepalive(self) -> None:
         if self.closing:
             return
-        for s in list(self.peers.values()):
-            if not s.terminated:
+        for link in list(self.links.values()):
+            s = link.session
+            if s is not None and not s.terminated:
                 s.conn.send_ping(0)
                 self.endpoint.touch(s)
         self.endpoint.loop.call_later(self.opts["keepalive_interval"], self._keepalive)
@@ -230,21 +260,23 @@ class QuicTransport:
         if self.mailbox.aborted is not None:
             req.complete(self.mailbox.aborted)
             return req
-        session = self.peers[peer]
+        link = self.links[peer]
         item = Outgoing(message_parts(header, data, self.part_bytes), req)
-        self.endpoint.call(self._enqueue_data, session, item)
+        self.endpoint.call(self._enqueue_data, link, item)
         return req
 
-    def _enqueue_data(self, session: PeerSession, item: Outgoing) -> None:
-        session.sent_frames += 1
-        session.enqueue(item)
+    def _enqueue_data(self, link: Link, item: Outgoing) -> None:
+        link.sent_frames += 1
+        link.enqueue(item)
 
     # ---- failure and shutdown -------------------------------------------------------------------------
-    def lost(self, session: PeerSession, why: str) -> None:
-        """On the loop thread: a ready peer is gone or misbehaved."""
-        err = PeerLostError(f"rank {self.rank}: lost rank {session.rank} over QUIC: {why}", peer=session.rank,
+    def lost(self, link: Link, why: str) -> None:
+        """On the loop thread: a peer that joined is gone or misbehaved."""
+        if link.dead:
+            return
+        err = PeerLostError(f"rank {self.rank}: lost rank {link.rank} over QUIC: {why}", peer=link.rank,
                             rank=self.rank)
-        session.fail_queue(err)
+        link.fail(err)
         if self.closing or self.mailbox is None:
             return
         if self.mailbox.aborted is None:
@@ -269,17 +301,18 @@ class QuicTransport:
         if first:
             body = abort_body(error)
             frame = Header(ABORT, 0, 0, 0, self.job, 0, 0, 0, 0, len(body))
-            for s in self.peers.values():
-                if s.rank == getattr(error, "peer", None) or s.terminated:
+            for link in self.links.values():
+                if link.rank == getattr(error, "peer", None) or link.dead:
                     continue
                 r = Request()
-                s.enqueue(Outgoing(message_parts(frame, body, self.part_bytes), r), first=True)
+                link.enqueue(Outgoing(message_parts(frame, body, self.part_bytes), r), first=True)
                 reqs.append(r)
         if done is not None:
             self._when_flushed(reqs, done)
 
     def _when_flushed(self, reqs: list[Request], done: threading.Event, tries: int = 100) -> None:
-        if (all(r.done() for r in reqs) and all(not s.open_streams or s.terminated for s in self.peers.values())) \
+        if (all(r.done() for r in reqs) and all(link.session is None or not link.session.open_streams
+                                                 or link.session.terminated for link in self.links.values())) \
                 or tries <= 0:
             done.set()
             return
@@ -302,21 +335,22 @@ class QuicTransport:
 
     def _say_bye(self, done: threading.Event) -> None:
         reqs = []
-        for s in self.peers.values():
-            if s.terminated:
+        for link in self.links.values():
+            if link.dead or link.session is None:
                 continue
             r = Request()
-            frame = Header(BYE, 0, 0, 0, self.job, 0, s.sent_frames, 0, 0, 0)
-            s.enqueue(Outgoing(message_parts(frame, b"", self.part_bytes), r))
+            frame = Header(BYE, 0, 0, 0, self.job, 0, link.sent_frames, 0, 0, 0)
+            link.enqueue(Outgoing(message_parts(frame, b"", self.part_bytes), r))
             reqs.append(r)
         self._when_flushed(reqs, done, tries=250)
 
     def _close_all(self) -> None:
-        for s in self.peers.values():
+        sessions = [link.session for link in self.links.values() if link.session is not None]
+        for s in sessions:
             rec = s.conn._loss
             log.debug("rank %d -> rank %d at close: %s, srtt %.5f s, datagrams dropped by a full socket %d",
                       self.rank, s.rank, rec._cc.get_log_data(), rec._rtt_smoothed, self.endpoint.send_drops)
-        for s in [*self.peers.values(), *self._pending]:
+        for s in [*sessions, *self._pending]:
             s.conn.close()
             self.endpoint.touch(s)
 

@@ -67,7 +67,7 @@ def test_client_without_certificate_is_refused_and_logged(rank0, caplog):
     assert closed is not None and closed.error_code == REFUSED
     assert closed.reason_phrase == "it presented no certificate"
     assert wait_for(lambda: "refused the QUIC connection of a peer" in caplog.text)
-    assert 1 not in t0.peers and th0.is_alive()  # still waiting for the real rank 1
+    assert 1 not in t0.links and th0.is_alive()  # still waiting for the real rank 1
 
 
 def test_certificate_from_another_ca_is_refused(rank0, caplog):
@@ -77,7 +77,7 @@ def test_certificate_from_another_ca_is_refused(rank0, caplog):
     closed = raw_dial(addr, outsider.cert, outsider.key, hello_stream(Hello(HELLO_REQUEST, JOB, 1, 2)))
     assert closed is not None and closed.error_code == REFUSED
     assert "does not verify against this job's CA" in closed.reason_phrase
-    assert 1 not in t0.peers
+    assert 1 not in t0.links
 
 
 def test_certificate_of_another_job_is_refused(rank0, ca, caplog):
@@ -89,7 +89,7 @@ def test_certificate_of_another_job_is_refused(rank0, ca, caplog):
     assert closed is not None and closed.error_code == REFUSED
     assert closed.reason_phrase == f"its certificate is for job {JOB + 1:016x}, this job is {JOB:016x}"
     assert wait_for(lambda: f"is for job {JOB + 1:016x}" in caplog.text)
-    assert 1 not in t0.peers
+    assert 1 not in t0.links
 
 
 def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca_files):
@@ -101,7 +101,7 @@ def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca_files):
     assert len(errors1) == 1 and isinstance(errors1[0], ProtocolError), errors1
     assert "QUIC connection to rank 0" in str(errors1[0])
     assert f"r0.j{JOB + 1:016x}.erdma" in str(errors1[0])  # the name it expected and did not get
-    assert 1 not in t0.peers
+    assert 1 not in t0.links
 
 
 def test_certificate_naming_an_unexpected_rank_is_refused(rank0, ca):

@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from erdma_quic.streams import KIND_PART, PREFIX, Inbound, hello_stream, message_parts
+from erdma_quic.streams import KIND_PART, PREFIX, Inbound, hello_stream, message_parts, numbered
 
 from erdma_core.errors import PeerLostError, ProtocolError
 from erdma_core.mailbox import Mailbox
@@ -21,17 +21,21 @@ def _header(seq: int, n: int, kind: int = DATA) -> Header:
     return Header(kind, 1, 1, 0, JOB, 0, seq, 0, n, n)
 
 
+_NUMBERS = itertools.count(1)  # part numbers, unique across the module as a sender's are per peer
+
+
 def _streams(h: Header, payload: bytes, part: int) -> list[bytes]:
-    return [bytes(head) + bytes(body) for head, body in message_parts(h, payload, part)]
+    return [numbered(head, next(_NUMBERS)) + bytes(body) for head, body in message_parts(h, payload, part)]
 
 
 def test_message_parts_cover_the_payload_exactly():
     payload = bytes(range(256)) * 40  # 10240 bytes
     parts = message_parts(_header(0, len(payload)), payload, 4096)
-    assert [PREFIX.unpack_from(h)[1:] for h, _ in parts] == [(0, 3414), (3414, 3414), (6828, 3412)]
+    assert [PREFIX.unpack_from(h)[2:] for h, _ in parts] == [(0, 3414), (3414, 3414), (6828, 3412)]
     assert b"".join(bytes(b) for _, b in parts) == payload
     (head, body), = message_parts(_header(1, 0), b"", 4096)
-    assert PREFIX.unpack_from(head) == (KIND_PART, 0, 0) and len(body) == 0
+    assert PREFIX.unpack_from(head) == (KIND_PART, 0, 0, 0) and len(body) == 0
+    assert PREFIX.unpack_from(numbered(head, 7)) == (KIND_PART, 7, 0, 0)
     with pytest.raises(ProtocolError, match="frame header says 5 payload bytes, the buffer holds 4"):
         message_parts(_header(2, 5), b"abcd", 4096)
 
@@ -95,15 +99,51 @@ def test_hello_stream_reaches_the_callback():
 
 @pytest.mark.parametrize(("data", "message"), [
     (bytes([9]) + bytes(60), "opened a stream of unknown kind 9"),
-    (PREFIX.pack(KIND_PART, 0, 10) + _header(0, 4).pack(), r"sent part \[0, 10\) of a 4-byte frame"),
-    (PREFIX.pack(KIND_PART, 0, 4) + _header(0, 4).pack() + b"abcdef", "sent 2 bytes past the end of a part"),
-    (PREFIX.pack(KIND_PART, 0, 4) + _header(0, 4).pack() + b"ab", "ended a stream after 2 of 4 bytes"),
-    (PREFIX.pack(KIND_PART, 0, 1), "ended a stream after 0 of 0 bytes"),
+    (PREFIX.pack(KIND_PART, 1, 0, 10) + _header(0, 4).pack(), r"sent part \[0, 10\) of a 4-byte frame"),
+    (PREFIX.pack(KIND_PART, 1, 0, 4) + _header(0, 4).pack() + b"abcdef", "sent 2 bytes past the end of a part"),
+    (PREFIX.pack(KIND_PART, 1, 0, 4) + _header(0, 4).pack() + b"ab", "ended a stream after 2 of 4 bytes"),
+    (PREFIX.pack(KIND_PART, 1, 0, 1), "ended a stream after 0 of 0 bytes"),
+    (PREFIX.pack(KIND_PART, 0, 0, 4) + _header(0, 4).pack() + b"abcd", "sent a part without a number"),
 ])
 def test_malformed_streams_are_protocol_errors(data, message):
     inbound = Inbound(0, 1, Mailbox(0, JOB), lambda h: None)
     with pytest.raises(ProtocolError, match=message):
         inbound.feed(0, data, fin=True)
+
+
+def test_parts_sent_again_after_a_reconnection_land_once():
+    """A connection ends with one part whole, one half-read and one unsent; the new connection brings all
+    three again (the sender cannot know which landed). Each lands once, and a message that completed before
+    the reconnection is not written again (its receiver may already be using the buffer)."""
+    box = Mailbox(0, JOB)
+    inbound = Inbound(0, 1, box, lambda h: None)
+    done_payload, payload = bytes(range(200)) * 5, bytes(range(256)) * 48  # 1000 and 12288 bytes
+    done_out, out = np.zeros(len(done_payload), np.uint8), np.zeros(len(payload), np.uint8)
+    r0 = box.post_recv(1, _header(0, len(done_payload)), memoryview(done_out))
+    r1 = box.post_recv(1, _header(1, len(payload)), memoryview(out))
+    first, = _streams(_header(0, len(done_payload)), done_payload, 4096)
+    parts = _streams(_header(1, len(payload)), payload, 4096)
+    inbound.feed(1, first, fin=True)
+    assert r0.done() and done_out.tobytes() == done_payload
+    done_out[:] = 0xEE  # the receiver has moved on and reuses its buffer
+    inbound.feed(5, parts[0], fin=True)
+    inbound.feed(9, parts[1][:2000], fin=False)
+    inbound.reset()  # the connection ended
+    for sid, data in zip((3, 7, 11, 15), [first, *parts], strict=True):  # a new connection: all again
+        inbound.feed(sid, data[:100], fin=False)
+        inbound.feed(sid, data[100:], fin=True)
+    assert r1.done() and r1.error is None and out.tobytes() == payload
+    assert (done_out == 0xEE).all()
+    assert inbound.completed == 2 and inbound.duplicates == 2
+
+
+def test_an_unidentified_peer_may_send_only_hello():
+    seen: list[Hello] = []
+    inbound = Inbound(0, -1, None, seen.append)
+    inbound.feed(0, hello_stream(Hello(HELLO_REQUEST, JOB, 1, 2)), fin=True)
+    assert seen == [Hello(HELLO_REQUEST, JOB, 1, 2)]
+    with pytest.raises(ProtocolError, match="sent a message before it was identified"):
+        inbound.feed(4, _streams(_header(0, 4), b"abcd", 4096)[0], fin=True)
 
 
 def test_frame_of_another_job_is_refused():
@@ -152,7 +192,7 @@ def test_two_connections_in_memory_move_a_message_over_many_streams():
         if not sent and client._handshake_complete:
             for head, body in message_parts(_header(0, payload.size), memoryview(payload), 65536):
                 sid = client.get_next_available_stream_id(is_unidirectional=True)
-                client.send_stream_data(sid, head)
+                client.send_stream_data(sid, numbered(head, next(_NUMBERS)))
                 client.send_stream_data(sid, body, end_stream=True)
             sent = True
         if req.done():
