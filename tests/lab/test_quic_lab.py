@@ -24,14 +24,26 @@ ROOT = Path(__file__).resolve().parents[2]
 JOB = [sys.executable, str(ROOT / "tests" / "lab" / "quic_job.py")]
 
 
-def run_job(lab: Lab, args: list[str], env: dict[str, str] | None = None, timeout: float = 600,
-            during: object = None) -> list[dict]:
+def start_job(lab: Lab, args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """One ``quic_job.py`` process per rank, each in its namespace."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     base |= {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": "lab-test", "MASTER_ADDR": lab.addr(0),
              "MASTER_PORT": "29555", "WORLD_SIZE": str(lab.n), "ERDMA_TRANSPORT_QUIC_PORT": "47000",
              "ERDMA_TIMEOUT": "120", "OMP_NUM_THREADS": "1"} | (env or {})
-    procs = [lab.popen(i, [*JOB, *args], env=base | {"RANK": str(i)}, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True) for i in range(lab.n)]
+    return [lab.popen(i, [*JOB, *args], env=base | {"RANK": str(i)}, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True) for i in range(lab.n)]
+
+
+def wait_for(signal_file: Path, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not signal_file.exists():
+        assert time.monotonic() < deadline, f"rank 0 never reached {what}"
+        time.sleep(0.01)
+
+
+def run_job(lab: Lab, args: list[str], env: dict[str, str] | None = None, timeout: float = 600,
+            during: object = None) -> list[dict]:
+    procs = start_job(lab, args, env)
     if callable(during):
         during()
     outs = []
@@ -100,10 +112,7 @@ def test_nat_rebinding_mid_transfer_does_not_fail_the_collective(tmp_path):
                        check=True)
 
         def rebind() -> None:
-            deadline = time.monotonic() + 300
-            while not signal_file.exists():
-                assert time.monotonic() < deadline, "rank 0 never reached the rebinding point"
-                time.sleep(0.01)
+            wait_for(signal_file, "the rebinding point")
             _nat(lab, 1, 47000, 50002, 50001)
             # a datagram racing the conntrack deletion can recreate the old entry: delete until rank 0 hears
             # the new mapping (a real NAT's mapping expiry has no such race)
@@ -153,10 +162,7 @@ def test_outage_longer_than_idle_timeout_reconnects_with_0rtt_and_completes(tmp_
     dark: list[float] = []
     with Lab(2, LinkSpec(rtt_ms=20, rate_mbit=100)) as lab:
         def outage() -> None:
-            deadline = time.monotonic() + 300
-            while not signal_file.exists():
-                assert time.monotonic() < deadline, "rank 0 never reached the outage point"
-                time.sleep(0.01)
+            wait_for(signal_file, "the outage point")
             _blackhole(lab, 1, True)
             t0 = time.monotonic()
             time.sleep(4.0)
@@ -177,19 +183,12 @@ def test_peer_that_stays_dark_is_lost_after_the_reconnect_timeout(tmp_path):
     """Rank 1's network goes dark for good: each rank notices after the idle timeout (1.5 s), tries for the
     reconnect timeout (3 s), then fails its collective naming the peer and why, instead of hanging."""
     signal_file = tmp_path / "dark-now"
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    env = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "1.5", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.3",
+           "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "3"}
     with Lab(2, LinkSpec(rtt_ms=20, rate_mbit=100)) as lab:
-        base |= {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": "lab-test", "MASTER_ADDR": lab.addr(0),
-                 "MASTER_PORT": "29556", "WORLD_SIZE": "2", "ERDMA_TRANSPORT_QUIC_PORT": "47000",
-                 "ERDMA_TIMEOUT": "120", "ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "1.5",
-                 "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.3", "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "3"}
-        procs = [lab.popen(i, [*JOB, "300", "4096", str(signal_file)], env=base | {"RANK": str(i)},
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+        procs = start_job(lab, ["300", "4096", str(signal_file)], env)
         try:
-            deadline = time.monotonic() + 300
-            while not signal_file.exists():
-                assert time.monotonic() < deadline, "rank 0 never reached the outage point"
-                time.sleep(0.01)
+            wait_for(signal_file, "the outage point")
             _blackhole(lab, 1, True)
             t0 = time.monotonic()
             errs = [p.communicate(timeout=60)[1] for p in procs]
