@@ -4,7 +4,8 @@
 
 With SIGNAL_FILE, rank 0 creates it after a third of the iterations (the test rebinds the NAT then).
 Prints one JSON line: iterations, wrong results, seconds, and the QUIC transport's per-peer link counters
-(reconnections, resumed sessions, accepted 0-RTT flights, parts sent again).
+(reconnections, resumed sessions, accepted 0-RTT flights, parts sent again), and how many accepted
+connections are still pending (neither joined nor refused).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def main() -> int:
         if signal_file is not None and r == 0 and i == iters // 3:
             signal_file.touch()
     seconds = time.monotonic() - t0
-    links = {str(k): v for k, v in pg.rt.transport.link_stats().items()}
-    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "seconds": seconds, "links": links}), flush=True)
+    t = pg.rt.transport
+    links = {str(k): v for k, v in t.link_stats().items()}
+    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "seconds": seconds, "links": links,
+                      "pending_accepts": t.pending_accepts()}), flush=True)
     pg.destroy()
     return 0
 

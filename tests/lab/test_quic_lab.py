@@ -177,6 +177,7 @@ def test_outage_longer_than_idle_timeout_reconnects_with_0rtt_and_completes(tmp_
     assert listener["reconnects"] >= 1 and dialler["reconnects"] >= 1, res
     assert dialler["resumed"] >= 1 and dialler["early_data"] >= 1, res
     assert listener["resent_parts"] + dialler["resent_parts"] >= 1, res
+    assert res[0]["pending_accepts"] == 0, res  # the redialled connection took over the link, not a slot
 
 
 def test_peer_that_stays_dark_is_lost_after_the_reconnect_timeout(tmp_path):

@@ -148,8 +148,10 @@ class PeerSession:
         link.attach(self)
         if self._issued is not None:
             t.keep_ticket(self._issued, rank)
-        if t.links.get(rank) is link and t.verify:
-            link.go(self)  # a reconnection: what was not acknowledged goes again now
+        if t.links.get(rank) is link:  # a reconnection
+            t.settled(self)
+            if t.verify:
+                link.go(self)  # what was not acknowledged goes again now
 
     def on_hello(self, hello: Hello) -> None:
         t = self.t

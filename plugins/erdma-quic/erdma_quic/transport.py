@@ -201,10 +201,18 @@ class QuicTransport:
 
     def joined(self, link: Link) -> None:
         with self._cond:
-            if link.session in self._pending:
-                self._pending.remove(link.session)
+            self.settled(link.session)
             self.links[link.rank] = link
             self._cond.notify_all()
+
+    def settled(self, session: PeerSession | None) -> None:
+        """An accepted connection is no longer pending: it joined, or took over a link that had."""
+        if session in self._pending:
+            self._pending.remove(session)
+
+    def pending_accepts(self) -> int:
+        """Accepted connections not yet identified and settled (at most 64 at a time are taken)."""
+        return self.endpoint.run_sync(lambda: len(self._pending))
 
     def link_stats(self) -> dict[int, dict[str, int]]:
         """Per peer: reconnections, resumed TLS sessions, accepted 0-RTT first flights, parts sent again."""
