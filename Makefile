@@ -24,7 +24,7 @@ demo: $(VENV)/.core
 
 ## test: install everything (core and plugins/*) and run lint plus every suite: the core's, PyTorch's own
 ## distributed tests (a pytest process of their own: they set process-wide env), each plugin's in its folder,
-## and the core's collective and failure tests again over QUIC
+## and the core's collective and failure tests again over QUIC, then over QUIC striped across a worker
 test: $(VENV)/.test
 	scripts/system-deps.sh test
 	$(VENV)/bin/ruff check .
@@ -32,6 +32,9 @@ test: $(VENV)/.test
 	cd tests/torch_suite && ../../$(PY) -m pytest -q -p no:randomly -p no:cacheprovider test_pytorch_distributed.py
 	set -e; for p in $(PLUGINS); do (cd $$p && $(abspath $(PY)) -m pytest -q -p no:randomly); done
 	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret \
+		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py
+	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_WORKERS=1 \
+		ERDMA_TRANSPORT_QUIC_PART_BYTES=65536 \
 		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py
 
 $(VENV)/.bench: $(VENV)/.test

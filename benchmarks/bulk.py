@@ -1,8 +1,10 @@
 """One-way bulk throughput of a transport on loopback, and what it costs in CPU: rank 0 sends SIZE bytes
-to rank 1 REPS times; each rank reports wall time and its own CPU time (all threads), so MB/s per core of
-the sender and of the receiver can be read off. Transports alternate (A B A B ...) in one run.
+to rank 1 REPS times; each rank reports wall time and its CPU time (all threads, and its child processes:
+striping workers), so MB/s per core of the sender and of the receiver can be read off.
+Transports alternate (A B A B ...) in one run. A transport may carry options of its section after colons:
 
     python -m benchmarks.bulk --transports tcp,quic --size 64M --reps 5 --rounds 2
+    python -m benchmarks.bulk --transports quic,quic:workers=1 --size 64M
 """
 
 from __future__ import annotations
@@ -30,24 +32,42 @@ def _rank(size: int, reps: int, out: str) -> None:
     pg.barrier()
     wall = cpu = 0.0
     for _ in range(reps):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu()
         if pg.rank() == 0:
             pg.send(buf, 1)
         else:
             pg.recv(buf, 0)
         pg.barrier()
         wall += time.perf_counter() - t0
-        cpu += time.process_time() - c0
+        cpu += _cpu() - c0
     Path(f"{out}.{pg.rank()}").write_text(json.dumps({"wall": wall, "cpu": cpu, "bytes": size * reps}))
     pg.destroy()
 
 
-def measure(transport: str, size: int, reps: int) -> dict[str, float]:
+def _cpu() -> float:
+    """CPU seconds of this process and its live children (a transport's worker processes)."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for children in Path("/proc/self/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def measure(spec: str, size: int, reps: int) -> dict[str, float]:
+    """``spec``: a transport name, then ``:key=value`` options of its config section."""
+    transport, *opts = spec.split(":")
+    extra = {f"ERDMA_TRANSPORT_{transport.upper()}_{k.upper()}": v for k, v in (o.split("=", 1) for o in opts)}
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/r"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")} | {
             "ERDMA_TRANSPORT": transport, "ERDMA_TRANSPORT_QUIC_SECRET": os.urandom(8).hex(), "WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+        env |= extra
         cmd = [sys.executable, "-m", "benchmarks.bulk", "--rank-job", str(size), str(reps), out]
         procs = [subprocess.Popen(cmd, env=env | {"RANK": str(r)}) for r in range(2)]
         for p in procs:
@@ -75,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     size = parse_size(a.size)
     cols = ("MB/s", "sender MB per CPU-s", "receiver MB per CPU-s", "sender CPU %", "receiver CPU %")
     print(f"one-way, {human(size)} x {a.reps} per round, loopback, 2 processes")
-    print(f"{'transport':>10} {'round':>5} " + " ".join(f"{c:>22}" for c in cols))
+    print(f"{'transport':>18} {'round':>5} " + " ".join(f"{c:>22}" for c in cols))
     for rnd in range(a.rounds):
         for t in a.transports.split(","):
             r = measure(t, size, a.reps)
-            print(f"{t:>10} {rnd + 1:>5} " + " ".join(f"{r[c]:>22.1f}" for c in cols), flush=True)
+            print(f"{t:>18} {rnd + 1:>5} " + " ".join(f"{r[c]:>22.1f}" for c in cols), flush=True)
     return 0
 
 

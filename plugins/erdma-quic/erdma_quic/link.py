@@ -53,7 +53,7 @@ class Link:
         self.inflight = 0
         self.sent_frames = 0
         assert transport.mailbox is not None
-        self.inbound = Inbound(transport.rank, rank, transport.mailbox, lambda h: None)
+        self.inbound = Inbound(transport.rank, rank, transport.mailbox, lambda h: None, sink=transport.sink)
         self.ticket: SessionTicket | None = None  # dialler: the listener's latest, for resumption
         self.dead = False
         self.down_since: float | None = None

@@ -35,6 +35,9 @@ OPTIONS = {
                                 minimum=65536),
     "idle_timeout": Option(float, 30.0, "seconds of silence after which a peer counts as lost", minimum=1.0),
     "keepalive_interval": Option(float, 5.0, "seconds between PINGs to every peer", minimum=0.1),
+    "workers": Option(int, 0, "worker processes, each with a UDP socket and a QUIC connection to every peer, "
+                      "that carry a share of every message larger than part_bytes (striping: one more core per "
+                      "worker); 0: all traffic on the rank's own event loop", minimum=0),
     "reconnect_timeout": Option(float, 30.0, "after a connection to a peer ends by idle timeout: seconds to "
                                 "dial it again (resuming the TLS session, 0-RTT) and resend what it had not "
                                 "acknowledged, before the peer counts as lost; 0: never reconnect", minimum=0.0),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Protocol
 
 from erdma_core.errors import PeerLostError, ProtocolError
 from erdma_core.mailbox import Mailbox
@@ -61,10 +62,21 @@ def hello_stream(hello: Hello) -> bytes:
 
 
 class _Frame:
-    __slots__ = ("buf", "remaining", "token")
+    __slots__ = ("base", "buf", "remaining", "token")
 
-    def __init__(self, buf: memoryview | None, token: object, remaining: int) -> None:
+    def __init__(self, buf: memoryview | None, token: object, remaining: int, base: int = 0) -> None:
         self.buf, self.token, self.remaining = buf, token, remaining
+        self.base = base  # payload offset of buf[0]: 0 for a whole frame, the part's offset for a lone part
+
+
+class PartSink(Protocol):
+    """Where a striping lane's parts go instead of a mailbox (``lanes``): each part whole, on its own."""
+
+    def open_part(self, peer: int, head: bytes, length: int) -> tuple[memoryview, object]:
+        """A part begins: ``head`` is its prefix and frame header; return a buffer of ``length`` bytes."""
+        ...
+
+    def part_landed(self, token: object) -> None: ...
 
 
 class _Stream:
@@ -86,11 +98,15 @@ class Inbound:
     ``feed`` takes what QUIC delivered on a stream (in stream order, as QUIC guarantees per stream).
     ``on_hello(hello)`` is called for a HELLO stream; DATA frames go to the mailbox; ABORT aborts it; BYE
     marks the peer gone once every frame it announced has landed. Malformed input raises ProtocolError.
-    With ``mailbox`` None (a peer not yet identified) only HELLO is accepted.
+    With ``mailbox`` None (a peer not yet identified) only HELLO is accepted. With a ``sink`` (a striping
+    lane's connection, which carries only some parts of each frame) every DATA part goes to the sink whole,
+    and the rank's main connection to the peer puts it in place with ``land``.
     """
 
-    def __init__(self, rank: int, peer: int, mailbox: Mailbox | None, on_hello: Callable[[Hello], None]) -> None:
+    def __init__(self, rank: int, peer: int, mailbox: Mailbox | None, on_hello: Callable[[Hello], None],
+                 sink: PartSink | None = None) -> None:
         self.rank, self.peer, self.mailbox, self.on_hello = rank, peer, mailbox, on_hello
+        self.sink = sink
         self._streams: dict[int, _Stream] = {}
         self._frames: dict[tuple[int, int, int], _Frame] = {}
         self._landed: set[int] = set()  # part numbers at or above _below that have landed
@@ -117,7 +133,8 @@ class Inbound:
             if st.body is not None:
                 st.body += view
             elif st.frame is not None and st.frame.buf is not None:
-                st.frame.buf[st.pos:st.pos + len(view)] = view
+                at = st.pos - st.frame.base
+                st.frame.buf[at:at + len(view)] = view
             st.pos += len(view)
         if fin:
             del self._streams[stream_id]
@@ -130,9 +147,29 @@ class Inbound:
             if st.body is not None:
                 self._control(st)
             elif st.frame is not None:
+                if self.sink is not None:
+                    self.sink.part_landed(st.frame.token)
+                    return
                 st.frame.remaining -= st.end - st.start
                 if st.frame.remaining == 0:
                     self._finish(st.key, st.frame)
+
+    def land(self, head: bytes, payload: memoryview) -> None:
+        """A DATA part that came whole over a striping lane (prefix and header, then its bytes): copy it
+        into its frame's buffer; the frame completes when its last part, from any lane, has landed."""
+        if self.mailbox is None or len(head) != PREFIX.size + FRAME.size:
+            raise ProtocolError(f"rank {self.peer} sent a part over a lane before it was identified")
+        kind, _, offset, length = PREFIX.unpack_from(head)
+        h = Header.parse(head[PREFIX.size:])
+        if kind != KIND_PART or h.kind != DATA or len(payload) != length or offset + length > h.nbytes:
+            raise ProtocolError(f"rank {self.peer} sent a malformed part over a lane: kind {kind}/{h.kind}, "
+                                f"[{offset}, {offset + length}) of {h.nbytes} bytes, {len(payload)} received")
+        fr = self._frame(h)
+        if fr.buf is not None:
+            fr.buf[offset:offset + length] = payload
+        fr.remaining -= length
+        if fr.remaining == 0:
+            self._finish(h.key, fr)
 
     def _mark(self, number: int) -> None:
         self._landed.add(number)
@@ -173,16 +210,26 @@ class Inbound:
             self.duplicates += 1
             return view
         if h.kind != DATA:
+            if self.sink is not None:
+                raise ProtocolError(f"rank {self.peer} sent a control frame over a striping lane")
             if offset != 0 or length != h.nbytes or length > MAX_CONTROL_BYTES:
                 raise ProtocolError(f"rank {self.peer} sent a control frame of {h.nbytes} bytes in parts")
             st.body = bytearray()
             return view
+        if self.sink is not None:
+            buf, token = self.sink.open_part(self.peer, bytes(st.head), length)
+            st.frame = _Frame(buf, token, length, base=offset)
+            return view
+        st.frame = self._frame(h)
+        return view
+
+    def _frame(self, h: Header) -> _Frame:
+        assert self.mailbox is not None
         fr = self._frames.get(h.key)
         if fr is None:
             buf, token = self.mailbox.on_header(self.peer, h)
             fr = self._frames[h.key] = _Frame(buf, token, h.nbytes)
-        st.frame = fr
-        return view
+        return fr
 
     def _finish(self, key: tuple[int, int, int], fr: _Frame) -> None:
         assert self.mailbox is not None

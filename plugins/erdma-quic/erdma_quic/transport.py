@@ -31,9 +31,10 @@ from erdma_core.wire import ABORT, BYE, HELLO_REQUEST, Header, Hello, abort_body
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import credentials as cred
 from .endpoint import Endpoint, datagram_size
+from .lanes import Countdown, Lanes
 from .link import Link, Outgoing
 from .session import Connection, PeerSession
-from .streams import hello_stream, message_parts
+from .streams import PartSink, hello_stream, message_parts
 
 log = logging.getLogger("erdma.quic")
 ALPN = "erdma/1"
@@ -69,6 +70,8 @@ class QuicTransport:
         self._failures: dict[str, str] = {}
         self._pending: list[PeerSession] = []
         self.endpoint: Endpoint = None  # type: ignore[assignment]
+        self.sink: PartSink | None = None  # a striping lane's: where whole parts go instead of the mailbox
+        self.lanes: Lanes | None = None  # striping workers (transport.quic.workers)
 
     # ---- credentials ---------------------------------------------------------------------------------
     def _credentials(self) -> None:
@@ -134,6 +137,9 @@ class QuicTransport:
         self.mailbox = Mailbox(ctx.rank, ctx.job)
         self._credentials()
         o = self.opts
+        if o["workers"] and ctx.udp_socket is not None:
+            raise ConfigError(f"transport.quic.workers = {o['workers']} needs every worker's own UDP port to be "
+                              "reachable, and the traversal handed over a single punched socket; valid here: 0")
         bind_host, advertised = addresses.choose(o["bind_address"], o["interface"], getattr(ctx.store, "host", None))
         if ctx.udp_socket is not None:  # handed over by the traversal (a punched hole): keep using its mapping
             sock = ctx.udp_socket
@@ -149,11 +155,15 @@ class QuicTransport:
         ctx.store.set(f"quic/addr/{self.rank}", f"{host}:{port}".encode())
         deadline = time.monotonic() + ctx.connect_timeout
         try:
+            if o["workers"]:  # they start (import, bind) while lane 0 connects
+                self.lanes = Lanes(self, o["workers"])
             for peer in range(self.rank):
                 addr = ctx.store.get(f"quic/addr/{peer}", max(0.01, deadline - time.monotonic())).decode()
                 h, p = addr.rsplit(":", 1)
                 self.endpoint.run_sync(self._dial, peer, (socket.gethostbyname(h), int(p)))
             self._wait_all(deadline, ctx.connect_timeout)
+            if self.lanes is not None:
+                self.lanes.connect(ctx, bind_host, host, deadline)
         except BaseException:
             self.close()
             raise
@@ -218,6 +228,12 @@ class QuicTransport:
         """Per peer: reconnections, resumed TLS sessions, accepted 0-RTT first flights, parts sent again."""
         return self.endpoint.run_sync(lambda: {r: dict(link.stats) for r, link in self.links.items()})
 
+    def lane_stats(self) -> dict[str, list[int]]:
+        """Parts sent and received per lane (lane 0: this process), when striping."""
+        if self.lanes is None:
+            return {}
+        return {"parts_out": list(self.lanes.parts_out), "parts_in": list(self.lanes.parts_in)}
+
     def setup_failed(self, session: PeerSession) -> None:
         with self._cond:
             if session in self._pending:
@@ -269,8 +285,16 @@ class QuicTransport:
             req.complete(self.mailbox.aborted)
             return req
         link = self.links[peer]
-        item = Outgoing(message_parts(header, data, self.part_bytes), req)
-        self.endpoint.call(self._enqueue_data, link, item)
+        parts = message_parts(header, data, self.part_bytes)
+        if self.lanes is not None and len(parts) > 1:
+            n = len(self.lanes.workers) + 1
+            mine = parts[::n]
+            req = Countdown(1 + len(parts) - len(mine))
+            for i, (head, body) in enumerate(parts):
+                if i % n:
+                    self.lanes.send(i % n, peer, head, body, req)
+            parts = mine
+        self.endpoint.call(self._enqueue_data, link, Outgoing(parts, req))
         return req
 
     def _enqueue_data(self, link: Link, item: Outgoing) -> None:
@@ -301,10 +325,16 @@ class QuicTransport:
         self.endpoint.call(self._abort_on_loop, error, done)
         done.wait(2.0)
 
+    def fatal(self, error: BaseException) -> None:
+        """On the loop thread: this rank cannot go on (a striping worker died); fail and tell the peers."""
+        self._abort_on_loop(error)
+
     def _abort_on_loop(self, error: BaseException, done: threading.Event | None = None) -> None:
         assert self.mailbox is not None
         first = self.mailbox.aborted is None
         self.mailbox.abort(error)
+        if self.lanes is not None:
+            self.lanes.fail(error)
         reqs = []
         if first:
             body = abort_body(error)
@@ -334,6 +364,8 @@ class QuicTransport:
         done = threading.Event()
         self.endpoint.call(self._say_bye, done)
         done.wait(3.0)
+        if self.lanes is not None:
+            self.lanes.close()
         try:
             self.endpoint.run_sync(self._close_all, timeout=2.0)
         except Exception:  # the loop is already gone

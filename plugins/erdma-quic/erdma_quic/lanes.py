@@ -1,0 +1,249 @@
+"""Striping: a rank's traffic over several QUIC connections served by worker processes, for when one core
+cannot run aioquic fast enough (``transport.quic.workers``).
+
+Lane 0 is the rank's own connection to each peer, on its own event loop; lanes 1..N are ``lane_worker``
+processes, each with a UDP socket and one connection to the same lane of every other rank, authenticated
+and reconnected like lane 0. A message of several parts sends part i on lane i mod (N+1); everything else
+(small messages, HELLO, BYE, ABORT) stays on lane 0. A worker hands every part it received to its rank
+whole, and the rank puts it in place through lane 0's ``Inbound``, so a frame completes when its last part
+lands, whichever lane brought it. Payload crosses between processes in ``parcels`` (shared memory).
+
+A worker that dies fails every collective of its rank, naming the lane; a peer's lane that is lost fails
+them naming the peer, unless the peer had already said BYE on lane 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
+from erdma_core.mailbox import Request
+
+from . import parcels
+
+if TYPE_CHECKING:
+    from .transport import QuicTransport
+
+log = logging.getLogger("erdma.quic")
+
+
+class Countdown(Request):
+    """A send whose parts travel on several lanes: done when all are, failed by the first that fails."""
+
+    __slots__ = ("_left", "_lock")
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self._left = count
+        self._lock = threading.Lock()
+
+    def complete(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._left -= 1
+            fire = error is not None or self._left <= 0
+        if fire:
+            super().complete(error)
+
+
+class Worker:
+    def __init__(self, lane: int) -> None:
+        self.lane = lane
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([sys.executable, "-m", "erdma_quic.lane_worker", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.control = Connection(ours.detach())
+        self.write = threading.Lock()
+        self.closed = threading.Event()
+        self.gone: str | None = None  # why the worker can no longer be used
+
+    def send(self, message: tuple[Any, ...] | dict[str, Any]) -> None:
+        with self.write:
+            self.control.send(message)
+
+    def expect(self, kind: str, deadline: float) -> tuple[Any, ...]:
+        """The next message during set-up, which must be ``kind``."""
+        if not self.control.poll(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError
+        msg = self.control.recv()
+        if msg[0] == "error":
+            raise ProtocolError(msg[1])
+        if msg[0] != kind:
+            raise ProtocolError(f"lane worker sent {msg[0]!r} during set-up, expected {kind!r}")
+        return msg
+
+
+class Lanes:
+    """The workers of one rank (``count`` of them) and the parts in flight through them."""
+
+    def __init__(self, transport: QuicTransport, count: int) -> None:
+        self.t = transport
+        self.workers = [Worker(k) for k in range(1, count + 1)]
+        self.pending: dict[int, tuple[Request, int]] = {}  # send id -> (request, peer)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self.parts_out = [0] * (count + 1)
+        self.parts_in = [0] * (count + 1)
+
+    # ---- set-up (on the caller's thread) ---------------------------------------------------------------
+    def connect(self, ctx: Any, bind_host: str, host: str, deadline: float) -> None:
+        t = self.t
+        try:
+            for w in self.workers:
+                w.send({"opts": dict(t.opts), "rank": t.rank, "world": t.world_size, "job": t.job, "lane": w.lane,
+                        "bind": bind_host, "owner": os.getpid(), "timeout": max(0.1, deadline - time.monotonic())})
+            for w in self.workers:
+                _, port = self._step(w, "port", deadline)
+                h, p = ctx.advertise(host, port) if ctx.advertise is not None else (host, port)
+                ctx.store.set(f"quic/lane/{t.rank}/{w.lane}", f"{h}:{p}".encode())
+            for w in self.workers:
+                peers = {}
+                for peer in range(t.rank):
+                    h, p = ctx.store.get(f"quic/lane/{peer}/{w.lane}",
+                                         max(0.01, deadline - time.monotonic())).decode().rsplit(":", 1)
+                    peers[peer] = (socket.gethostbyname(h), int(p))
+                w.send(("peers", peers))
+            for w in self.workers:
+                self._step(w, "ready", deadline)
+        except BaseException:
+            self.stop()
+            raise
+        for w in self.workers:
+            t.endpoint.call(t.endpoint.loop.add_reader, w.control.fileno(), self._readable, w)
+
+    def _step(self, w: Worker, kind: str, deadline: float) -> tuple[Any, ...]:
+        t = self.t
+        try:
+            return w.expect(kind, deadline)
+        except TimeoutError:
+            raise CollectiveTimeoutError(f"rank {t.rank}: QUIC lane {w.lane} was not {kind} within the connect "
+                                         "timeout", rank=t.rank, op="connect") from None
+        except (EOFError, OSError):
+            raise ProtocolError(f"rank {t.rank}: QUIC lane {w.lane} worker (pid {w.proc.pid}) exited during "
+                                f"set-up with code {w.proc.wait(5)}") from None
+        except ProtocolError as exc:
+            raise ProtocolError(f"rank {t.rank}: QUIC lane {w.lane}: {exc}") from None
+
+    # ---- sending (caller's thread) ---------------------------------------------------------------------
+    def send(self, lane: int, peer: int, head: bytes, body: memoryview, req: Request) -> None:
+        w = self.workers[lane - 1]
+        if w.gone is not None:
+            req.complete(self._worker_error(w))
+            return
+        ident = next(self._ids)
+        with self._lock:
+            self.pending[ident] = (req, peer)
+            self.parts_out[lane] += 1
+        try:
+            w.send(("send", ident, peer, head, parcels.write(os.getpid(), f"out{lane}", body)))
+        except OSError:
+            with self._lock:
+                self.pending.pop(ident, None)
+            req.complete(self._worker_error(w))
+
+    # ---- what workers report (on the rank's loop thread) -------------------------------------------------
+    def _readable(self, w: Worker) -> None:
+        try:
+            while w.control.poll(0):
+                self._report(w, w.control.recv())
+        except (EOFError, OSError):
+            self._worker_ended(w)
+
+    def _report(self, w: Worker, msg: tuple[Any, ...]) -> None:
+        t = self.t
+        kind = msg[0]
+        if kind == "part":
+            _, peer, head, name = msg
+            self.parts_in[w.lane] += 1
+            link = t.links.get(peer)
+            payload = parcels.take(name)
+            if link is None or link.dead:
+                return
+            try:
+                link.inbound.land(head, payload)
+            except ProtocolError as exc:
+                t.lost(link, f"lane {w.lane}: {exc}")
+        elif kind == "sent":
+            _, ident, error = msg
+            with self._lock:
+                req, peer = self.pending.pop(ident, (None, -1))
+            if req is not None:
+                req.complete(None if error is None else
+                             PeerLostError(f"rank {t.rank}: lost rank {peer} over QUIC: {error}", peer=peer,
+                                           rank=t.rank))
+        elif kind == "lost":
+            _, peer, why = msg
+            link = t.links.get(peer)
+            if link is not None and not link.inbound.closed_cleanly and not t.closing:
+                t.lost(link, f"lane {w.lane}: {why}")
+        elif kind == "closed":
+            w.closed.set()
+
+    def _worker_ended(self, w: Worker) -> None:
+        t = self.t
+        t.endpoint.loop.remove_reader(w.control.fileno())
+        w.closed.set()
+        if w.gone is not None or t.closing:
+            w.gone = w.gone or "closed"
+            return
+        time.sleep(0.05)
+        code = w.proc.poll()
+        w.gone = f"exited with code {code}" if code is not None else "closed its control socket"
+        err = self._worker_error(w)
+        log.warning("%s", err)
+        self.fail(err)
+        t.fatal(err)
+
+    def _worker_error(self, w: Worker) -> ErdmaError:
+        return ProtocolError(f"rank {self.t.rank}: QUIC lane {w.lane} worker (pid {w.proc.pid}) {w.gone}")
+
+    def fail(self, error: BaseException) -> None:
+        """Fail every lane send still waiting (the rank is aborting)."""
+        with self._lock:
+            waiting, self.pending = list(self.pending.values()), {}
+        for req, _ in waiting:
+            req.complete(error)
+
+    # ---- shutdown (caller's thread) -----------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        """Let each worker send what it holds, close its connections and exit."""
+        for w in self.workers:
+            if w.gone is None and not w.control.closed:
+                try:
+                    w.send(("close",))
+                except OSError:
+                    w.closed.set()
+        end = time.monotonic() + timeout
+        for w in self.workers:
+            w.closed.wait(max(0.0, end - time.monotonic()))
+        self.stop()
+
+    def stop(self) -> None:
+        """End the workers (closing their control socket ends one that is still running) and sweep."""
+        ep = self.t.endpoint
+        for w in self.workers:
+            w.gone = w.gone or "closed"
+            if w.control.closed:
+                continue
+            if ep is not None and not ep.loop.is_closed():
+                try:
+                    ep.run_sync(ep.loop.remove_reader, w.control.fileno(), timeout=2.0)
+                except Exception:  # the loop is already gone
+                    pass
+            w.control.close()
+        for w in self.workers:
+            try:
+                w.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+        parcels.sweep(os.getpid())

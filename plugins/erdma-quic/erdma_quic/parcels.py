@@ -1,0 +1,73 @@
+"""Payload handed between a rank and its striping workers (``lanes``) through files in shared memory
+(``/dev/shm``): the writer fills a file of its own, names it in a small message over the control socket,
+and the reader maps it and unlinks it at once, so the bytes are copied once each way and a file outlives
+neither side. Names carry the rank process's pid, so whatever a crash left behind can be swept at close.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import tempfile
+from pathlib import Path
+
+_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+_counter = itertools.count()
+
+
+def prefix(owner_pid: int) -> str:
+    return f"erdma-quic-{owner_pid}-"
+
+
+def new(owner_pid: int, tag: str, length: int) -> tuple[str, memoryview]:
+    """A fresh writable parcel of ``length`` bytes: its name and a view of its memory."""
+    name = f"{prefix(owner_pid)}{tag}-{os.getpid()}-{next(_counter)}"
+    fd = os.open(_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, length)
+        if length == 0:
+            return name, memoryview(b"")
+        return name, memoryview(mmap.mmap(fd, length))
+    finally:
+        os.close(fd)
+
+
+def write(owner_pid: int, tag: str, data: memoryview) -> str:
+    """A parcel holding a copy of ``data``."""
+    name = f"{prefix(owner_pid)}{tag}-{os.getpid()}-{next(_counter)}"
+    fd = os.open(_DIR / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    finally:
+        os.close(fd)
+    return name
+
+
+def take(name: str) -> memoryview:
+    """Map the parcel ``name`` read-only and remove its file (the mapping lives as long as the view)."""
+    if "/" in name or not name.startswith("erdma-quic-"):
+        raise ValueError(f"not a parcel name: {name!r}")
+    path = _DIR / name
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.unlink(path)
+        size = os.fstat(fd).st_size
+        return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else memoryview(b"")
+    finally:
+        os.close(fd)
+
+
+def sweep(owner_pid: int) -> int:
+    """Remove parcels of ``owner_pid``'s rank that nobody took (a worker or peer that died mid-way)."""
+    n = 0
+    for path in _DIR.glob(prefix(owner_pid) + "*"):
+        try:
+            path.unlink()
+            n += 1
+        except OSError:
+            pass
+    return n
