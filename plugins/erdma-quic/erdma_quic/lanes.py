@@ -3,7 +3,8 @@ cannot run aioquic fast enough (``transport.quic.workers``).
 
 Lane 0 is the rank's own connection to each peer, on its own event loop; lanes 1..N are ``lane_worker``
 processes, each with a UDP socket and one connection to the same lane of every other rank, authenticated
-and reconnected like lane 0. A message of several parts sends part i on lane i mod (N+1); everything else
+like lane 0 (but not reconnected after an outage: a lost lane fails the peer). A message of several
+parts sends part i on lane i mod (N+1); everything else
 (small messages, HELLO, BYE, ABORT) stays on lane 0. A worker hands every part it received to its rank
 whole, and the rank puts it in place through lane 0's ``Inbound``, so a frame completes when its last part
 lands, whichever lane brought it. Payload crosses between processes in ``parcels`` (shared memory).
