@@ -47,10 +47,11 @@ def erdma_register_traversals(register: Callable[..., None]) -> None:
 
     Called by: the plugin manager builder, once. Arguments: ``register(name, factory, *, options=None,
     description="")``; ``factory(config, section)`` returns an ``erdma_core.traversal.Traversal``: its
-    ``advertise(host, port) -> (host, port)`` is called once at set-up with the address the transport
-    listens on and returns the address peers should dial. Optionally ``udp_socket() -> socket | None``,
-    called once before the transport connects: a bound UDP socket a datagram transport (QUIC) must use
-    instead of its own (a hole-punched NAT mapping). Returns: nothing. Every implementation is called.
+    ``advertise(host, port) -> (host, port)`` is called at set-up, once for each address the transport
+    listens on (QUIC striping workers have one each), and returns the address peers should dial.
+    Optionally ``udp_socket() -> socket | None``, called once before the transport connects: a bound UDP
+    socket a datagram transport (QUIC) must use instead of its own (a hole-punched NAT mapping).
+    Returns: nothing. Every implementation is called.
     """
 
 

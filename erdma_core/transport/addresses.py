@@ -6,6 +6,7 @@ import fcntl
 import ipaddress
 import socket
 import struct
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -45,3 +46,10 @@ def choose(bind_address: str, interface: str, towards: str | None) -> tuple[str,
         return bind_address, bind_address
     advertised = route_source(towards) if towards else "127.0.0.1"
     return (bind_address or advertised), advertised
+
+
+def published(store: Any, key: str, timeout: float) -> tuple[str, int]:
+    """The ``host:port`` a rank published under ``key`` in the rendezvous store, host resolved to an IPv4
+    address (waits up to ``timeout`` seconds for it, as ``store.get`` does)."""
+    host, port = store.get(key, timeout).decode().rsplit(":", 1)
+    return socket.gethostbyname(host), int(port)

@@ -4,8 +4,8 @@ cannot run aioquic fast enough (``transport.quic.workers``).
 Lane 0 is the rank's own connection to each peer, on its own event loop; lanes 1..N are ``lane_worker``
 processes, each with a UDP socket and one connection to the same lane of every other rank, authenticated
 like lane 0 (but not reconnected after an outage: a lost lane fails the peer). A message of several
-parts sends part i on lane i mod (N+1); everything else
-(small messages, HELLO, BYE, ABORT) stays on lane 0. A worker hands every part it received to its rank
+parts sends part i on lane i mod (N+1); everything else (small messages, HELLO, BYE, ABORT) stays on
+lane 0. A worker hands every part it received to its rank
 whole, and the rank puts it in place through lane 0's ``Inbound``, so a frame completes when its last part
 lands, whichever lane brought it. Payload crosses between processes in ``parcels`` (shared memory).
 
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
 from erdma_core.mailbox import Request
+from erdma_core.transport import addresses
 
 from . import parcels
 
@@ -97,6 +98,8 @@ class Lanes:
 
     # ---- set-up (on the caller's thread) ---------------------------------------------------------------
     def connect(self, ctx: Any, bind_host: str, host: str, deadline: float) -> None:
+        """``host``: the address lane 0 listens on; each lane's (host, port) goes through the traversal's
+        ``advertise`` like lane 0's, then into the store."""
         t = self.t
         try:
             for w in self.workers:
@@ -107,12 +110,9 @@ class Lanes:
                 h, p = ctx.advertise(host, port) if ctx.advertise is not None else (host, port)
                 ctx.store.set(f"quic/lane/{t.rank}/{w.lane}", f"{h}:{p}".encode())
             for w in self.workers:
-                peers = {}
-                for peer in range(t.rank):
-                    h, p = ctx.store.get(f"quic/lane/{peer}/{w.lane}",
-                                         max(0.01, deadline - time.monotonic())).decode().rsplit(":", 1)
-                    peers[peer] = (socket.gethostbyname(h), int(p))
-                w.send(("peers", peers))
+                w.send(("peers", {peer: addresses.published(ctx.store, f"quic/lane/{peer}/{w.lane}",
+                                                            max(0.01, deadline - time.monotonic()))
+                                  for peer in range(t.rank)}))
             for w in self.workers:
                 self._step(w, "ready", deadline)
         except BaseException:
@@ -196,8 +196,10 @@ class Lanes:
         if w.gone is not None or t.closing:
             w.gone = w.gone or "closed"
             return
-        time.sleep(0.05)
-        code = w.proc.poll()
+        try:  # the control socket ends as the process does: its exit status follows within moments
+            code: int | None = w.proc.wait(0.2)
+        except subprocess.TimeoutExpired:
+            code = None
         w.gone = f"exited with code {code}" if code is not None else "closed its control socket"
         err = self._worker_error(w)
         log.warning("%s", err)

@@ -20,9 +20,13 @@ def prefix(owner_pid: int) -> str:
     return f"erdma-quic-{owner_pid}-"
 
 
+def _name(owner_pid: int, tag: str) -> str:
+    return f"{prefix(owner_pid)}{tag}-{os.getpid()}-{next(_counter)}"
+
+
 def new(owner_pid: int, tag: str, length: int) -> tuple[str, memoryview]:
     """A fresh writable parcel of ``length`` bytes: its name and a view of its memory."""
-    name = f"{prefix(owner_pid)}{tag}-{os.getpid()}-{next(_counter)}"
+    name = _name(owner_pid, tag)
     fd = os.open(_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, length)
@@ -35,7 +39,7 @@ def new(owner_pid: int, tag: str, length: int) -> tuple[str, memoryview]:
 
 def write(owner_pid: int, tag: str, data: memoryview) -> str:
     """A parcel holding a copy of ``data``."""
-    name = f"{prefix(owner_pid)}{tag}-{os.getpid()}-{next(_counter)}"
+    name = _name(owner_pid, tag)
     fd = os.open(_DIR / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     try:
         view = memoryview(data).cast("B")

@@ -149,6 +149,7 @@ class QuicTransport:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind((bind_host, o["port"]))
             host, port = advertised, sock.getsockname()[1]
+        listen_host = host
         if ctx.advertise is not None:
             host, port = ctx.advertise(host, port)
         self.endpoint = Endpoint(sock, self._accept, f"erdma-quic-{self.rank}", gso=o["gso"])
@@ -158,12 +159,11 @@ class QuicTransport:
             if o["workers"]:  # they start (import, bind) while lane 0 connects
                 self.lanes = Lanes(self, o["workers"])
             for peer in range(self.rank):
-                addr = ctx.store.get(f"quic/addr/{peer}", max(0.01, deadline - time.monotonic())).decode()
-                h, p = addr.rsplit(":", 1)
-                self.endpoint.run_sync(self._dial, peer, (socket.gethostbyname(h), int(p)))
+                addr = addresses.published(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
+                self.endpoint.run_sync(self._dial, peer, addr)
             self._wait_all(deadline, ctx.connect_timeout)
             if self.lanes is not None:
-                self.lanes.connect(ctx, bind_host, host, deadline)
+                self.lanes.connect(ctx, bind_host, listen_host, deadline)
         except BaseException:
             self.close()
             raise
