@@ -20,7 +20,7 @@ $(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS))
 
 ## demo: a 4-rank job on loopback with the embedded defaults; prints the allreduce table
 demo: $(VENV)/.core
-	$(VENV)/bin/erdma run -n 4 -- $(PY) -m erdma_core.bench --op allreduce --sizes 4K,64K,1M,16M --iters 10
+	$(VENV)/bin/erdma run -n 4 -- $(PY) -m erdma_core.cli.bench --op allreduce --sizes 4K,64K,1M,16M --iters 10
 
 ## test: install everything (core and plugins/*) and run lint plus every suite: the core's, PyTorch's own
 ## distributed tests (a pytest process of their own: they set process-wide env), each plugin's in its folder,

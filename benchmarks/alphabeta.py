@@ -27,7 +27,7 @@ from typing import Any
 from benchmarks.ceiling import PROBE, ROOT, flows
 from benchmarks.launch import run_job
 from benchmarks.netlab.topology import Lab, LinkSpec
-from erdma_core.bench import human, parse_size
+from erdma_core.cli.bench import human, parse_size
 
 
 def link_parameters(spec: LinkSpec, seconds: float = 4.0) -> tuple[float, float]:

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from erdma_core.bench import human, parse_size
-from erdma_core.launcher import free_port
+from erdma_core.cli.bench import human, parse_size
+from erdma_core.cli.launcher import free_port
 
 
 def _rank(size: int, reps: int, out: str) -> None:

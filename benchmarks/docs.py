@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from erdma_core.bench import human
+from erdma_core.cli.bench import human
 
 SUMMARY_SIZES = (4 << 10, 1 << 20, 64 << 20)
 

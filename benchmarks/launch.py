@@ -1,4 +1,4 @@
-"""Start one benchmark job (``python -m erdma_core.bench``) of one system on P ranks, on loopback or with one
+"""Start one benchmark job (``python -m erdma_core.cli.bench``) of one system on P ranks, on loopback or with one
 rank per lab namespace, and return its validated rows. MPI ranks start through mpirun; in the lab mpirun
 reaches each namespace the way it reaches hosts, through a remote-shell agent (``netlab/nsrsh``)."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.netlab.topology import Lab
-from erdma_core.launcher import free_port
+from erdma_core.cli.launcher import free_port
 
 HERE = Path(__file__).resolve().parent
-# system name -> (erdma_core.bench --backend, extra environment); erdma-quic authenticates with a secret
+# system name -> (erdma_core.cli.bench --backend, extra environment); erdma-quic authenticates with a secret
 # made fresh for each harness process
 _QUIC_SECRET = os.urandom(16).hex()
 SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
@@ -57,7 +57,7 @@ def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = No
     backend, system_env = SYSTEMS[system]
     with tempfile.TemporaryDirectory(prefix="erdma-bench-") as tmp:
         out = Path(tmp) / "rows.json"
-        argv = [sys.executable, "-m", "erdma_core.bench", "--backend", backend, *bench_args, "--json", str(out)]
+        argv = [sys.executable, "-m", "erdma_core.cli.bench", "--backend", backend, *bench_args, "--json", str(out)]
         if backend == "mpi":
             cmd, env = _mpirun(n, argv, lab)
             procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from erdma_core.bench import parse_size
+from erdma_core.cli.bench import parse_size
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 9400

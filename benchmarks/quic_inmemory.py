@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from erdma_core.bench import parse_size
+from erdma_core.cli.bench import parse_size
 
 
 def run(datagram: int, size: int, stream: int, engine: str = "aioquic") -> tuple[float, float]:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from erdma_core.bench import BUS_FACTOR, human
+from erdma_core.cli.bench import BUS_FACTOR, human
 
 
 def median_rows(repeats: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -5,6 +5,10 @@
     pg.allreduce(array, op=erdma_core.ReduceOp.SUM)
 """
 
+from .api.join import default_group, init, load_config, new_group
+from .api.process_group import ProcessGroup
+from .api.work import Work
+from .engine.reduce_ops import ReduceOp
 from .errors import (
     AbortedError,
     CollectiveError,
@@ -16,11 +20,7 @@ from .errors import (
     PluginError,
     ProtocolError,
 )
-from .hookspecs import hookimpl
-from .process_group import ProcessGroup
-from .reduce_ops import ReduceOp
-from .setup import default_group, init, load_config, new_group
-from .work import Work
+from .plugins.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 __all__ = [

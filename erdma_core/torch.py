@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from .api.join import init_with_store, load_config
 from .errors import CollectiveTimeoutError
-from .setup import init_with_store, load_config
 
 BACKEND = "erdma"
 _REDUCE = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}

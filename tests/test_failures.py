@@ -94,7 +94,7 @@ def test_timeout_names_op_and_peer(erdma_world):
 
 
 def _connect(rank, job, store, results, timeout):
-    from erdma_core.builtin import TCP_OPTIONS
+    from erdma_core.plugins.builtin import TCP_OPTIONS
     from erdma_core.transport.base import TransportContext
     from erdma_core.transport.tcp import TcpTransport
 
@@ -109,7 +109,7 @@ def _connect(rank, job, store, results, timeout):
 
 
 def test_handshake_rejects_another_job(tmp_path):
-    from erdma_core.rendezvous import FileStore
+    from erdma_core.discovery import FileStore
 
     store, results = FileStore(tmp_path), {}
     threads = [threading.Thread(target=_connect, args=(r, job, store, results, 2.0)) for r, job in
@@ -123,7 +123,7 @@ def test_handshake_rejects_another_job(tmp_path):
 
 
 def test_handshake_same_job_connects(tmp_path):
-    from erdma_core.rendezvous import FileStore
+    from erdma_core.discovery import FileStore
 
     store, results = FileStore(tmp_path), {}
     threads = [threading.Thread(target=_connect, args=(r, 0x77, store, results, 10.0)) for r in (0, 1)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from erdma_core.errors import MismatchError, ProtocolError
-from erdma_core.mailbox import Mailbox
-from erdma_core.wire import DATA, FRAME, HELLO, Header, Hello
+from erdma_core.transport.mailbox import Mailbox
+from erdma_core.transport.wire import DATA, FRAME, HELLO, Header, Hello
 
 JOB = 0xABCDEF0123
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from erdma_core import hookspecs
+from erdma_core.plugins import hookspecs
 
 ROOT = Path(__file__).resolve().parent.parent
 HOOKS = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("erdma_")]
@@ -29,7 +29,7 @@ def test_hooks_are_documented():
 
 
 def test_builtin_implements_every_hook():
-    from erdma_core import builtin
+    from erdma_core.plugins import builtin
 
     assert sorted(n for n in dir(builtin) if n.startswith("erdma_")) == sorted(HOOKS)
 
@@ -135,7 +135,7 @@ def test_misspelled_hook_fails_loudly(fake_site):
 
 
 def test_erdma_plugins_command_lists_plugins_and_errors(fake_site):
-    r = py(fake_site, 'import sys; from erdma_core.cli import main; sys.exit(main(["plugins"]))',
+    r = py(fake_site, 'import sys; from erdma_core.cli.main import main; sys.exit(main(["plugins"]))',
            ERDMA_DISABLE_PLUGINS="typo")
     assert r.returncode == 0, r.stderr
     assert "erdma-fake" in r.stdout and "erdma_register_transports" in r.stdout

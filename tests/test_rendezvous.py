@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from erdma_core import CollectiveTimeoutError, ConfigError, PluginError
-from erdma_core.launcher import free_port
-from erdma_core.rendezvous import FileStore, TCPStore
+from erdma_core.cli.launcher import free_port
+from erdma_core.discovery import FileStore, TCPStore
 from erdma_core.testing import World
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from erdma_core import builtin
 from erdma_core.algorithms.schedule import Spec
+from erdma_core.plugins import builtin
 
 ALGOS = {}
 builtin.erdma_register_algorithms(lambda op, name, fn, description="": ALGOS.__setitem__((op, name), fn))
@@ -102,7 +102,7 @@ def test_sequential_alltoall_is_one_pair_at_a_time():
 
 def test_lookahead_posts_early_only_when_safe():
     from erdma_core.algorithms.schedule import Copy, Step, Xfer
-    from erdma_core.executor import lookahead
+    from erdma_core.engine.executor import lookahead
 
     send_a = Step(sends=(Xfer(1, "out", 0, 4),), recvs=(Xfer(1, "out", 4, 4),))
     recv_into_a = Step(recvs=(Xfer(1, "out", 2, 4),))        # overlaps what the step before sends

@@ -69,7 +69,7 @@ def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
 
 
 def torchrun(n, *cmd, timeout=300):
-    from erdma_core.launcher import free_port
+    from erdma_core.cli.launcher import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
@@ -103,7 +103,7 @@ def test_ddp_on_four_ranks_matches_gloo_under_both_launchers(tmp_path):
 def test_rank_killed_mid_training_fails_the_others_with_the_cause():
     """SIGKILL one of three DDP ranks mid-training: the other two exit non-zero within seconds (timeout
     60 s), each naming the lost rank, instead of hanging in backward()."""
-    from erdma_core.launcher import free_port
+    from erdma_core.cli.launcher import free_port
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "3", "ERDMA_TIMEOUT": "60"}
@@ -136,7 +136,7 @@ def test_torchrun_launches_the_backend():
 
 
 def test_dead_peer_raises_instead_of_hanging():
-    from erdma_core.launcher import free_port
+    from erdma_core.cli.launcher import free_port
 
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}

@@ -6,9 +6,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..mailbox import Request
-from ..rendezvous.store import Store
-from ..wire import Header
+from ..discovery.store import Store
+from .mailbox import Request
+from .wire import Header
 
 
 @attrs.frozen

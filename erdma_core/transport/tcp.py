@@ -15,9 +15,11 @@ import time
 from typing import Any
 
 from ..errors import CollectiveError, CollectiveTimeoutError, PeerLostError, ProtocolError
-from ..mailbox import Mailbox, Request
-from ..sockets import dial, recv_exact
-from ..wire import (
+from . import addresses
+from .base import TransportContext
+from .mailbox import Mailbox, Request
+from .sockets import dial, recv_exact
+from .wire import (
     ABORT,
     BYE,
     FRAME,
@@ -30,8 +32,6 @@ from ..wire import (
     abort_body,
     abort_error,
 )
-from . import addresses
-from .base import TransportContext
 
 log = logging.getLogger("erdma.tcp")
 _POLL = 1.0  # seconds a socket call may block before we look at deadlines and shutdown again

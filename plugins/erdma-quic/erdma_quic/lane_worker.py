@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from erdma_core.errors import ErdmaError, PeerLostError
-from erdma_core.mailbox import Mailbox, Request
+from erdma_core.transport.mailbox import Mailbox, Request
 
 from . import parcels
 from .endpoint import Endpoint

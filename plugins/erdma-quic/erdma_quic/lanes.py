@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
-from erdma_core.mailbox import Request
 from erdma_core.transport import addresses
+from erdma_core.transport.mailbox import Request
 
 from . import parcels
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aioquic.tls import SessionTicket
 
 from erdma_core.errors import PeerLostError
-from erdma_core.mailbox import Request
+from erdma_core.transport.mailbox import Request
 
 from .streams import Inbound, numbered
 

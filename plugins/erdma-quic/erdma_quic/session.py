@@ -13,7 +13,7 @@ from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import SessionTicket
 
 from erdma_core.errors import ProtocolError
-from erdma_core.wire import HELLO_ACCEPTED, Hello
+from erdma_core.transport.wire import HELLO_ACCEPTED, Hello
 
 from .congestion import attach
 from .credentials import CredentialError, check_peer

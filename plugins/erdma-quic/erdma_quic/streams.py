@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from erdma_core.errors import PeerLostError, ProtocolError
-from erdma_core.mailbox import Mailbox
-from erdma_core.wire import ABORT, BYE, DATA, FRAME, HELLO, Header, Hello, abort_error
+from erdma_core.transport.mailbox import Mailbox
+from erdma_core.transport.wire import ABORT, BYE, DATA, FRAME, HELLO, Header, Hello, abort_error
 
 PREFIX = struct.Struct("<BQQQ")
 KIND_HELLO, KIND_PART = 1, 2

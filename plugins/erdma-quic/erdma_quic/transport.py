@@ -23,10 +23,10 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.tls import CipherSuite, SessionTicket
 
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, PeerLostError, ProtocolError
-from erdma_core.mailbox import Mailbox, Request
 from erdma_core.transport import addresses
 from erdma_core.transport.base import TransportContext
-from erdma_core.wire import ABORT, BYE, HELLO_REQUEST, Header, Hello, abort_body
+from erdma_core.transport.mailbox import Mailbox, Request
+from erdma_core.transport.wire import ABORT, BYE, HELLO_REQUEST, Header, Hello, abort_body
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import credentials as cred

@@ -16,9 +16,9 @@ from erdma_quic.streams import Inbound, message_parts, numbered
 from helpers import MemoryStore, options, start
 
 from erdma_core.errors import AbortedError, ConfigError, ErdmaError, PeerLostError, ProtocolError
-from erdma_core.mailbox import Mailbox
 from erdma_core.transport.base import TransportContext
-from erdma_core.wire import BYE, DATA, Header
+from erdma_core.transport.mailbox import Mailbox
+from erdma_core.transport.wire import BYE, DATA, Header
 
 JOB = 91
 

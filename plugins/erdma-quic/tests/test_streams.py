@@ -11,8 +11,8 @@ import pytest
 from erdma_quic.streams import KIND_PART, PREFIX, Inbound, hello_stream, message_parts, numbered
 
 from erdma_core.errors import PeerLostError, ProtocolError
-from erdma_core.mailbox import Mailbox
-from erdma_core.wire import BYE, DATA, HELLO_REQUEST, Header, Hello
+from erdma_core.transport.mailbox import Mailbox
+from erdma_core.transport.wire import BYE, DATA, HELLO_REQUEST, Header, Hello
 
 JOB = 77
 

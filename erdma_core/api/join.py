@@ -11,12 +11,12 @@ from urllib.parse import urlparse
 
 import attrs
 
-from . import config as cfg
-from .errors import ConfigError, ErdmaError
-from .plugins import Components, components
+from .. import config as cfg
+from ..engine.runtime import Runtime
+from ..errors import ConfigError, ErdmaError
+from ..plugins.manager import Components, components
+from ..transport.base import TransportContext
 from .process_group import ProcessGroup
-from .runtime import Runtime
-from .transport.base import TransportContext
 
 _default: ProcessGroup | None = None
 

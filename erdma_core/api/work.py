@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from typing import Any
 
-from .errors import CollectiveTimeoutError
+from ..errors import CollectiveTimeoutError
 
 
 class Work:

@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, executor, reduce_ops
-from .algorithms.schedule import Schedule, Spec, Step
-from .buffers import Buffer, as_buffer
-from .errors import ErdmaError
-from .mailbox import as_bytes
-from .reduce_ops import ReduceOp
-from .runtime import Runtime
-from .wire import DATA, OPCODES, P2P_GROUP_BIT, Header
+from ..algorithms.schedule import Schedule, Spec, Step
+from ..engine import dtypes, executor, reduce_ops
+from ..engine.buffers import Buffer, as_buffer
+from ..engine.reduce_ops import ReduceOp
+from ..engine.runtime import Runtime
+from ..errors import ErdmaError
+from ..transport.mailbox import as_bytes
+from ..transport.wire import DATA, OPCODES, P2P_GROUP_BIT, Header
 from .work import Work
 
 

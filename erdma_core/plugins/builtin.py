@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .algorithms import alltoall, direct, halving_doubling, parameter_server, ring, tree
-from .config.option import Option
+from ..algorithms import alltoall, direct, halving_doubling, parameter_server, ring, tree
+from ..config.option import Option
 from .hookspecs import hookimpl
 
 
 def _tcp(config: Any, section: dict[str, Any]) -> Any:
-    from .transport.tcp import TcpTransport
+    from ..transport.tcp import TcpTransport
 
     return TcpTransport(config, section)
 
@@ -34,23 +34,23 @@ def erdma_register_transports(register: Callable[..., None]) -> None:
 
 @hookimpl
 def erdma_register_discovery(register: Callable[..., None]) -> None:
-    from . import rendezvous
+    from .. import discovery
 
-    register("env", rendezvous.env_store, description="MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, as torchrun sets")
-    register("tcp", rendezvous.tcp_store, description="key-value store served by rank 0 at tcp://host:port")
-    register("file", rendezvous.file_store, description="key-value store in a shared folder, file:///path")
+    register("env", discovery.env_store, description="MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, as torchrun sets")
+    register("tcp", discovery.tcp_store, description="key-value store served by rank 0 at tcp://host:port")
+    register("file", discovery.file_store, description="key-value store in a shared folder, file:///path")
 
 
 @hookimpl
 def erdma_register_traversals(register: Callable[..., None]) -> None:
-    from .traversal import DirectTraversal
+    from ..traversal import DirectTraversal
 
     register("direct", DirectTraversal, description="no NAT traversal: dial the listening address")
 
 
 @hookimpl
 def erdma_register_compressors(register: Callable[..., None]) -> None:
-    from .compression import NoCompression
+    from ..compression import NoCompression
 
     register("none", NoCompression, description="payloads sent as they are")
 
@@ -77,7 +77,7 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
 
 @hookimpl(tryfirst=True)
 def erdma_add_commands(subparsers: Any) -> None:
-    from .cli import add_core_commands
+    from ..cli.main import add_core_commands
 
     add_core_commands(subparsers)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import CollectiveTimeoutError, ErdmaError
-from ..sockets import dial, recv_exact
+from ..transport.sockets import dial, recv_exact
 
 _SET, _GET, _ADD = 1, 2, 3
 _REQ = struct.Struct("<BdII")  # op, timeout, key length, value length

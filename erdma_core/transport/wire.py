@@ -31,7 +31,7 @@ import struct
 
 import attrs
 
-from .errors import AbortedError, CollectiveError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
+from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
 
 WIRE_VERSION = 1
 HELLO = struct.Struct("<4sHHQIIQ")

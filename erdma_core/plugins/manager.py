@@ -16,9 +16,9 @@ from typing import Any
 import attrs
 import pluggy
 
+from ..config.option import Option, did_you_mean
+from ..errors import ErdmaError, PluginError
 from . import hookspecs
-from .config.option import Option, did_you_mean
-from .errors import ErdmaError, PluginError
 
 log = logging.getLogger("erdma.plugins")
 ENTRY_POINT_GROUP = "erdma.plugins"

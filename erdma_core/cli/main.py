@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import ErdmaError
+from ..errors import ErdmaError
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -20,7 +19,7 @@ def _run(args: argparse.Namespace) -> int:
         print("erdma run: give the command after --, e.g. erdma run -n 4 -- python train.py", file=sys.stderr)
         return 2
     if args.config:
-        from .setup import load_config
+        from ..api.join import load_config
 
         load_config(args.config)  # fail here, once, rather than in every rank
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=not args.no_prefix, timeout=args.timeout)
@@ -29,12 +28,12 @@ def _run(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace, extra: list[str]) -> int:
     from . import launcher
 
-    cmd = [sys.executable, "-m", "erdma_core.bench", *extra]
+    cmd = [sys.executable, "-m", "erdma_core.cli.bench", *extra]
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=False)
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from .plugins import components
+    from ..plugins.manager import components
 
     comps = components()
     print(f"{'plugin':<16} {'distribution':<18} {'version':<10} hooks / error")
@@ -50,8 +49,8 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .plugins import components
-    from .transport.addresses import interface_ipv4
+    from ..plugins.manager import components
+    from ..transport.addresses import interface_ipv4
 
     print("interfaces:")
     for _, name in socket.if_nameindex():
@@ -75,7 +74,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    from .setup import load_config
+    from ..api.join import load_config
 
     conf = load_config(args.config)
     width = max(len(k) for k, _, _ in conf.items())
@@ -85,7 +84,7 @@ def _config_show(args: argparse.Namespace) -> int:
 
 
 def add_core_commands(sub: Any) -> None:
-    """The core's own subcommands; ``erdma_core.builtin`` adds them through ``erdma_add_commands``."""
+    """The core's own subcommands; ``erdma_core.plugins.builtin`` adds them through ``erdma_add_commands``."""
     run = sub.add_parser("run", help="start N local ranks of a command")
     run.add_argument("-n", "--nprocs", type=int, required=True)
     run.add_argument("--config", default=None)
@@ -93,8 +92,8 @@ def add_core_commands(sub: Any) -> None:
     run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_run)
-    bench = sub.add_parser("bench", help="benchmark collectives (other options go to erdma_core.bench; "
-                                         "see python -m erdma_core.bench --help)")
+    bench = sub.add_parser("bench", help="benchmark collectives (other options go to erdma_core.cli.bench; "
+                                         "see python -m erdma_core.cli.bench --help)")
     bench.add_argument("-n", "--nprocs", type=int, default=2)
     bench.add_argument("--config", default=None)
     bench.set_defaults(handler=_bench, takes_extra=True)
@@ -109,7 +108,7 @@ def add_core_commands(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .plugins import components
+    from ..plugins.manager import components
 
     ap = argparse.ArgumentParser(prog="erdma", description="eRDMA collective communication")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -123,7 +122,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"erdma: error: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())

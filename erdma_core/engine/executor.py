@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from ..algorithms.schedule import Step, Xfer
+from ..errors import CollectiveError, CollectiveTimeoutError
+from ..transport.base import Transport
+from ..transport.mailbox import Request, as_bytes
+from ..transport.wire import DATA, Header
 from . import reduce_ops
-from .algorithms.schedule import Step, Xfer
-from .errors import CollectiveError, CollectiveTimeoutError
-from .mailbox import Request, as_bytes
 from .reduce_ops import ReduceOp
-from .transport.base import Transport
-from .wire import DATA, Header
 
 
 class Op:

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from . import dtypes
-from .errors import MismatchError, ProtocolError
-from .reduce_ops import ReduceOp
+from ..engine import dtypes
+from ..engine.reduce_ops import ReduceOp
+from ..errors import MismatchError, ProtocolError
 from .wire import OPNAMES, P2P_GROUP_BIT, Header
 
 

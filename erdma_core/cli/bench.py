@@ -1,6 +1,6 @@
 """The collective benchmark behind ``erdma bench``: an nccl-tests style table, every result validated.
 
-Run as every rank of a job (``erdma run -n 4 -- python -m erdma_core.bench``). ``--backend gloo`` times
+Run as every rank of a job (``erdma run -n 4 -- python -m erdma_core.cli.bench``). ``--backend gloo`` times
 torch.distributed's Gloo on the same ranks in the same run, so the table's ratio compares like with like.
 """
 
@@ -232,7 +232,7 @@ def ratios(ours: list[dict[str, Any]], peer: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m erdma_core.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m erdma_core.cli.bench", description=__doc__)
     ap.add_argument("--op", default="allreduce", choices=sorted(BUS_FACTOR))
     ap.add_argument("--sizes", default="4K,1M,64M", help="comma list, e.g. 4K,1M,64M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])

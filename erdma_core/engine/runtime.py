@@ -6,9 +6,9 @@ import itertools
 import threading
 from typing import Any
 
-from .config import Config
-from .plugins import Components
-from .rendezvous.store import Store
+from ..config import Config
+from ..discovery.store import Store
+from ..plugins.manager import Components
 
 
 class Runtime:

@@ -2,7 +2,7 @@
 
 Plugins implement hooks with ``@erdma_core.hookimpl`` in a module (or object) named by an entry point in
 the group ``erdma.plugins``. The core's own components register through these same hooks
-(``erdma_core.builtin``). Registration hooks are called once when the plugin manager is built; decision
+(``erdma_core.plugins.builtin``). Registration hooks are called once when the plugin manager is built; decision
 hooks are called at most once per collective, never per chunk.
 """
 
@@ -36,7 +36,7 @@ def erdma_register_discovery(register: Callable[..., None]) -> None:
 
     Called by: the plugin manager builder, once. Arguments: ``register(scheme, factory, *, options=None,
     description="")``; ``scheme`` is the URL scheme of ``init_method`` (``env``, ``tcp``, ``file``, ...).
-    ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.rendezvous.Store``.
+    ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.discovery.Store``.
     Returns: nothing. Every implementation is called.
     """
 

@@ -1,0 +1,1 @@
+"""The public API: joining a job (``init``), process groups and their collectives, and ``Work`` handles."""

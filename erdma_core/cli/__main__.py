@@ -1,0 +1,7 @@
+import os
+import sys
+
+from .main import main
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+sys.exit(main())
