@@ -12,7 +12,8 @@ $(VENV)/.core: pyproject.toml
 	$(PIP) install -q -e .
 	touch $@
 
-PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+# every plugin distribution, and the example plugin of docs/plugins.md (installed and tested like one)
+PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml))) examples/erdma-example/
 
 $(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS))
 	$(PIP) install -q -e '.[test]' 'torch==2.13.0' $(addprefix -e ,$(PLUGINS))
@@ -20,11 +21,12 @@ $(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS))
 
 ## demo: a 4-rank job on loopback with the embedded defaults; prints the allreduce table
 demo: $(VENV)/.core
-	$(VENV)/bin/erdma run -n 4 -- $(PY) -m erdma_core.cli.bench --op allreduce --sizes 4K,64K,1M,16M --iters 10
+	$(VENV)/bin/erdma bench -n 4 --op allreduce --sizes 4K,64K,1M,16M --iters 10
 
-## test: install everything (core and plugins/*) and run lint plus every suite: the core's, PyTorch's own
-## distributed tests (a pytest process of their own: they set process-wide env), each plugin's in its folder,
-## and the core's collective and failure tests again over QUIC, then over QUIC striped across a worker
+## test: install everything (core, plugins/*, the example plugin) and run lint plus every suite: the core's,
+## PyTorch's own distributed tests (a pytest process of their own: they set process-wide env), each plugin's
+## in its folder, and the core's collective and failure tests again over QUIC, then over QUIC striped across
+## a worker
 test: $(VENV)/.test
 	scripts/system-deps.sh test
 	$(VENV)/bin/ruff check .

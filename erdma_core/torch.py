@@ -41,11 +41,11 @@ def _reduce_op(opts: Any) -> str:
 
 
 class TorchStore:
-    """torch's c10d Store seen as an eRDMA rendezvous store."""
+    """torch's c10d Store seen as an eRDMA discovery Store."""
 
     def __init__(self, store: Any, host: str | None) -> None:
         self._store = store
-        self.host = host  # the rendezvous host: the TCP transport advertises the address that routes to it
+        self.host = host  # the discovery host: the TCP transport advertises the address that routes to it
 
     def set(self, key: str, value: bytes) -> None:
         self._store.set(key, value)
@@ -54,7 +54,7 @@ class TorchStore:
         try:
             self._store.wait([key], datetime.timedelta(seconds=timeout))
         except RuntimeError as exc:
-            raise CollectiveTimeoutError(f"rendezvous: key {key!r} did not appear in torch's store within "
+            raise CollectiveTimeoutError(f"discovery: key {key!r} did not appear in torch's store within "
                                          f"{timeout:.1f}s: {exc}") from None
         return bytes(self._store.get(key))
 

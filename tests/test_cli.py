@@ -10,9 +10,10 @@ import textwrap
 ERDMA = [sys.executable, "-m", "erdma_core.cli"]
 
 
-def erdma(*args, timeout=120, **kw):
+def erdma(*args, timeout=120, env_extra=None, **kw):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_") or k == "ERDMA_DISABLE_PLUGINS"}
-    return subprocess.run([*ERDMA, *args], capture_output=True, text=True, timeout=timeout, env=env, **kw)
+    return subprocess.run([*ERDMA, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env | (env_extra or {}), **kw)
 
 
 def script(tmp_path, text):
@@ -61,8 +62,10 @@ def test_bench_prints_validated_table():
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if line.strip() and not line.startswith("#")]
     assert [row[0] for row in rows] == ["4096", "65536"]
-    assert all(row[3] == "allreduce" and row[-1] == "0" for row in rows)  # #wrong == 0
-    assert "busbw(GB/s)" in r.stdout and "[bench] erdma allreduce" in r.stderr
+    assert all(row[3] == "allreduce" and row[4] == "sum" and row[-1] == "0" for row in rows)  # #wrong == 0
+    head = next(line for line in r.stdout.splitlines() if "size(B)" in line).split()
+    assert head == ["#", "size(B)", "count", "type", "op", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+    assert "[bench] erdma allreduce" in r.stderr
 
 
 def test_bench_other_ops():
@@ -94,3 +97,43 @@ def test_root_that_finishes_first_and_exits_does_not_fail_the_others(tmp_path):
     r = erdma("run", "-n", "4", "--", sys.executable, job)
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.splitlines()) == [f"[rank {i}] got 10" for i in range(4)]
+
+
+def test_run_reports_a_bad_config_once_before_starting_ranks(tmp_path):
+    """./erdma.toml and ERDMA_* are checked by `erdma run` itself: one error, no rank started."""
+    (tmp_path / "erdma.toml").write_text('[timeouts]\ncollective = "soon"\n')
+    r = erdma("run", "-n", "3", "--", sys.executable, "-c", "print('started')", cwd=tmp_path)
+    assert r.returncode == 2 and "started" not in r.stdout
+    assert r.stderr.count("config key 'timeouts.collective'") == 1
+    assert r.stderr.startswith("erdma: error: config file 'erdma.toml': config key 'timeouts.collective'")
+    (tmp_path / "erdma.toml").unlink()
+    r = erdma("run", "-n", "3", "--", sys.executable, "-c", "print('started')", cwd=tmp_path,
+              env_extra={"ERDMA_TIMEOUT": "abc"})
+    assert r.returncode == 2 and "started" not in r.stdout
+    assert r.stderr.strip() == "erdma: error: environment variable ERDMA_TIMEOUT: config key 'timeouts.collective': " \
+                               "value 'abc' is not a valid float"
+
+
+def test_bench_help_lists_every_option():
+    from erdma_core.cli import bench
+
+    r = erdma("bench", "--help")
+    assert r.returncode == 0
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    for action in ap._actions:
+        for flag in action.option_strings:
+            assert flag in r.stdout, flag
+    assert "-n NPROCS" in r.stdout and "--config" in r.stdout
+
+
+def test_bench_compare_gloo_without_torch_says_what_to_install(tmp_path):
+    """Checked before any rank starts (a torch that cannot be imported stands in for a missing one)."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named torch (test stand-in)')\n")
+    r = erdma("bench", "-n", "2", "--compare", "gloo", "--sizes", "4K", env_extra={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2 and "[bench]" not in r.stderr and "busbw" not in r.stdout
+    assert "needs torch" in r.stderr and "pip install 'erdma-core[torch]'" in r.stderr

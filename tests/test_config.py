@@ -101,7 +101,9 @@ def test_bad_file_values(tmp_path, toml, message):
     ("ERDMA_TIMEOUT", "abc", "config key 'timeouts.collective': value 'abc' is not a valid float"),
     ("ERDMA_TRANSPORT_TCP_NODELAY", "maybe", "value 'maybe' is not a boolean; valid: true, false, 1, 0"),
     ("ERDMA_TRANSPORT", "dpdk", "valid choices: tcp; it is provided by `pip install erdma-dpdk`"),
-    ("ERDMA_TRANSPROT", "tcp", "environment variable ERDMA_TRANSPROT='tcp' is not a config key"),
+    ("ERDMA_TRANSPROT", "tcp", "environment variable ERDMA_TRANSPROT='tcp' is not a config key and no installed "
+                               "plugin declares it; config keys follow ERDMA_<SECTION>_<KEY> (did you mean "
+                               "'ERDMA_TRANSPORT'?)"),
 ])
 def test_bad_env_values(monkeypatch, var, value, message):
     monkeypatch.setenv(var, value)
@@ -125,3 +127,56 @@ def test_config_show_prints_values_and_sources(tmp_path):
     assert "'ring'" in lines["collectives.allreduce"] and f"# file {path}" in lines["collectives.allreduce"]
     assert "9.0" in lines["timeouts.collective"] and "# env ERDMA_TIMEOUT" in lines["timeouts.collective"]
     assert "# default" in lines["transport.name"]
+
+
+def test_plugins_declare_the_environment_variables_they_own(install_plugin, monkeypatch):
+    """Before: ERDMA_KEYS_DIR (erdma-quic's) made every init() and `erdma config show` fail."""
+    monkeypatch.setenv("ERDMA_TESTENV_DIR", "/tmp/x")
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    assert "environment variable ERDMA_TESTENV_DIR='/tmp/x' is not a config key and no installed plugin declares " \
+           "it" in str(info.value)
+    install_plugin("testenv", "testenv")
+    assert load_config()["transport.name"] == "tcp"
+    monkeypatch.setenv("ERDMA_TESTENV_DIRR", "/tmp/x")
+    with pytest.raises(ConfigError, match=r"ERDMA_TESTENV_DIRR='/tmp/x' is not a config key.*did you mean "
+                                          r"'ERDMA_TESTENV_DIR'"):
+        load_config()
+
+
+def test_long_name_wins_over_shorthand_and_a_conflict_warns(monkeypatch):
+    from erdma_core.config.load import ConfigWarning
+
+    monkeypatch.setenv("ERDMA_TIMEOUT", "5")
+    monkeypatch.setenv("ERDMA_TIMEOUTS_COLLECTIVE", "7")
+    monkeypatch.setenv("ERDMA_DISCOVERY_INIT_METHOD", "file:///tmp/a")  # sorts before its shorthand
+    monkeypatch.setenv("ERDMA_INIT_METHOD", "file:///tmp/b")
+    with pytest.warns(ConfigWarning) as warned:
+        conf = load_config()
+    assert conf["timeouts.collective"] == 7.0 and conf.sources["timeouts.collective"] == "env ERDMA_TIMEOUTS_COLLECTIVE"
+    assert conf["discovery.init_method"] == "file:///tmp/a"
+    assert sorted(str(w.message) for w in warned) == [
+        "ERDMA_INIT_METHOD='file:///tmp/b' and ERDMA_DISCOVERY_INIT_METHOD='file:///tmp/a' both set "
+        "'discovery.init_method'; the long name wins",
+        "ERDMA_TIMEOUT='5' and ERDMA_TIMEOUTS_COLLECTIVE='7' both set 'timeouts.collective'; the long name wins"]
+    monkeypatch.setenv("ERDMA_TIMEOUT", "7")  # the same value: nothing to warn about
+    monkeypatch.delenv("ERDMA_INIT_METHOD")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config()
+
+
+def test_bad_values_name_where_they_came_from(tmp_path, monkeypatch):
+    path = write(tmp_path, '[timeouts]\ncollective = -1\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"config file {str(path)!r}: config key 'timeouts.collective': value -1.0 is below " \
+                              "the minimum 0.001"
+    path.unlink()
+    monkeypatch.setenv("ERDMA_TRANSPORT_TCP_PORT", "-3")
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    assert str(info.value).startswith("environment variable ERDMA_TRANSPORT_TCP_PORT: config key "
+                                      "'transport.tcp.port': value -3 is below the minimum 0")

@@ -100,7 +100,7 @@ def _connect(rank, job, store, results, timeout):
 
     t = TcpTransport(None, {k: o.default for k, o in TCP_OPTIONS.items()})
     try:
-        t.connect(TransportContext(rank, 2, store, job, timeout))
+        t.connect(TransportContext(rank=rank, world_size=2, store=store, job=job, connect_timeout=timeout))
         results[rank] = "connected"
     except Exception as exc:
         results[rank] = exc

@@ -5,49 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from erdma_core.algorithms.schedule import Spec
+from erdma_core.algorithms.schedule import Options, Spec
 from erdma_core.plugins import builtin
+from erdma_core.testing.schedules import simulate as run_simulation
 
 ALGOS = {}
-builtin.erdma_register_algorithms(lambda op, name, fn, description="": ALGOS.__setitem__((op, name), fn))
+builtin.erdma_register_algorithms(lambda op, name, fn, **kw: ALGOS.__setitem__((op, name), fn))
 
 
 def simulate(op, name, specs, buffers):
-    """Run all ranks' schedules step-lockstep-free: deliver messages through per-pair FIFO queues."""
-    scheds = [ALGOS[(op, name)](s) for s in specs]
-    queues = {}
-    pos = [0] * len(specs)
-    pending = [None] * len(specs)
-    progress = True
-    while progress:
-        progress = False
-        for r, sched in enumerate(scheds):
-            if pos[r] == len(sched):
-                continue
-            step = sched[pos[r]]
-            if pending[r] is None:
-                for c in step.copies:
-                    buffers[r][c.dst][c.dst_offset:c.dst_offset + c.count] = \
-                        buffers[r][c.src][c.src_offset:c.src_offset + c.count]
-                for x in step.sends:
-                    queues.setdefault((r, x.peer), []).append(buffers[r][x.buf][x.offset:x.offset + x.count].copy())
-                pending[r] = list(step.recvs)
-            while pending[r]:
-                x = pending[r][0]
-                q = queues.get((x.peer, r))
-                if not q:
-                    break
-                data = q.pop(0)
-                assert data.size == x.count, (op, name, r, x)
-                tgt = buffers[r][x.buf][x.offset:x.offset + x.count]
-                tgt[...] = tgt + data if x.reduce else data
-                pending[r].pop(0)
-            if not pending[r]:
-                pending[r] = None
-                pos[r] += 1
-                progress = True
-    assert pos == [len(s) for s in scheds], f"{op}/{name} deadlocked at steps {pos}"
-    assert not any(queues.values()), "messages sent but never received"
+    run_simulation(ALGOS[(op, name)], specs, buffers)
 
 
 @pytest.mark.parametrize("p", range(1, 10))
@@ -56,7 +23,7 @@ def simulate(op, name, specs, buffers):
 def test_allreduce_schedules(p, name, n):
     bufs = [{"out": np.arange(n, dtype=np.int64) * (r + 1)} for r in range(p)]
     for ps in (1, 2):
-        simulate("allreduce", name, [Spec("allreduce", r, p, n, ps_servers=ps) for r in range(p)],
+        simulate("allreduce", name, [Spec("allreduce", r, p, n, options=Options.of({"servers": ps})) for r in range(p)],
                  bufs := [{"out": np.arange(n, dtype=np.int64) * (r + 1)} for r in range(p)])
         for b in bufs:
             assert (b["out"] == np.arange(n) * p * (p + 1) // 2).all()
@@ -102,7 +69,7 @@ def test_sequential_alltoall_is_one_pair_at_a_time():
 
 def test_lookahead_posts_early_only_when_safe():
     from erdma_core.algorithms.schedule import Copy, Step, Xfer
-    from erdma_core.engine.executor import lookahead
+    from erdma_core.engine.plans import lookahead
 
     send_a = Step(sends=(Xfer(1, "out", 0, 4),), recvs=(Xfer(1, "out", 4, 4),))
     recv_into_a = Step(recvs=(Xfer(1, "out", 2, 4),))        # overlaps what the step before sends

@@ -1,7 +1,8 @@
 """Parameter-server allreduce (the lecture's PS): every rank pushes, servers reduce, every rank pulls.
 
 One round each way, but the servers' fan-in is p-1: O(N*P) bytes through each server. The buffer is
-split into ``ps_servers`` shards; shard i is served by rank i. Pushes are reduced in rank order.
+split into ``servers`` shards (option ``[algorithm.allreduce.parameter_server] servers``); shard i is served
+by rank i. Pushes are reduced in rank order.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from .schedule import Schedule, Spec, Step, Xfer, bounds, seg
 
 def allreduce(spec: Spec) -> Schedule:
     p, r = spec.size, spec.rank
-    k = min(spec.ps_servers, p)
+    k = min(spec.options["servers"], p)
     b = bounds(spec.count, k)
     push_sends = tuple(Xfer(s, "out", *seg(b, s)) for s in range(k) if s != r)
     pull_recvs = tuple(Xfer(s, "out", *seg(b, s)) for s in range(k) if s != r)

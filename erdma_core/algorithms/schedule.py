@@ -1,16 +1,48 @@
 """Schedules: the pure description of a collective, apart from any network.
 
-A ``Schedule`` is the list of ``Step``s one rank runs. In a step the rank first makes its local ``copies``,
-then posts every receive, sends every send, and waits for all; receives marked ``reduce`` are combined
-into their target in the order listed. Buffers are named: ``in`` (the caller's input), ``out`` (the
-result; the caller's tensor for in-place ops) and ``work`` (scratch of ``Spec.work_count`` elements).
-Offsets and counts are in elements. The k-th message rank A sends to rank B meets the k-th receive B
-posts from A, so schedules need no tags.
+A ``Schedule`` is the list of ``Step``s one rank runs. In a step the rank first makes its local ``copies``
+(in order), then posts every receive, sends every send, and waits for all; receives marked ``reduce`` are
+combined into their target in the order listed. Buffers are named: ``in`` (the caller's input, read-only),
+``out`` (the result; the caller's tensor for in-place ops) and ``work`` (scratch of ``Spec.work_count``
+elements, the larger of ``in`` and ``out``). Offsets and counts are in elements. The k-th message rank A
+sends to rank B meets the k-th receive B posts from A, so schedules need no tags.
+
+A step's sends may still be reading while its receives land (the executor reduces each receive as it
+arrives, between the pieces of the sends), so within a step no send may overlap a receive's target and no
+two receives may overlap unless both reduce; send from a copy in ``work`` instead. The executor checks
+every schedule once (``erdma_core.engine.plans``) and refuses one that breaks these rules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 import attrs
+
+
+@attrs.frozen
+class Options(Mapping[str, Any]):
+    """An algorithm's options from its config section ``[algorithm.<op>.<name>]`` (hashable, so that
+    schedules built from equal specs are built once)."""
+
+    items_: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> Options:
+        return cls(tuple(sorted(values.items())))
+
+    def __getitem__(self, key: str) -> Any:
+        for k, v in self.items_:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
 
 
 @attrs.frozen
@@ -40,7 +72,8 @@ class Step:
 
 @attrs.frozen
 class Spec:
-    """What a schedule function is given. ``count``: elements per rank as the op defines it."""
+    """What a schedule function is given. ``count``: elements per rank as the op defines it; ``root`` for
+    rooted ops; per-peer element counts for alltoall; the algorithm's ``options``."""
 
     op: str
     rank: int
@@ -49,11 +82,13 @@ class Spec:
     root: int = 0
     send_counts: tuple[int, ...] = ()
     recv_counts: tuple[int, ...] = ()
-    ps_servers: int = 1
+    options: Options = Options()
 
     @property
     def work_count(self) -> int:
-        return self.count * self.size if self.op == "reduce_scatter" else self.count
+        from ..engine.ops import buffer_sizes
+
+        return buffer_sizes(self)["work"]
 
 
 Schedule = list[Step]

@@ -1,4 +1,5 @@
-"""``init``: config, rendezvous, job id, traversal and transport, in that order."""
+"""Joining a job: ``init`` reads the config, finds the other ranks (discovery), agrees on a job id, sets
+up traversal and transport, and returns the default ``ProcessGroup``."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from urllib.parse import urlparse
 import attrs
 
 from .. import config as cfg
+from ..engine.codecs import Codecs
 from ..engine.runtime import Runtime
 from ..errors import ConfigError, ErdmaError
-from ..plugins.manager import Components, components
+from ..plugins.manager import Components, components, instantiate
 from ..transport.base import TransportContext
 from .process_group import ProcessGroup
 
@@ -32,9 +34,10 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config 
     for kind, key in (("transport", "transport"), ("traversal", "traversal"), ("compressor", "compression")):
         schema[key]["name"] = attrs.evolve(schema[key]["name"], hint=comps.hint(kind))
     schema |= comps.option_sections()
+    declared = {name: doc for name, (_, doc) in comps.environment.items()}
     if isinstance(config, Mapping):
-        return cfg.build(schema, overrides={**config, **overrides})
-    return cfg.build(schema, file=config, overrides=overrides)
+        return cfg.build(schema, overrides={**config, **overrides}, declared_env=declared)
+    return cfg.build(schema, file=config, overrides=overrides, declared_env=declared)
 
 
 def _env_int(name: str, given: int | None, needed_by: str) -> int:
@@ -82,15 +85,39 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
             f"traversal.{conf['traversal.name']}"))
         name = conf["transport.name"]
         transport = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
+        codecs = _codecs(comps, conf)
         udp = getattr(traversal, "udp_socket", None)
-        transport.connect(TransportContext(rank, world_size, store, job, connect_timeout, traversal.advertise,
-                                           udp() if callable(udp) else None))
+        transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
+                                           connect_timeout=connect_timeout, advertise=traversal.advertise,
+                                           udp_socket=udp() if callable(udp) else None))
     except BaseException:
         store.close()
         raise
-    pg = ProcessGroup(Runtime(rank, world_size, conf, comps, store, transport, job), range(world_size), 0)
+    rt = Runtime(rank=rank, world_size=world_size, config=conf, components=comps, store=store, transport=transport,
+                 job=job, codecs=codecs)
+    pg = ProcessGroup(rt, range(world_size), 0)
     _default = pg
     return pg
+
+
+def _codecs(comps: Components, conf: cfg.Config) -> Codecs:
+    """The configured compressor for sending; any installed one, made on first use, for receiving."""
+    made: dict[int, Any] = {}
+
+    def make(comp: Any) -> Any:
+        return instantiate(comp, conf, conf.section(comp.section))
+
+    def lookup(codec: int) -> Any:
+        comp = comps.codecs.get(codec)
+        if comp is None:
+            return None
+        if codec not in made:
+            made[codec] = make(comp)
+        return made[codec]
+
+    name = conf["compression.name"]
+    sender = None if name == "none" else make(comps.get("compressor", name))
+    return Codecs(sender, conf["compression.min_bytes"], lookup)
 
 
 def _agree_job(store: Any, rank: int, world_size: int, token: str, timeout: float) -> int:

@@ -7,23 +7,26 @@ group's worker thread; ``async_op=True`` returns the ``Work`` instead of waiting
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..algorithms.schedule import Schedule, Spec, Step
+from ..algorithms.schedule import Spec
 from ..engine import dtypes, executor, reduce_ops
 from ..engine.buffers import Buffer, as_buffer
+from ..engine.ops import OPS, buffer_sizes
+from ..engine.plans import plan
 from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
-from ..errors import ErdmaError
+from ..errors import PluginError
 from ..transport.mailbox import as_bytes
-from ..transport.wire import DATA, OPCODES, P2P_GROUP_BIT, Header
+from ..transport.wire import DATA, P2P_GROUP_BIT, Header
 from .work import Work
+
+_EMPTY = np.empty(0, np.uint8)
 
 
 class ProcessGroup:
@@ -39,7 +42,8 @@ class ProcessGroup:
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
         self._sender = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}-tx")
         self._lock = threading.Lock()
-        self._arenas = [np.empty(0, np.uint8), np.empty(0, np.uint8)]  # scratch for reducing receives (worker only)
+        # scratch (worker thread only): slots 0 and 1 for reducing receives, 2 for a schedule's 'work' buffer
+        self._arenas = [np.empty(0, np.uint8) for _ in range(3)]
 
     def rank(self) -> int:
         return self._rank
@@ -73,20 +77,36 @@ class ProcessGroup:
                 op=op, nbytes=nbytes, world_size=self.size(), config=self.rt.config)
         return name
 
-    def _collective(self, name: str, spec: Spec, buffers: dict[str, np.ndarray], dtype: str,
+    def _collective(self, name: str, count: int, buffers: dict[str, np.ndarray], dtype: str,
                     reduce_op: ReduceOp | None, after: Callable[[], None], async_op: bool,
-                    algorithm: str | None = None) -> Work | None:
+                    algorithm: str | None = None, key: Hashable | None = None, **spec_fields: Any) -> Work | None:
+        """Validate and plan one collective in the caller's thread, then run it on the group's worker."""
         seq = next(self._seq)
-        algo = self._algorithm(name, spec.count * buffers["out"].itemsize, algorithm)
-        schedule, early = _schedule(self.rt.components.algorithm(name, algo).factory, spec)
+        algo = self._algorithm(name, count * buffers["out"].itemsize, algorithm)
+        component, options = self.rt.algorithm(name, algo)
+        spec = Spec(name, self._rank, self.size(), count, options=options, **spec_fields)
+        try:
+            checked = plan(component, spec)
+        except PluginError as exc:
+            self.rt.transport.abort(exc)  # the peers would otherwise wait for this rank until their timeout
+            raise
         chunk = max(1, self.rt.config["collectives.chunk_bytes"] // buffers["out"].itemsize)
+        codecs = self.rt.codecs
+        if codecs.lossy and key is None:
+            key = _memory_key(buffers["out"], dtype)
+        buffers.setdefault("in", _EMPTY)
 
         def run() -> None:
             if self.size() > 1:
-                op = executor.Op(name, OPCODES[name], dtype, dtypes.code_of(dtype), spec.count, self.rt.job,
-                                 self.group_id, seq, reduce_op, self.rt.timeout, chunk, self.ranks, self.rt.rank)
+                op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
+                                 dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
+                                 seq=seq, reduce_op=reduce_op, timeout=self.rt.timeout, chunk_elems=chunk,
+                                 ranks=self.ranks, rank=self.rt.rank, key=key)
+                if checked.uses_work:
+                    work_count = buffer_sizes(spec)["work"]
+                    buffers["work"] = self._scratch(work_count, buffers["out"].dtype, 2)
                 self.rt.transport.begin(self.group_id, seq)
-                executor.run(schedule, buffers, self.rt.transport, op, self._scratch, early)
+                executor.run(checked, buffers, self.rt.transport, op, self._scratch, codecs)
             after()
 
         return self._submit(name, run, async_op)
@@ -97,17 +117,16 @@ class ProcessGroup:
             self._arenas[slot] = np.empty(nbytes, np.uint8)
         return self._arenas[slot][:nbytes].view(dtype)
 
-    def _spec(self, op: str, count: int, **kw: Any) -> Spec:
-        return Spec(op, self._rank, self.size(), count, ps_servers=self.rt.config["collectives.ps_servers"], **kw)
-
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self.size():
             raise ValueError(f"{what}={root} is not a rank of this group (size {self.size()})")
         return root
 
     # ---- collectives ----------------------------------------------------------------------------------
+    # ``key`` (reductions): names the buffer for a lossy compressor's error feedback, which keeps a residual
+    # per buffer and step; by default the buffer's memory (address, bytes, dtype) names it.
     def allreduce(self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, async_op: bool = False,
-                  algorithm: str | None = None) -> Work | None:
+                  algorithm: str | None = None, key: Hashable | None = None) -> Work | None:
         """Reduce ``tensor`` across the group in place. ``algorithm`` overrides the config for this call."""
         buf, rop = as_buffer(tensor), reduce_ops.parse(op)
         reduce_ops.check(rop, buf.dtype)
@@ -116,35 +135,37 @@ class ProcessGroup:
             reduce_ops.finish(buf.array, rop, buf.dtype, self.size())
             buf.commit()
 
-        return self._collective("allreduce", self._spec("allreduce", buf.array.size), {"out": buf.array},
-                                buf.dtype, rop, after, async_op, algorithm)
+        return self._collective("allreduce", buf.array.size, {"out": buf.array}, buf.dtype, rop, after, async_op,
+                                algorithm, key)
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         buf = as_buffer(tensor)
-        spec = self._spec("broadcast", buf.array.size, root=self._root(src, "src"))
-        return self._collective("broadcast", spec, {"out": buf.array}, buf.dtype, None, buf.commit, async_op)
+        return self._collective("broadcast", buf.array.size, {"out": buf.array}, buf.dtype, None, buf.commit,
+                                async_op, root=self._root(src, "src"))
 
     def reduce(self, tensor: Any, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
-               async_op: bool = False) -> Work | None:
+               async_op: bool = False, key: Hashable | None = None) -> Work | None:
         buf, rop = as_buffer(tensor), reduce_ops.parse(op)
         reduce_ops.check(rop, buf.dtype)
         root = self._root(dst, "dst")
-        work = buf.array.copy()
+        result = buf.array.copy()  # only the root's tensor changes
 
         def after() -> None:
             if self._rank == root:
-                reduce_ops.finish(work, rop, buf.dtype, self.size())
-                buf.array[...] = work
+                reduce_ops.finish(result, rop, buf.dtype, self.size())
+                buf.array[...] = result
                 buf.commit()
 
-        return self._collective("reduce", self._spec("reduce", work.size, root=root), {"out": work}, buf.dtype,
-                                rop, after, async_op)
+        if key is None and self.rt.codecs.lossy:
+            key = _memory_key(buf.array, buf.dtype)
+        return self._collective("reduce", result.size, {"out": result}, buf.dtype, rop, after, async_op, key=key,
+                                root=root)
 
     def allgather(self, output: Any, input: Any, async_op: bool = False) -> Work | None:
         src = as_buffer(input, "input", writable=False)
         out, done = self._gathered(output, src, "output")
-        return self._collective("allgather", self._spec("allgather", src.array.size),
-                                {"in": src.array, "out": out}, src.dtype, None, done, async_op)
+        return self._collective("allgather", src.array.size, {"in": src.array, "out": out}, src.dtype, None, done,
+                                async_op)
 
     def gather(self, input: Any, gather_list: Any = None, dst: int = 0, async_op: bool = False) -> Work | None:
         src = as_buffer(input, "input", writable=False)
@@ -155,8 +176,8 @@ class ProcessGroup:
             out, done = self._gathered(gather_list, src, "gather_list")
         else:
             out, done = np.empty(0, src.array.dtype), _nothing
-        return self._collective("gather", self._spec("gather", src.array.size, root=root),
-                                {"in": src.array, "out": out}, src.dtype, None, done, async_op)
+        return self._collective("gather", src.array.size, {"in": src.array, "out": out}, src.dtype, None, done,
+                                async_op, root=root)
 
     def scatter(self, output: Any, scatter_list: Any = None, src: int = 0, async_op: bool = False) -> Work | None:
         dst = as_buffer(output, "output")
@@ -167,11 +188,11 @@ class ProcessGroup:
             inp = self._joined(scatter_list, dst, "scatter_list")
         else:
             inp = np.empty(0, dst.array.dtype)
-        return self._collective("scatter", self._spec("scatter", dst.array.size, root=root),
-                                {"in": inp, "out": dst.array}, dst.dtype, None, dst.commit, async_op)
+        return self._collective("scatter", dst.array.size, {"in": inp, "out": dst.array}, dst.dtype, None,
+                                dst.commit, async_op, root=root)
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM,
-                       async_op: bool = False) -> Work | None:
+                       async_op: bool = False, key: Hashable | None = None) -> Work | None:
         dst, rop = as_buffer(output, "output"), reduce_ops.parse(op)
         reduce_ops.check(rop, dst.dtype)
         inp = self._joined(input, dst, "input")
@@ -180,9 +201,10 @@ class ProcessGroup:
             reduce_ops.finish(dst.array, rop, dst.dtype, self.size())
             dst.commit()
 
-        buffers = {"in": inp, "out": dst.array, "work": np.empty(inp.size, inp.dtype)}
-        return self._collective("reduce_scatter", self._spec("reduce_scatter", dst.array.size), buffers,
-                                dst.dtype, rop, after, async_op)
+        if key is None and self.rt.codecs.lossy:
+            key = _memory_key(inp, dst.dtype)
+        return self._collective("reduce_scatter", dst.array.size, {"in": inp, "out": dst.array}, dst.dtype, rop,
+                                after, async_op, key=key)
 
     def alltoall(self, output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,
                  input_split_sizes: Sequence[int] | None = None, async_op: bool = False,
@@ -196,9 +218,8 @@ class ProcessGroup:
         send = self._splits(input, src, input_split_sizes, "input_split_sizes")
         recv = self._splits(output, dst, output_split_sizes, "output_split_sizes")
         inp = src.array.copy() if np.shares_memory(src.array, dst.array) else src.array
-        spec = self._spec("alltoall", 0, send_counts=send, recv_counts=recv)
-        return self._collective("alltoall", spec, {"in": inp, "out": dst.array}, dst.dtype, None, dst.commit,
-                                async_op, algorithm)
+        return self._collective("alltoall", 0, {"in": inp, "out": dst.array}, dst.dtype, None, dst.commit,
+                                async_op, algorithm, send_counts=send, recv_counts=recv)
 
     def _alltoall_lists(self, outputs: Sequence[Any], inputs: Sequence[Any], async_op: bool,
                         algorithm: str | None) -> Work | None:
@@ -210,18 +231,17 @@ class ProcessGroup:
         for b in outs + ins:
             _same_dtype(ins[0], b, "alltoall")
         flat_out = np.empty(sum(b.array.size for b in outs), outs[0].array.dtype)
-        spec = self._spec("alltoall", 0, send_counts=tuple(b.array.size for b in ins),
-                          recv_counts=tuple(b.array.size for b in outs))
 
         def after() -> None:
             _unpack(flat_out, outs)
 
-        return self._collective("alltoall", spec, {"in": np.concatenate([b.array for b in ins]), "out": flat_out},
-                                ins[0].dtype, None, after, async_op, algorithm)
+        return self._collective("alltoall", 0, {"in": np.concatenate([b.array for b in ins]), "out": flat_out},
+                                ins[0].dtype, None, after, async_op, algorithm,
+                                send_counts=tuple(b.array.size for b in ins),
+                                recv_counts=tuple(b.array.size for b in outs))
 
     def barrier(self, async_op: bool = False) -> Work | None:
-        return self._collective("barrier", self._spec("barrier", 0), {"out": np.empty(0, np.uint8)}, "uint8",
-                                None, _nothing, async_op)
+        return self._collective("barrier", 0, {"out": np.empty(0, np.uint8)}, "uint8", None, _nothing, async_op)
 
     # ---- point to point -------------------------------------------------------------------------------
     def send(self, tensor: Any, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
@@ -248,16 +268,21 @@ class ProcessGroup:
             n = self._p2p.get(key, 0)
             self._p2p[key] = n + 1
         g = self.ranks[peer]
-        header = Header(DATA, dtypes.code_of(buf.dtype), OPCODES["send"], 0, self.rt.job,
-                        self.group_id | P2P_GROUP_BIT, tag, n, buf.array.size, buf.array.nbytes)
+        code = OPS["send"].code
+        header = Header(kind=DATA, job=self.rt.job, dtype=dtypes.code_of(buf.dtype), opcode=code,
+                        group=self.group_id | P2P_GROUP_BIT, seq=tag, tag=n, numel=buf.array.size,
+                        count=buf.array.size, nbytes=buf.array.nbytes)
         t = self.rt.transport
-        op = executor.Op(kind, OPCODES["send"], buf.dtype, header.dtype, buf.array.size, self.rt.job,
-                         self.group_id, tag, None, self.rt.timeout, 1, self.ranks, self.rt.rank)
+        op = executor.Op(name=kind, opcode=code, dtype=buf.dtype, dtype_code=header.dtype, numel=buf.array.size,
+                         job=self.rt.job, group=self.group_id, seq=tag, reduce_op=None, timeout=self.rt.timeout,
+                         chunk_elems=1, ranks=self.ranks, rank=self.rt.rank)
         if kind == "recv":
             req = t.irecv(g, header, as_bytes(buf.array))  # posted now: matches sends in any order
 
             def wait_recv() -> None:
                 executor.finish(req, peer, op, t, "waiting for")
+                if req.encoded is not None:
+                    executor.decode(self.rt.codecs, *req.encoded, buf.array, op, t, peer)
                 buf.commit()
 
             return self._submit(kind, wait_recv, async_op, self._recv_waiters)
@@ -346,6 +371,11 @@ def _nothing() -> None:
     pass
 
 
+def _memory_key(arr: np.ndarray, dtype: str) -> Hashable:
+    """A buffer's identity for error feedback: its memory (address and size) and dtype."""
+    return ("memory", arr.__array_interface__["data"][0], arr.nbytes, dtype)
+
+
 def _same_dtype(a: Buffer, b: Buffer, what: str) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"{what}: dtype {b.dtype} does not match the input's {a.dtype}")
@@ -357,13 +387,3 @@ def _unpack(flat: np.ndarray, outs: Sequence[Buffer]) -> None:
         b.array[...] = flat[pos:pos + b.array.size]
         pos += b.array.size
         b.commit()
-
-
-@functools.lru_cache(maxsize=512)
-def _schedule(fn: Callable[[Spec], Schedule], spec: Spec) -> tuple[tuple[Step, ...], tuple[bool, ...]]:
-    """A schedule and its lookahead flags, built once per (algorithm, spec)."""
-    schedule = fn(spec)
-    if not isinstance(schedule, list):
-        raise ErdmaError(f"algorithm {fn.__qualname__} returned {type(schedule).__name__}, not a list of Steps")
-    steps = tuple(schedule)
-    return steps, executor.lookahead(steps)

@@ -1,7 +1,8 @@
 """The collective benchmark behind ``erdma bench``: an nccl-tests style table, every result validated.
 
-Run as every rank of a job (``erdma run -n 4 -- python -m erdma_core.cli.bench``). ``--backend gloo`` times
-torch.distributed's Gloo on the same ranks in the same run, so the table's ratio compares like with like.
+Run as every rank of a job (``erdma run -n 4 -- python -m erdma_core.cli.bench``, or ``erdma bench -n 4``).
+``--compare gloo`` times torch.distributed's Gloo on the same ranks in the same run, so the table's ratio
+compares like with like.
 """
 
 from __future__ import annotations
@@ -16,13 +17,9 @@ from typing import Any
 
 import numpy as np
 
-BUS_FACTOR: dict[str, Callable[[int], float]] = {
-    "allreduce": lambda p: 2 * (p - 1) / p,
-    "allgather": lambda p: (p - 1) / p,
-    "reduce_scatter": lambda p: (p - 1) / p,
-    "alltoall": lambda p: (p - 1) / p,
-    "broadcast": lambda p: 1.0,
-}
+from ..engine.ops import BENCHMARKED, OPS
+
+BUS_FACTOR: dict[str, Callable[[int], float]] = BENCHMARKED
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -214,37 +211,59 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'#':>1} {'size':>12} {'count':>12} {'type':>8} {'redop/op':>14} {'time(us)':>10} " \
+    """nccl-tests' table: size in bytes, element count, dtype, op and reduce op, time per op in
+    microseconds (slowest rank), algorithm and bus bandwidth in GB/s, wrong elements (0: every result checked)."""
+    head = f"# {'size(B)':>12} {'count':>12} {'type':>8} {'op':>14} {'redop':>6} {'time(us)':>10} " \
            f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
     lines = [f"# backend: {rows[0]['backend']}  ranks: {rows[0]['ranks']}", head] if rows else []
     for r in rows:
-        lines.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>8} {r['op']:>14} {r['time_us']:>10.1f} "
-                     f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7}")
+        redop = "sum" if OPS[r["op"]].reduces else "-"
+        lines.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>8} {r['op']:>14} {redop:>6} "
+                     f"{r['time_us']:>10.1f} {r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7}")
     return "\n".join(lines)
 
 
 def ratios(ours: list[dict[str, Any]], peer: list[dict[str, Any]]) -> str:
-    lines = [f"# busbw ratio erdma / {peer[0]['backend']} (same run, same ranks)",
+    lines = [f"# busbw (GB/s) of erdma and {peer[0]['backend']}, and their ratio (same run, same ranks)",
              f"  {'size':>12} {'erdma':>10} {peer[0]['backend']:>10} {'ratio':>8}"]
     for a, b in zip(ours, peer, strict=True):
         lines.append(f"  {human(a['size']):>12} {a['busbw']:>10.3f} {b['busbw']:>10.3f} {a['busbw'] / b['busbw']:>8.2f}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m erdma_core.cli.bench", description=__doc__)
-    ap.add_argument("--op", default="allreduce", choices=sorted(BUS_FACTOR))
-    ap.add_argument("--sizes", default="4K,1M,64M", help="comma list, e.g. 4K,1M,64M")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The benchmark's options (shared by ``python -m erdma_core.cli.bench`` and ``erdma bench``)."""
+    ap.add_argument("--op", default="allreduce", choices=sorted(BUS_FACTOR), help="collective to time")
+    ap.add_argument("--sizes", default="4K,1M,64M", help="comma list of message sizes in bytes, e.g. 4K,1M,64M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed iterations before them")
     ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
     ap.add_argument("--backend", choices=sorted(BACKENDS), default="erdma",
                     help="the system to time (mpi: start the ranks with mpirun)")
-    ap.add_argument("--compare", choices=["gloo"], default=None, help="also time this peer in the same run")
+    ap.add_argument("--compare", choices=["gloo"], default=None,
+                    help="also time torch.distributed's Gloo in the same run (needs torch: "
+                         "pip install 'erdma-core[torch]')")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="skip the remaining (larger) sizes once one's loop is predicted to take longer than this")
     ap.add_argument("--json", default=None, help="write all rows to this file (rank 0)")
+
+
+def forwarded(args: argparse.Namespace) -> list[str]:
+    """``args`` (parsed by ``add_arguments``) as the command line of the benchmark ranks."""
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    out = []
+    for action in ap._actions:
+        if action.dest == "help" or getattr(args, action.dest) is None:
+            continue
+        out += [action.option_strings[-1], str(getattr(args, action.dest))]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m erdma_core.cli.bench", description=__doc__)
+    add_arguments(ap)
     args = ap.parse_args(argv)
     if args.compare and args.backend != "erdma":
         ap.error(f"--compare {args.compare} needs --backend erdma, got --backend {args.backend}")

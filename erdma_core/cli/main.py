@@ -12,23 +12,34 @@ from ..errors import ErdmaError
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..api.join import load_config
     from . import launcher
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         print("erdma run: give the command after --, e.g. erdma run -n 4 -- python train.py", file=sys.stderr)
         return 2
-    if args.config:
-        from ..api.join import load_config
-
-        load_config(args.config)  # fail here, once, rather than in every rank
+    load_config(args.config)  # ./erdma.toml, ERDMA_CONFIG and ERDMA_*: fail here, once, rather than in every rank
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=not args.no_prefix, timeout=args.timeout)
 
 
-def _bench(args: argparse.Namespace, extra: list[str]) -> int:
-    from . import launcher
+def _bench(args: argparse.Namespace) -> int:
+    from ..api.join import load_config
+    from . import bench, launcher
 
-    cmd = [sys.executable, "-m", "erdma_core.cli.bench", *extra]
+    if args.compare == "gloo":
+        try:
+            import torch.distributed  # noqa: F401
+        except ImportError as exc:
+            print(f"erdma bench: --compare gloo times torch.distributed's Gloo, so it needs torch, which does not "
+                  f"import here ({exc}): pip install 'erdma-core[torch]'", file=sys.stderr)
+            return 2
+    if args.backend == "mpi":
+        print("erdma bench: --backend mpi runs under mpirun: mpirun -n N python -m erdma_core.cli.bench "
+              "--backend mpi", file=sys.stderr)
+        return 2
+    load_config(args.config)
+    cmd = [sys.executable, "-m", "erdma_core.cli.bench", *bench.forwarded(args)]
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=False)
 
 
@@ -42,9 +53,12 @@ def _plugins(args: argparse.Namespace) -> int:
     print()
     for kind in comps.by_kind:
         for name, c in sorted(comps.by_kind[kind].items()):
-            print(f"  {kind:<11} {name:<18} ({c.plugin}) {c.description}")
+            print(f"  {kind:<11} {name:<28} ({c.plugin}) {c.description}")
     for op, algos in sorted(comps.algorithms.items()):
-        print(f"  {'algorithm':<11} {op + ':':<18} {', '.join(sorted(algos))}")
+        for name, c in sorted(algos.items()):
+            print(f"  {'algorithm':<11} {op + ' ' + name:<28} ({c.plugin}) {c.description}")
+    for var, (plugin, doc) in sorted(comps.environment.items()):
+        print(f"  {'environment':<11} {var:<28} ({plugin}) {doc}")
     return 0
 
 
@@ -84,7 +98,9 @@ def _config_show(args: argparse.Namespace) -> int:
 
 
 def add_core_commands(sub: Any) -> None:
-    """The core's own subcommands; ``erdma_core.plugins.builtin`` adds them through ``erdma_add_commands``."""
+    """The core's own subcommands."""
+    from . import bench
+
     run = sub.add_parser("run", help="start N local ranks of a command")
     run.add_argument("-n", "--nprocs", type=int, required=True)
     run.add_argument("--config", default=None)
@@ -92,12 +108,12 @@ def add_core_commands(sub: Any) -> None:
     run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_run)
-    bench = sub.add_parser("bench", help="benchmark collectives (other options go to erdma_core.cli.bench; "
-                                         "see python -m erdma_core.cli.bench --help)")
-    bench.add_argument("-n", "--nprocs", type=int, default=2)
-    bench.add_argument("--config", default=None)
-    bench.set_defaults(handler=_bench, takes_extra=True)
-    sub.add_parser("plugins", help="installed plugins, their components and load errors").set_defaults(
+    b = sub.add_parser("bench", help="benchmark collectives on N local ranks: an nccl-tests style table")
+    b.add_argument("-n", "--nprocs", type=int, default=2, help="ranks to start (default 2)")
+    b.add_argument("--config", default=None, help="erdma.toml for the ranks")
+    bench.add_arguments(b)
+    b.set_defaults(handler=_bench)
+    sub.add_parser("plugins", help="installed plugins, what each provides, and load errors").set_defaults(
         handler=_plugins)
     sub.add_parser("doctor", help="what this host can use").set_defaults(handler=_doctor)
     config = sub.add_parser("config", help="config tools")
@@ -112,13 +128,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="erdma", description="eRDMA collective communication")
     sub = ap.add_subparsers(dest="command", required=True)
-    components().pm.hook.erdma_add_commands(subparsers=sub)
-    args, extra = ap.parse_known_args(argv)
-    if extra and not getattr(args, "takes_extra", False):
-        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    add_core_commands(sub)
     try:
-        return int(args.handler(args, extra) if getattr(args, "takes_extra", False) else args.handler(args))
+        components().pm.hook.erdma_add_commands(subparsers=sub)
+        args = ap.parse_args(argv)
+        return int(args.handler(args))
     except ErdmaError as exc:
         print(f"erdma: error: {exc}", file=sys.stderr)
         return 2
-

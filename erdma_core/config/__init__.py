@@ -2,6 +2,6 @@
 
 from .load import SHORTHANDS, Config, build, env_name
 from .option import Option
-from .schema import COLLECTIVE_OPS, core_schema
+from .schema import core_schema
 
-__all__ = ["COLLECTIVE_OPS", "SHORTHANDS", "Config", "Option", "build", "core_schema", "env_name"]
+__all__ = ["SHORTHANDS", "Config", "Option", "build", "core_schema", "env_name"]

@@ -2,13 +2,18 @@
 
 Environment rule: every key ``section.key`` (and ``section.sub.key``) can be set by
 ``ERDMA_<SECTION>_<KEY>`` (``ERDMA_<SECTION>_<SUB>_<KEY>``), upper-cased, dots and dashes as underscores;
-e.g. ``collectives.chunk_bytes`` <- ``ERDMA_COLLECTIVES_CHUNK_BYTES``. Shorthands: see ``SHORTHANDS``.
+e.g. ``collectives.chunk_bytes`` <- ``ERDMA_COLLECTIVES_CHUNK_BYTES``. Shorthands (``SHORTHANDS``) set the
+most used keys in fewer letters; when a shorthand and the long name of the same key are both set, the long
+name wins, and if their values differ a ``ConfigWarning`` says so. Any other ``ERDMA_*`` variable must be
+declared by the core or a plugin (``erdma_register_environment``), else it is an error naming it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,9 +29,12 @@ SHORTHANDS = {
     "ERDMA_TIMEOUT": "timeouts.collective",
     "ERDMA_INIT_METHOD": "discovery.init_method",
 }
-# ERDMA_* variables that are not config keys.
-RESERVED_ENV = {"ERDMA_CONFIG", "ERDMA_PLUGINS", "ERDMA_DISABLE_PLUGINS", "ERDMA_TRACE_PLUGINS", "ERDMA_RUN_ID"}
 DEFAULT_FILE = "erdma.toml"
+log = logging.getLogger("erdma.config")
+
+
+class ConfigWarning(UserWarning):
+    """Two settings of the same key disagree (a shorthand and its long name)."""
 
 Schema = Mapping[str, Mapping[str, Option]]
 
@@ -106,8 +114,10 @@ def build(
     file: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    declared_env: Mapping[str, str] | None = None,
 ) -> Config:
-    """Merge defaults, the config file, the environment and ``overrides`` (dotted keys), validating each."""
+    """Merge defaults, the config file, the environment and ``overrides`` (dotted keys), validating each.
+    ``declared_env``: ``ERDMA_*`` variables that are not config keys but are read by the core or a plugin."""
     environ = os.environ if environ is None else environ
     options = flat_options(schema)
     values = {k: o.default for k, o in options.items()}
@@ -115,28 +125,54 @@ def build(
 
     path = find_file(file, environ)
     if path is not None:
+        origin = f"config file {str(path)!r}"
         try:
             table = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-        for key, value in _flatten(table, "", options, f"config file {str(path)!r}").items():
-            values[key] = options[key].coerce(key, value)
+            raise ConfigError(f"{origin} is not valid TOML: {exc}") from None
+        for key, value in _flatten(table, "", options, origin).items():
+            values[key] = _coerce(options[key], key, value, origin)
             sources[key] = f"file {path}"
 
-    by_env = {env_name(k): k for k in options} | SHORTHANDS
-    for var in sorted(v for v in environ if v.startswith("ERDMA_")):
-        if var in RESERVED_ENV or var.startswith("ERDMA_RUN_"):
-            continue
-        key = by_env.get(var)
+    long_names = {env_name(k): k for k in options}
+    declared = set(declared_env or ())
+    from_env: dict[str, str] = {}  # key -> the variable that set it
+    for var in sorted(v for v in environ if v.startswith("ERDMA_")):  # shorthands first: long names win
+        key = SHORTHANDS.get(var) or long_names.get(var)
         if key is None:
-            raise ConfigError(f"environment variable {var}={environ[var]!r} is not a config key; "
-                              f"valid names follow ERDMA_<SECTION>_<KEY>" + did_you_mean(var, list(by_env)))
-        values[key] = options[key].coerce(key, environ[var], from_text=True)
+            if var in declared:
+                continue
+            raise ConfigError(f"environment variable {var}={environ[var]!r} is not a config key and no installed "
+                              "plugin declares it; config keys follow ERDMA_<SECTION>_<KEY>"
+                              + did_you_mean(var, [*long_names, *SHORTHANDS, *declared]))
+        if key not in options:
+            continue
+        value = _coerce(options[key], key, environ[var], f"environment variable {var}", from_text=True)
+        earlier = from_env.get(key)
+        if earlier is not None:
+            long_var, short_var = (var, earlier) if var in long_names else (earlier, var)
+            if environ[long_var] != environ[short_var]:
+                msg = (f"{short_var}={environ[short_var]!r} and {long_var}={environ[long_var]!r} both set "
+                       f"{key!r}; the long name wins")
+                warnings.warn(msg, ConfigWarning, stacklevel=3)
+                log.warning("%s", msg)
+            if var not in long_names:
+                continue  # the shorthand never overrides its long name
+        values[key] = value
         sources[key] = f"env {var}"
+        from_env[key] = var
 
     for key, value in (overrides or {}).items():
         if key not in options:
             raise ConfigError(f"unknown config key {key!r}" + did_you_mean(key, list(options)))
-        values[key] = options[key].coerce(key, value)
+        values[key] = _coerce(options[key], key, value, "argument")
         sources[key] = "argument"
     return Config(values, sources, schema)
+
+
+def _coerce(option: Option, key: str, value: Any, origin: str, *, from_text: bool = False) -> Any:
+    """``option.coerce``, with the error saying where the bad value came from."""
+    try:
+        return option.coerce(key, value, from_text=from_text)
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None

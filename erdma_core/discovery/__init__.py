@@ -1,4 +1,7 @@
-"""Rendezvous: how ranks find each other (the built-in discovery methods env://, tcp://, file://)."""
+"""Discovery: how the ranks of a job find each other. ``discovery.init_method`` is a URL (as torch's
+``init_method``); its scheme picks the discovery method, which gives every rank the same ``Store``, a small
+key-value store the ranks publish their addresses in and agree through. Built in: ``env://``, ``tcp://``,
+``file://``; plugins add more (``erdma_register_discovery``)."""
 
 from __future__ import annotations
 

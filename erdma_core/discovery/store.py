@@ -1,4 +1,4 @@
-"""Key-value stores for rendezvous: ``TCPStore`` (served by one rank) and ``FileStore`` (a shared folder).
+"""Discovery stores: the ``Store`` interface, ``TCPStore`` (served by one rank) and ``FileStore`` (a shared folder).
 
 Every call takes a timeout; ``get`` waits for the key to appear. Values are bytes.
 """
@@ -24,6 +24,12 @@ _RESP = struct.Struct("<BI")  # status (0 ok, 1 timeout), value length
 
 
 class Store(Protocol):
+    """What a discovery method gives every rank of a job: the same key-value store. ``set`` publishes,
+    ``get`` waits up to ``timeout`` seconds for a key to appear (else ``CollectiveTimeoutError``), ``add``
+    is an atomic counter, ``close`` releases what this rank holds. Optional: ``host`` (the host ranks reach
+    the store at; the TCP transport advertises the address that routes there) and ``cleanup()`` (called by
+    rank 0 at the end of the job)."""
+
     def set(self, key: str, value: bytes) -> None: ...
 
     def get(self, key: str, timeout: float) -> bytes: ...
@@ -34,7 +40,7 @@ class Store(Protocol):
 
 
 def _timeout(key: str, timeout: float, where: str) -> CollectiveTimeoutError:
-    return CollectiveTimeoutError(f"rendezvous: key {key!r} did not appear in {where} within {timeout:.1f}s "
+    return CollectiveTimeoutError(f"discovery: key {key!r} did not appear in {where} within {timeout:.1f}s "
                                   f"(are all ranks started with the same init_method and world size?)")
 
 
@@ -94,7 +100,7 @@ class TCPStore:
         try:
             sock = dial(self.host, self.port, time.monotonic() + timeout)
         except OSError as exc:
-            raise CollectiveTimeoutError(f"rendezvous: cannot reach the store at {self.host}:{self.port} "
+            raise CollectiveTimeoutError(f"discovery: cannot reach the store at {self.host}:{self.port} "
                                          f"within {timeout:.1f}s: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
@@ -108,7 +114,7 @@ class TCPStore:
                 status, n = _RESP.unpack(recv_exact(self._sock, _RESP.size))
                 return status, recv_exact(self._sock, n)
             except (OSError, ConnectionError) as exc:
-                raise ErdmaError(f"rendezvous store at {self.host}:{self.port} failed: {exc}") from exc
+                raise ErdmaError(f"discovery store at {self.host}:{self.port} failed: {exc}") from exc
 
     def set(self, key: str, value: bytes) -> None:
         self._call(_SET, key, value, 1.0)

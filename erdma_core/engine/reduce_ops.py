@@ -18,7 +18,12 @@ class ReduceOp(enum.Enum):
 
     @property
     def code(self) -> int:
-        return list(ReduceOp).index(self) + 1
+        """The op's code in a frame header's ``redop`` field (0: none); never renumbered."""
+        return _CODES[self]
+
+
+_CODES = {ReduceOp.SUM: 1, ReduceOp.PROD: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4, ReduceOp.AVG: 5}
+NAMES = {code: op.name for op, code in _CODES.items()}
 
 
 _UFUNC = {

@@ -1,4 +1,4 @@
-"""The per-process state behind every ProcessGroup of a job: config, store, transport."""
+"""The per-process state behind every ProcessGroup of a job: config, components, store, transport, codecs."""
 
 from __future__ import annotations
 
@@ -6,25 +6,37 @@ import itertools
 import threading
 from typing import Any
 
+from ..algorithms.schedule import Options
 from ..config import Config
 from ..discovery.store import Store
-from ..plugins.manager import Components
+from ..plugins.manager import Component, Components
+from .codecs import Codecs
 
 
 class Runtime:
-    def __init__(self, rank: int, world_size: int, config: Config, components: Components, store: Store,
-                 transport: Any, job: int) -> None:
+    def __init__(self, *, rank: int, world_size: int, config: Config, components: Components, store: Store,
+                 transport: Any, job: int, codecs: Codecs) -> None:
         self.rank, self.world_size = rank, world_size
         self.config, self.components = config, components
         self.store, self.transport, self.job = store, transport, job
+        self.codecs = codecs
         self.timeout: float = config["timeouts.collective"]
         self._groups = itertools.count(1)
+        self._algorithms: dict[tuple[str, str], tuple[Component, Options]] = {}
         self._closed = False
         self._lock = threading.Lock()
 
     def next_group_id(self) -> int:
         with self._lock:
             return next(self._groups)
+
+    def algorithm(self, op: str, name: str) -> tuple[Component, Options]:
+        """The registered algorithm ``name`` for ``op`` and its options from ``[algorithm.<op>.<name>]``."""
+        found = self._algorithms.get((op, name))
+        if found is None:
+            comp = self.components.algorithm(op, name)
+            found = self._algorithms[(op, name)] = (comp, Options.of(self.config.section(f"algorithm.{op}.{name}")))
+        return found
 
     def close(self) -> None:
         with self._lock:

@@ -1,4 +1,5 @@
-"""The core's own components, registered through the same hooks as any external plugin."""
+"""The core's own components, registered through the same hooks as any external plugin. (The core's own
+commands are the command line's, not a plugin's: ``erdma_core.cli.main`` adds them itself.)"""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from ..algorithms import alltoall, direct, halving_doubling, parameter_server, ring, tree
 from ..config.option import Option
+from ..engine.ops import OPS
 from .hookspecs import hookimpl
 
 
@@ -17,7 +19,7 @@ def _tcp(config: Any, section: dict[str, Any]) -> Any:
 
 
 TCP_OPTIONS = {
-    "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the rendezvous "
+    "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the discovery "
                            "host (127.0.0.1 on loopback)"),
     "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
     "port": Option(int, 0, "port to listen on; 0 picks a free one", minimum=0),
@@ -61,8 +63,8 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
     register("allreduce", "halving_doubling", halving_doubling.allreduce,
              description="recursive halving/doubling (Rabenseifner), any world size")
     register("allreduce", "tree", tree.allreduce, description="binomial reduce then binomial broadcast")
-    register("allreduce", "parameter_server", parameter_server.allreduce,
-             description="push to ps_servers shard servers, reduce, pull")
+    register("allreduce", "parameter_server", parameter_server.allreduce, options=PS_OPTIONS,
+             description="push to shard servers, reduce, pull")
     register("broadcast", "tree", tree.broadcast, description="binomial tree")
     register("reduce", "tree", tree.reduce, description="binomial tree")
     register("allgather", "ring", ring.allgather, description="ring")
@@ -75,19 +77,24 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
     register("barrier", "dissemination", direct.barrier, description="log2(p) rounds of zero-byte messages")
 
 
-@hookimpl(tryfirst=True)
-def erdma_add_commands(subparsers: Any) -> None:
-    from ..cli.main import add_core_commands
+PS_OPTIONS = {"servers": Option(int, 1, "how many ranks serve shards (rank i serves shard i)", minimum=1)}
+ENVIRONMENT = {
+    "ERDMA_CONFIG": "path of the config file (default: ./erdma.toml when present)",
+    "ERDMA_PLUGINS": "comma list: load only these external plugins",
+    "ERDMA_DISABLE_PLUGINS": "comma list: do not load these plugins",
+    "ERDMA_TRACE_PLUGINS": "1: log every hook call to stderr",
+}
 
-    add_core_commands(subparsers)
 
-
-_DEFAULTS = {"broadcast": "tree", "reduce": "tree", "allgather": "ring", "reduce_scatter": "ring",
-             "gather": "direct", "scatter": "direct", "alltoall": "pairwise", "barrier": "dissemination"}
+@hookimpl
+def erdma_register_environment(register: Callable[..., None]) -> None:
+    for name, description in ENVIRONMENT.items():
+        register(name, description)
 
 
 @hookimpl(trylast=True)
 def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
-    if op == "allreduce":
-        return "halving_doubling" if nbytes <= config["collectives.small_message_bytes"] else "ring"
-    return _DEFAULTS.get(op)
+    if op == "allreduce" and nbytes <= config["collectives.small_message_bytes"]:
+        return "halving_doubling"
+    info = OPS.get(op)
+    return info.default if info is not None else None

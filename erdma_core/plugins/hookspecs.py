@@ -2,8 +2,9 @@
 
 Plugins implement hooks with ``@erdma_core.hookimpl`` in a module (or object) named by an entry point in
 the group ``erdma.plugins``. The core's own components register through these same hooks
-(``erdma_core.plugins.builtin``). Registration hooks are called once when the plugin manager is built; decision
-hooks are called at most once per collective, never per chunk.
+(``erdma_core.plugins.builtin``). Registration hooks are called once when the plugin manager is built
+(``erdma_core.plugins.manager.build_plugin_manager``); decision hooks are called at most once per
+collective, never per chunk.
 """
 
 from __future__ import annotations
@@ -21,23 +22,27 @@ hookimpl = pluggy.HookimplMarker("erdma")
 def erdma_register_transports(register: Callable[..., None]) -> None:
     """Register transport factories.
 
-    Called by: ``erdma_core.plugins.load_components`` once, when the plugin manager is built.
+    Called by: ``erdma_core.plugins.manager.build_plugin_manager`` once, when the plugin manager is built.
     Arguments: ``register(name, factory, *, options=None, description="")``. ``factory(config, section)``
-    returns an object that satisfies ``erdma_core.transport.base.Transport``; it must be cheap to import
-    and do heavy imports (aioquic, pyverbs) only when called. ``options`` is a dict of
-    ``erdma_core.config.Option`` declaring the keys of the section ``[transport.<name>]``.
-    Returns: nothing. Not firstresult, not historic: every plugin's implementation is called.
+    returns an object that satisfies ``erdma_core.transport.base.Transport`` (most subclass
+    ``erdma_core.transport.base.MessageTransport``, or ``erdma_core.transport.stream.SocketTransport`` for
+    stream sockets); it must be cheap to import and do heavy imports (aioquic, pyverbs) only when called.
+    ``options`` is a dict of ``erdma_core.config.Option`` declaring the keys of the section
+    ``[transport.<name>]``; ``section`` is that section's values, ``config`` the whole
+    ``erdma_core.config.Config``. Returns: nothing. Not firstresult, not historic: every plugin's
+    implementation is called.
     """
 
 
 @hookspec
 def erdma_register_discovery(register: Callable[..., None]) -> None:
-    """Register discovery (rendezvous) methods: how ranks find each other's addresses.
+    """Register discovery methods: how ranks find each other's addresses, chosen by the URL scheme of
+    ``discovery.init_method`` (``env``, ``tcp``, ``file``, ...).
 
-    Called by: the plugin manager builder, once. Arguments: ``register(scheme, factory, *, options=None,
-    description="")``; ``scheme`` is the URL scheme of ``init_method`` (``env``, ``tcp``, ``file``, ...).
-    ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.discovery.Store``.
-    Returns: nothing. Every implementation is called.
+    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(scheme,
+    factory, *, options=None, description="")``. ``factory(url, rank, world_size, timeout, config)``
+    returns an ``erdma_core.discovery.Store`` (set, get with a timeout, add, close) that every rank of the job
+    shares. Returns: nothing. Every implementation is called.
     """
 
 
@@ -45,13 +50,13 @@ def erdma_register_discovery(register: Callable[..., None]) -> None:
 def erdma_register_traversals(register: Callable[..., None]) -> None:
     """Register NAT traversal strategies.
 
-    Called by: the plugin manager builder, once. Arguments: ``register(name, factory, *, options=None,
-    description="")``; ``factory(config, section)`` returns an ``erdma_core.traversal.Traversal``: its
-    ``advertise(host, port) -> (host, port)`` is called at set-up, once for each address the transport
-    listens on (QUIC striping workers have one each), and returns the address peers should dial.
-    Optionally ``udp_socket() -> socket | None``, called once before the transport connects: a bound UDP
-    socket a datagram transport (QUIC) must use instead of its own (a hole-punched NAT mapping).
-    Returns: nothing. Every implementation is called.
+    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
+    factory, *, options=None, description="")``; ``factory(config, section)`` returns an
+    ``erdma_core.traversal.Traversal``: its ``advertise(host, port) -> (host, port)`` is called at set-up,
+    once for each address the transport listens on (QUIC striping workers have one each), and returns the
+    address peers should dial. Optionally ``udp_socket() -> socket | None``, called once before the
+    transport connects: a bound UDP socket a datagram transport (QUIC) must use instead of its own (a
+    hole-punched NAT mapping). Returns: nothing. Every implementation is called.
     """
 
 
@@ -59,9 +64,12 @@ def erdma_register_traversals(register: Callable[..., None]) -> None:
 def erdma_register_compressors(register: Callable[..., None]) -> None:
     """Register compressors.
 
-    Called by: the plugin manager builder, once. Arguments: ``register(name, factory, *, options=None,
-    description="")``; ``factory(config, section)`` returns an ``erdma_core.compression.Compressor``.
-    Returns: nothing. Every implementation is called.
+    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
+    factory, *, options=None, description="")``; ``factory(config, section)`` returns an
+    ``erdma_core.compression.Compressor``. Its wire id is ``erdma_core.transport.wire.codec_id(name)``; two
+    names with the same id are refused. The executor calls the configured compressor's ``encode`` for each
+    message of at least ``compression.min_bytes`` and any installed compressor's ``decode`` for a message
+    that names it. Returns: nothing. Every implementation is called.
     """
 
 
@@ -69,10 +77,24 @@ def erdma_register_compressors(register: Callable[..., None]) -> None:
 def erdma_register_algorithms(register: Callable[..., None]) -> None:
     """Register collective algorithms (pure schedules).
 
-    Called by: the plugin manager builder, once. Arguments: ``register(op, name, schedule_fn, *,
-    description="")``; ``op`` is one of ``erdma_core.algorithms.OPS``; ``schedule_fn(spec)`` takes an
-    ``erdma_core.algorithms.schedule.Spec`` and returns a ``Schedule`` (who sends which slice to whom).
-    Returns: nothing. Every implementation is called.
+    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(op, name,
+    schedule_fn, *, options=None, description="")``; ``op`` is one of ``erdma_core.engine.ops.COLLECTIVES``;
+    ``schedule_fn(spec)`` takes an ``erdma_core.algorithms.schedule.Spec`` and returns a list of
+    ``erdma_core.algorithms.schedule.Step`` (who sends which slice to whom); ``options`` declares the keys
+    of ``[algorithm.<op>.<name>]``, which reach the schedule as ``spec.options``. The executor checks each
+    schedule once (``erdma_core.engine.plans.check``) and refuses one it could run wrongly, naming the
+    algorithm and this plugin. Returns: nothing. Every implementation is called.
+    """
+
+
+@hookspec
+def erdma_register_environment(register: Callable[..., None]) -> None:
+    """Declare the ``ERDMA_*`` environment variables a plugin reads that are not config keys (e.g.
+    ``ERDMA_KEYS_DIR`` of erdma-quic). Any other ``ERDMA_*`` variable that is not a config key is refused
+    with an error naming it, so a typo never goes unnoticed.
+
+    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
+    description)``. Returns: nothing. Every implementation is called.
     """
 
 
@@ -80,12 +102,12 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
 def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
     """Choose the algorithm for one collective whose config says ``auto``.
 
-    Called by: ``ProcessGroup`` once per collective, before the schedule is built, only when the config
-    leaves the op on ``auto``. Arguments: ``op`` (e.g. ``"allreduce"``), ``nbytes`` (bytes of the local
-    input), ``world_size``, ``config`` (the effective ``Config``). Every rank calls it with the same
-    arguments, so the answer must be a pure function of them. Returns: a registered algorithm name, or
-    None to defer to the next implementation. firstresult: the first non-None answer wins; the core's
-    answer (by the ``[collectives]`` size thresholds) is registered first and so runs last.
+    Called by: ``erdma_core.api.process_group.ProcessGroup`` once per collective, before the schedule is
+    built, only when the config leaves the op on ``auto``. Arguments: ``op`` (e.g. ``"allreduce"``),
+    ``nbytes`` (bytes of the local input), ``world_size``, ``config`` (the effective ``Config``). Every rank
+    calls it with the same arguments, so the answer must be a pure function of them. Returns: a registered
+    algorithm name, or None to defer to the next implementation. firstresult: the first non-None answer
+    wins; the core's answer (by the ``[collectives]`` size thresholds) is registered first and so runs last.
     """
 
 
@@ -93,9 +115,10 @@ def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -
 def erdma_add_commands(subparsers: Any) -> None:
     """Add subcommands to the ``erdma`` command line (e.g. ``erdma keys`` from erdma-quic).
 
-    Called by: ``erdma_core.cli.main`` once, while it builds its parser, before arguments are parsed.
-    Arguments: ``subparsers``, the ``argparse`` sub-parser action of ``erdma``. An implementation adds
-    parsers with ``subparsers.add_parser(name, help=...)`` and sets ``handler=fn`` on each with
-    ``set_defaults``; ``fn(args) -> int`` runs the command and returns the exit status. It must not import
-    heavy modules until ``fn`` runs. Returns: nothing. Every implementation is called.
+    Called by: ``erdma_core.cli.main.main`` once, while it builds its parser, after the core's own
+    commands, before arguments are parsed. Arguments: ``subparsers``, the ``argparse`` sub-parser action of
+    ``erdma``. An implementation adds parsers with ``subparsers.add_parser(name, help=...)`` and sets
+    ``handler=fn`` on each with ``set_defaults``; ``fn(args) -> int`` runs the command and returns the exit
+    status. It must not import heavy modules until ``fn`` runs. Returns: nothing. Every implementation is
+    called.
     """

@@ -23,24 +23,34 @@ from . import hookspecs
 log = logging.getLogger("erdma.plugins")
 ENTRY_POINT_GROUP = "erdma.plugins"
 KINDS = ("transport", "discovery", "traversal", "compressor")
+SECTION = {"transport": "transport", "discovery": "discovery", "traversal": "traversal", "compressor": "compression"}
 # Components we know of that live in distributions of their own: the advice for "not installed".
 KNOWN: dict[str, dict[str, str]] = {
     "transport": {"quic": "erdma-quic", "verbs": "erdma-verbs", "dpdk": "erdma-dpdk"},
-    "discovery": {"kademlia": "erdma-p2p"},
-    "traversal": {"stun": "erdma-p2p", "holepunch": "erdma-p2p", "turn": "erdma-p2p"},
-    "compressor": {"nvcomp": "erdma-gpucomp", "gpu": "erdma-gpucomp", "topk": "erdma-gpucomp"},
+    "discovery": {"dht": "erdma-p2p"},
+    "traversal": {"ice": "erdma-p2p", "stun": "erdma-p2p", "holepunch": "erdma-p2p", "turn": "erdma-p2p"},
+    "compressor": {name: "erdma-gpucomp" for name in (
+        "fp16", "bf16", "int8", "int4", "topk", "lz4", "cascaded", "bitcomp", "ans", "gdeflate", "zstd")},
     "algorithm": {"naca": "erdma-naca"},
 }
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class Component:
+    """A registered component. ``op`` is set for algorithms (the collective it implements)."""
+
     kind: str
     name: str
     factory: Callable[..., Any]
     plugin: str
     options: Mapping[str, Option] = attrs.field(factory=dict)
     description: str = ""
+    op: str = ""
+
+    @property
+    def section(self) -> str:
+        """The component's config section: ``[transport.quic]``, ``[algorithm.allreduce.ring]``, ..."""
+        return f"algorithm.{self.op}.{self.name}" if self.kind == "algorithm" else f"{SECTION[self.kind]}.{self.name}"
 
 
 @attrs.frozen
@@ -60,24 +70,32 @@ class Components:
         self.plugins = plugins
         self.by_kind: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
         self.algorithms: dict[str, dict[str, Component]] = {}
+        self.codecs: dict[int, Component] = {}  # compressors by wire codec id
+        self.environment: dict[str, tuple[str, str]] = {}  # ERDMA_* variable -> (plugin, description)
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.by_kind[kind])
 
     def hint(self, kind: str) -> Callable[[str], str]:
-        """Advice for an unknown name: which distribution provides it (or the known name it resembles)."""
+        """Advice for an unknown name: the load error of an installed plugin that failed (it may be the one
+        that provides the name), or which distribution provides it, or the known name it resembles."""
         def advise(name: str) -> str:
             known = KNOWN.get(kind, {})
-            if name not in known:
-                close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-                if not close or close[0] in self.by_kind.get(kind, {}):
-                    return ""
-                return f"; did you mean {close[0]!r}? it is provided by `pip install {known[close[0]]}`"
-            dist = known[name]
-            failed = [p for p in self.plugins if p.error and p.distribution == dist]
+            dist = known.get(name)
+            failed = [p for p in self.plugins if p.error]
+            mine = [p for p in failed if p.distribution == dist]
+            if mine:
+                return f"; {dist} is installed but failed to load: {mine[0].error}"
             if failed:
-                return f"; {dist} is installed but failed to load: {failed[0].error}"
-            return f"; it is provided by `pip install {dist}`"
+                return "".join(f"; plugin {p.name!r} ({p.distribution} {p.version}) is installed but failed to load, "
+                               f"so what it provides is missing: {p.error}" for p in failed)
+            if dist is not None:
+                return f"; it is provided by `pip install {dist}`"
+            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+            registered = self.by_kind[kind] if kind in self.by_kind else {n for a in self.algorithms.values() for n in a}
+            if not close or close[0] in registered:
+                return ""
+            return f"; did you mean {close[0]!r}? it is provided by `pip install {known[close[0]]}`"
         return advise
 
     def get(self, kind: str, name: str) -> Component:
@@ -90,14 +108,7 @@ class Components:
 
     def create(self, kind: str, name: str, *args: Any) -> Any:
         """Instantiate a selected component; a failure is a hard error naming the plugin and the cause."""
-        comp = self.get(kind, name)
-        try:
-            return comp.factory(*args)
-        except ErdmaError:
-            raise  # the component's own, already specific, error
-        except Exception as exc:
-            raise PluginError(f"{kind} {name!r} from plugin {comp.plugin!r} failed to load: "
-                              f"{type(exc).__name__}: {exc}") from exc
+        return instantiate(self.get(kind, name), *args)
 
     def algorithm(self, op: str, name: str) -> Component:
         try:
@@ -109,13 +120,20 @@ class Components:
                               + self.hint("algorithm")(name)) from None
 
     def option_sections(self) -> dict[str, dict[str, Option]]:
-        """Plugin-declared config sections, ``[<kind>.<name>]``."""
-        out = {}
-        for kind, comps in self.by_kind.items():
-            for comp in comps.values():
-                if comp.options:
-                    out[f"{kind if kind != 'compressor' else 'compression'}.{comp.name}"] = dict(comp.options)
-        return out
+        """Plugin-declared config sections: ``[<kind>.<name>]``, ``[algorithm.<op>.<name>]``."""
+        comps = [c for kind in self.by_kind.values() for c in kind.values()]
+        comps += [c for op in self.algorithms.values() for c in op.values()]
+        return {c.section: dict(c.options) for c in comps if c.options}
+
+
+def instantiate(comp: Component, *args: Any) -> Any:
+    try:
+        return comp.factory(*args)
+    except ErdmaError:
+        raise  # the component's own, already specific, error
+    except Exception as exc:
+        raise PluginError(f"{comp.kind} {comp.name!r} from plugin {comp.plugin!r} failed to load: "
+                          f"{type(exc).__name__}: {exc}") from exc
 
 
 def _env_list(name: str) -> set[str] | None:
@@ -127,7 +145,7 @@ def build_plugin_manager() -> Components:
     """Build a fresh plugin manager: built-ins first, then every allowed entry point, then collect components."""
     from importlib.metadata import entry_points
 
-    from stevedore import NamedExtensionManager
+    from stevedore import ExtensionManager, NamedExtensionManager
 
     from . import builtin
 
@@ -142,6 +160,7 @@ def build_plugin_manager() -> Components:
         log.warning("erdma plugin %r (%s) failed to load, skipped: %s: %s", ep.name, dist, type(exc).__name__, exc)
         infos.append(PluginInfo(ep.name, dist, _version(dist), (), f"{type(exc).__name__}: {exc}"))
 
+    ExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)  # stevedore's, filled once per process
     names = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
     wanted = [n for n in names if (allow is None or n in allow) and n not in deny]
     for skipped in sorted(set(names) - set(wanted)):
@@ -160,6 +179,8 @@ def build_plugin_manager() -> Components:
 
 
 def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
+    from ..transport.wire import codec_id
+
     comps = Components(pm, infos)
     current = {"plugin": "builtin"}
 
@@ -169,27 +190,53 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
             if name in comps.by_kind[kind]:
                 raise PluginError(f"{kind} {name!r} registered twice: by {comps.by_kind[kind][name].plugin!r} "
                                   f"and {current['plugin']!r}")
-            comps.by_kind[kind][name] = Component(kind, name, factory, current["plugin"], options or {}, description)
+            comp = Component(kind, name, factory, current["plugin"], dict(options or {}), description)
+            if kind == "compressor":
+                cid = codec_id(name)
+                other = comps.codecs.get(cid)
+                if other is not None or cid == 0:
+                    raise PluginError(f"compressor {name!r} of plugin {current['plugin']!r} has codec id {cid:#010x}, "
+                                      f"which {'is RAW' if cid == 0 else f'compressor {other.name!r} has'}; rename it")
+                comps.codecs[cid] = comp
+            comps.by_kind[kind][name] = comp
         return register
 
-    def register_algorithm(op: str, name: str, schedule_fn: Callable[..., Any], *, description: str = "") -> None:
-        comps.algorithms.setdefault(op, {})[name] = Component("algorithm", name, schedule_fn, current["plugin"],
-                                                              {}, description)
+    def register_algorithm(op: str, name: str, schedule_fn: Callable[..., Any], *,
+                           options: Mapping[str, Option] | None = None, description: str = "") -> None:
+        from ..engine.ops import COLLECTIVES
+
+        if op not in COLLECTIVES:
+            raise PluginError(f"plugin {current['plugin']!r} registered algorithm {name!r} for {op!r}, which is not "
+                              f"a collective; valid: {', '.join(COLLECTIVES)}" + did_you_mean(op, COLLECTIVES))
+        mine = comps.algorithms.setdefault(op, {})
+        if name in mine:
+            raise PluginError(f"{op} algorithm {name!r} registered twice: by {mine[name].plugin!r} and "
+                              f"{current['plugin']!r}")
+        mine[name] = Component("algorithm", name, schedule_fn, current["plugin"], dict(options or {}), description, op)
+
+    def register_env(name: str, description: str) -> None:
+        if not name.startswith("ERDMA_"):
+            raise PluginError(f"plugin {current['plugin']!r} declared environment variable {name!r}; "
+                              "only ERDMA_* names need declaring")
+        if name in comps.environment:
+            raise PluginError(f"environment variable {name} declared twice: by {comps.environment[name][0]!r} "
+                              f"and {current['plugin']!r}")
+        comps.environment[name] = (current["plugin"], description)
 
     hooks = {
-        "transport": pm.hook.erdma_register_transports,
-        "discovery": pm.hook.erdma_register_discovery,
-        "traversal": pm.hook.erdma_register_traversals,
-        "compressor": pm.hook.erdma_register_compressors,
+        "erdma_register_transports": registrar("transport"),
+        "erdma_register_discovery": registrar("discovery"),
+        "erdma_register_traversals": registrar("traversal"),
+        "erdma_register_compressors": registrar("compressor"),
+        "erdma_register_algorithms": register_algorithm,
+        "erdma_register_environment": register_env,
     }
     # Call each plugin's implementation separately so every component knows which plugin registered it.
     for plugin_name, plugin in pm.list_name_plugin():
         current["plugin"] = plugin_name or "?"
-        for kind, hook in hooks.items():
-            pm.subset_hook_caller(hook.name, [p for p in pm.get_plugins() if p is not plugin])(
-                register=registrar(kind))
-        pm.subset_hook_caller("erdma_register_algorithms", [p for p in pm.get_plugins() if p is not plugin])(
-            register=register_algorithm)
+        others = [p for p in pm.get_plugins() if p is not plugin]
+        for hook, register in hooks.items():
+            pm.subset_hook_caller(hook, others)(register=register)
     return comps
 
 

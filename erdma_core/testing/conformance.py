@@ -4,7 +4,7 @@
 
     class TestQuic(TransportConformance):
         transport = "quic"
-        config = {"transport.quic.insecure_test_certs": True}
+        config = {"transport.quic.secret": "test-secret"}
 
 The tests run real worlds through the ``erdma_world`` fixture of ``erdma_core.testing.pytest_plugin``.
 """

@@ -38,7 +38,7 @@ def route_source(towards: str) -> str:
 
 
 def choose(bind_address: str, interface: str, towards: str | None) -> tuple[str, str]:
-    """Return ``(bind host, advertised host)`` from the config and the rendezvous host."""
+    """Return ``(bind host, advertised host)`` from the config and the discovery host."""
     if interface:
         host = interface_ipv4(interface)
         return host, host
@@ -49,7 +49,7 @@ def choose(bind_address: str, interface: str, towards: str | None) -> tuple[str,
 
 
 def published(store: Any, key: str, timeout: float) -> tuple[str, int]:
-    """The ``host:port`` a rank published under ``key`` in the rendezvous store, host resolved to an IPv4
+    """The ``host:port`` a rank published under ``key`` in the discovery store, host resolved to an IPv4
     address (waits up to ``timeout`` seconds for it, as ``store.get`` does)."""
     host, port = store.get(key, timeout).decode().rsplit(":", 1)
     return socket.gethostbyname(host), int(port)

@@ -1,17 +1,29 @@
-"""What a transport provides. Algorithms never see a transport; the executor drives it with these calls."""
+"""What a transport provides, and ``MessageTransport``, the base every message transport builds on.
+
+Algorithms never see a transport; the executor drives it through ``Transport``'s calls.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
 
 from ..discovery.store import Store
-from .mailbox import Request
-from .wire import Header
+from ..errors import PeerLostError
+from .frames import FrameInbox
+from .mailbox import Mailbox, Request
+from .wire import ABORT, BYE, DATA, Header, abort_body, control
+
+log = logging.getLogger("erdma.transport")
+_CONTROL_WAIT = 2.0  # seconds ABORT and BYE frames may take to leave
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TransportContext:
     """Everything a transport needs at set-up."""
 
@@ -20,19 +32,19 @@ class TransportContext:
     store: Store
     job: int
     connect_timeout: float
-    advertise: Any = None  # traversal: ``advertise(host, port) -> (host, port)``
+    advertise: Callable[[str, int], tuple[str, int]] | None = None  # traversal: the address peers should dial
     udp_socket: Any = None  # a bound UDP socket handed over by the traversal (``Traversal.udp_socket``), or None
 
 
 class Transport(Protocol):
-    """A full mesh of reliable, ordered message channels between the ranks of one job.
+    """A full mesh of reliable message channels between the ranks of one job.
 
     Contract: ``connect`` returns once every peer is reachable or raises (within ``connect_timeout``).
-    ``isend``/``irecv`` never block for long and return a ``Request``; frames between two ranks are
-    delivered in order; a receive matches a send by (peer, ``header.key``); a receive whose header
-    disagrees with the sender's (opcode, dtype, numel, nbytes) fails with ``MismatchError``. A lost
-    peer fails every pending and later request with ``PeerLostError``. ``abort`` fails everything and
-    tells the peers (they fail with ``AbortedError`` carrying the reason). ``close`` is idempotent.
+    ``isend``/``irecv`` never block for long and return a ``Request``; a receive matches a send by (peer,
+    ``header.key``); a receive whose header disagrees with the sender's (opcode, reduce op, dtype, numel,
+    count) fails with ``MismatchError``. A lost peer fails every pending and later request with
+    ``PeerLostError``. ``abort`` fails everything and tells the peers (they fail with an error carrying the
+    reason). ``close`` is idempotent.
 
     ``devices`` names the device types whose memory the transport moves without a host copy ("cpu" for
     host memory). Front ends (the torch backend) stage tensors of any other device through host memory,
@@ -54,3 +66,136 @@ class Transport(Protocol):
     def abort(self, error: BaseException) -> None: ...
 
     def close(self) -> None: ...
+
+
+class MessageTransport:
+    """What message transports have in common, so that a transport plugin writes only connection set-up
+    and byte movement. The base owns the mailbox that matches frames to receives, ``isend``/``irecv``,
+    ABORT (a rank that gives up tells every peer why), BYE at close (sent after the data, carrying how many
+    data frames went before it) and turning a lost peer into ``PeerLostError`` on every pending and later
+    request, on this rank and, through ABORT, on every other.
+
+    A subclass sets ``name`` (how errors name it: "TCP", "QUIC") and implements:
+
+    * ``open(ctx)``: connect to every other rank; return once all are reachable, or raise within
+      ``ctx.connect_timeout``. ``self.rank``, ``self.world_size``, ``self.job`` and ``self.mailbox`` are set.
+    * ``post(peer, header, payload, deadline, req, urgent)``: send one frame to ``peer``, after every frame
+      posted to it before (unless ``urgent``: an ABORT may overtake queued data). Complete ``req`` once the
+      bytes are handed to the network, or fail it (``self.peer_lost`` makes the error). May block, never past
+      ``deadline``.
+    * ``shutdown()``: close every connection; called once, after the BYE frames were posted (also after a
+      failed ``open``).
+
+    What arrives from a peer goes through ``self.inbox(peer)`` (``FrameInbox``: a frame's header, then its
+    payload), for a byte stream through a ``StreamReader`` over it. A connection that fails calls
+    ``self.peer_lost(peer, why)``.
+    """
+
+    name = "?"
+    devices: frozenset[str] = frozenset({"cpu"})
+
+    def __init__(self) -> None:
+        self.rank = -1
+        self.world_size = 0
+        self.job = 0
+        self.mailbox: Mailbox = None  # type: ignore[assignment]  # set by connect
+        self.closing = False
+        self._inboxes: dict[int, FrameInbox] = {}
+        self._sent: dict[int, int] = {}  # DATA frames posted to each peer (a BYE says how many)
+        self._count_lock = threading.Lock()
+
+    # ---- for subclasses ---------------------------------------------------------------------------------
+    def open(self, ctx: TransportContext) -> None:
+        raise NotImplementedError
+
+    def post(self, peer: int, header: Header, payload: memoryview, deadline: float, req: Request,
+             urgent: bool = False) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def inbox(self, peer: int) -> FrameInbox:
+        """Where frames from ``peer`` go."""
+        return self._inboxes[peer]
+
+    def peer_lost(self, peer: int, why: object) -> PeerLostError:
+        """A connection to ``peer`` failed: fail everything pending here and tell the other peers (unless
+        this rank is closing). Returns the error, for a caller that must also raise it."""
+        err = PeerLostError(f"rank {self.rank}: lost rank {peer} over {self.name}: {why}", peer=peer, rank=self.rank)
+        if self.closing or self.mailbox is None:
+            return err
+        if self.mailbox.aborted is None:
+            log.warning("%s", err)
+        self.abort(err, wait=False)
+        return err
+
+    # ---- the Transport calls ------------------------------------------------------------------------------
+    def connect(self, ctx: TransportContext) -> None:
+        self.rank, self.world_size, self.job = ctx.rank, ctx.world_size, ctx.job
+        self.mailbox = Mailbox(ctx.rank, ctx.job)
+        peers = [p for p in range(ctx.world_size) if p != ctx.rank]
+        self._inboxes = {p: FrameInbox(ctx.rank, p, self.mailbox) for p in peers}
+        self._sent = dict.fromkeys(peers, 0)
+        try:
+            self.open(ctx)
+        except BaseException:
+            self.closing = True
+            self.shutdown()
+            raise
+
+    def begin(self, group: int, seq: int) -> None:
+        self.mailbox.begin(group, seq)
+
+    def irecv(self, peer: int, header: Header, out: memoryview) -> Request:
+        return self.mailbox.post_recv(peer, header, out)
+
+    def isend(self, peer: int, header: Header, data: memoryview, deadline: float) -> Request:
+        req = Request()
+        if self.mailbox.aborted is not None:
+            req.complete(self.mailbox.aborted)
+            return req
+        if header.kind == DATA:
+            with self._count_lock:
+                self._sent[peer] += 1
+        self.post(peer, header, data, deadline, req)
+        return req
+
+    def abort(self, error: BaseException, wait: bool = True) -> None:
+        """Fail everything pending here and tell every reachable peer why (first cause wins; bounded).
+        ``wait=False`` from the transport's own I/O threads, which must not wait on themselves."""
+        first = self.mailbox.aborted is None
+        self.mailbox.abort(error)
+        if not first or self.closing:
+            return
+        body = memoryview(abort_body(error))
+        head = control(ABORT, self.job, nbytes=len(body))
+        lost = getattr(error, "peer", None)
+        self._to_all([p for p in self._sent if p != lost], lambda p: head, body, urgent=True, wait=wait)
+
+    def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        if self.mailbox is not None:
+            with self._count_lock:
+                sent = dict(self._sent)
+            self._to_all(list(sent), lambda p: control(BYE, self.job, seq=sent[p]), memoryview(b""), urgent=False,
+                         wait=True)
+        self.shutdown()
+
+    def _to_all(self, peers: list[int], head: Callable[[int], Header], body: memoryview, *, urgent: bool,
+                wait: bool) -> None:
+        deadline = time.monotonic() + _CONTROL_WAIT
+        reqs = []
+        for peer in peers:
+            r = Request()
+            try:
+                self.post(peer, head(peer), body, deadline, r, urgent)
+            except Exception as exc:  # best effort: that peer is unreachable
+                log.debug("rank %d: control frame to rank %d not sent: %s", self.rank, peer, exc)
+                continue
+            reqs.append(r)
+        if wait:
+            for r in reqs:
+                r.settled(max(0.0, deadline - time.monotonic()))

@@ -1,8 +1,10 @@
 """Sans-IO message matching shared by transports: posted receives meet arriving frames by key.
 
 A transport's reader calls ``on_header`` when a frame header arrives and gets back the buffer to read the
-payload into (the posted receive's own memory when one is waiting, so large messages land in place), then
-``on_payload`` once the payload is in. The collective side calls ``post_recv`` / ``begin``. No sockets here.
+payload into (the posted receive's own memory when one is waiting and the payload is raw, so large messages
+land in place), then ``on_payload`` once the payload is in. An encoded payload (a compressor's, ``codec`` in
+the header) lands in a buffer of its own, bounded by what the receive expects, and the completed request
+carries it for the engine to decode. The collective side calls ``post_recv`` / ``begin``. No sockets here.
 """
 
 from __future__ import annotations
@@ -12,20 +14,27 @@ import time
 
 import numpy as np
 
-from ..engine import dtypes
-from ..engine.reduce_ops import ReduceOp
+from ..engine import dtypes, ops, reduce_ops
 from ..errors import MismatchError, ProtocolError
-from .wire import OPNAMES, P2P_GROUP_BIT, Header
+from .wire import P2P_GROUP_BIT, RAW, Header
+
+
+def encoded_limit(raw_bytes: int) -> int:
+    """The most payload bytes an encoded message of ``raw_bytes`` (decoded) may carry: a receiver never
+    allocates more on a peer's word, and a sender whose encoding is larger sends the raw bytes instead."""
+    return raw_bytes + (raw_bytes >> 3) + (1 << 16)
 
 
 class Request:
-    """One send or receive. ``wait`` returns when done or raises what failed it."""
+    """One send or receive. ``wait`` returns when done or raises what failed it. A receive whose message
+    came encoded has ``encoded`` set: ``(header, payload)``, the payload to decode into the receive's memory."""
 
-    __slots__ = ("_event", "error")
+    __slots__ = ("_event", "encoded", "error")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.error: BaseException | None = None
+        self.encoded: tuple[Header, memoryview] | None = None
 
     def complete(self, error: BaseException | None = None) -> None:
         if not self._event.is_set():
@@ -34,6 +43,10 @@ class Request:
 
     def done(self) -> bool:
         return self._event.is_set()
+
+    def settled(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the request to finish, well or not; True if it did."""
+        return self._event.wait(timeout)
 
     def wait(self, deadline: float) -> bool:
         """Wait until ``deadline`` (time.monotonic()); False on timeout, raise the request's error."""
@@ -61,22 +74,25 @@ class _Early:
         self.waiter: _Posted | None = None
 
 
-_REDUCE_NAMES = {o.code: o.name for o in ReduceOp}
-
-
 def describe(h: Header) -> str:
-    op = OPNAMES.get(h.opcode, f"op#{h.opcode}")
-    red = f", op={_REDUCE_NAMES.get(h.flags, h.flags)}" if h.flags else ""
-    return f"{op}(dtype={dtypes.name_of(h.dtype)}, numel={h.numel}, bytes={h.nbytes}{red})"
+    red = f", op={reduce_ops.NAMES.get(h.redop, h.redop)}" if h.redop else ""
+    return f"{ops.name_of(h.opcode)}(dtype={dtypes.name_of(h.dtype)}, numel={h.numel}, count={h.count}{red})"
 
 
-def check_match(rank: int, peer: int, expected: Header, got: Header) -> MismatchError | None:
-    fields = ("opcode", "flags", "dtype", "numel", "nbytes")
-    if all(getattr(expected, f) == getattr(got, f) for f in fields):
-        return None
-    op = OPNAMES.get(expected.opcode, "?")
-    return MismatchError(f"rank {rank}: {op} mismatch between ranks {rank} and {peer}: rank {rank} called "
-                         f"{describe(expected)}, rank {peer} called {describe(got)}", rank=rank, op=op)
+def check_match(rank: int, peer: int, expected: Header, got: Header) -> MismatchError | ProtocolError | None:
+    """``expected``: the receive's header (raw: ``nbytes`` is its memory); ``got``: the arriving frame's."""
+    fields = ("opcode", "redop", "dtype", "numel", "count")
+    if not all(getattr(expected, f) == getattr(got, f) for f in fields):
+        op = ops.name_of(expected.opcode)
+        return MismatchError(f"rank {rank}: {op} mismatch between ranks {rank} and {peer}: rank {rank} called "
+                             f"{describe(expected)}, rank {peer} called {describe(got)}", rank=rank, op=op)
+    if got.codec == RAW and got.nbytes != expected.nbytes:
+        return ProtocolError(f"rank {rank}: rank {peer} sent {got.nbytes} raw bytes for {got.count} elements of "
+                             f"{dtypes.name_of(got.dtype)}; {expected.nbytes} expected")
+    if got.codec != RAW and got.nbytes > encoded_limit(expected.nbytes):
+        return ProtocolError(f"rank {rank}: rank {peer} sent {got.nbytes} encoded bytes for {expected.nbytes} "
+                             f"raw bytes (at most {encoded_limit(expected.nbytes)} allowed)")
+    return None
 
 
 class Mailbox:
@@ -144,6 +160,10 @@ class Mailbox:
         err = check_match(self.rank, peer, posted.meta, h)
         if err is not None:
             return None, ("fail", key, err)
+        if h.codec != RAW:
+            staged = memoryview(bytearray(h.nbytes))
+            posted.req.encoded = (h, staged)
+            return staged, ("done", key, None)
         return posted.out, ("done", key, None)
 
     def on_payload(self, token: object) -> None:
@@ -193,7 +213,10 @@ class Mailbox:
 def _deliver(rank: int, peer: int, posted: _Posted, early: _Early) -> None:
     err = check_match(rank, peer, posted.meta, early.header)
     if err is None:
-        posted.out[:] = early.data
+        if early.header.codec != RAW:
+            posted.req.encoded = (early.header, memoryview(early.data))
+        else:
+            posted.out[:] = early.data
     posted.req.complete(err)
 
 

@@ -1,9 +1,13 @@
-"""Blocking-socket helpers shared by the rendezvous store and the TCP transport."""
+"""Blocking-socket helpers shared by the discovery store and the stream transports."""
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -18,14 +22,20 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def dial(host: str, port: int, deadline: float) -> socket.socket:
-    """Connect, retrying with back-off until ``deadline`` (time.monotonic()); then raise the last OSError."""
+def retrying(connect: Callable[[float], T], deadline: float) -> T:
+    """``connect(timeout)`` until it succeeds, with back-off, until ``deadline`` (time.monotonic()); then
+    raise the last OSError. For dialling a peer that may not be listening yet."""
     delay = 0.01
     while True:
         try:
-            return socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
+            return connect(max(0.1, deadline - time.monotonic()))
         except OSError:
             if time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
             delay = min(2 * delay, 0.5)
+
+
+def dial(host: str, port: int, deadline: float) -> socket.socket:
+    """A TCP connection to ``host:port``, retried until ``deadline``."""
+    return retrying(lambda timeout: socket.create_connection((host, port), timeout=timeout), deadline)

@@ -1,60 +1,68 @@
-"""The eRDMA wire format, written down once. All integers little-endian.
+"""The eRDMA wire format, written down once. All integers little-endian; every code is an explicit number
+that never changes meaning (``tests/test_wire.py`` pins each one).
 
 HELLO (sent by the dialling rank, echoed by the accepting rank with ``status``), 32 bytes::
 
     magic  4s  b"ERDH"
     version H  WIRE_VERSION
     status  H  0 = request, 1 = accepted, 2 = rejected
-    job     Q  job id (from the rendezvous store, or a hash of security.job_token)
+    job     Q  job id (agreed through the discovery store, or a hash of security.job_token)
     rank    I  sender's global rank
     world   I  world size
     spare   Q  0
 
-FRAME header, 44 bytes, followed by ``nbytes`` of payload::
+FRAME header, 60 bytes, followed by ``nbytes`` of payload::
 
     magic  4s  b"ERDF"
-    kind    B  1 = DATA, 2 = ABORT (payload: error code, lost peer, UTF-8 reason), 3 = BYE (closing)
-    dtype   B  erdma_core.dtypes code (0 when not a typed payload)
-    opcode  B  OPCODES code of the collective (0 for ABORT)
-    flags   B  ReduceOp code of the collective (0: none)
+    kind    B  1 = DATA, 2 = ABORT (payload: ABORT_BODY then the UTF-8 reason), 3 = BYE (closing; ``seq``
+               is the number of DATA frames the sender sent to this peer before it)
+    dtype   B  erdma_core.engine.dtypes code (0 when not a typed payload)
+    opcode  B  erdma_core.engine.ops code of the collective (0 for ABORT and BYE)
+    redop   B  ReduceOp code of the collective (0: none)
     job     I  low 32 bits of the job id
     group   I  process-group id (bit 31 set: point-to-point send/recv)
-    seq     Q  collective sequence number in the group (send/recv: the user tag)
     tag     I  message index inside the collective
-    numel   Q  element count every rank must agree on (0: not checked)
-    nbytes  Q  payload length
+    seq     Q  collective sequence number in the group (send/recv: the user tag)
+    codec   I  0 = raw elements; else the id of the compressor that encoded the payload (``codec_id``)
+    meta    I  bytes of codec metadata at the start of the payload (0 when raw)
+    numel   Q  element count every rank must agree on for the whole op (0: not checked)
+    count   Q  elements this message carries once decoded
+    nbytes  Q  payload length on the wire
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 import attrs
 
 from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 HELLO = struct.Struct("<4sHHQIIQ")
 HELLO_MAGIC = b"ERDH"
-FRAME = struct.Struct("<4sBBBBIIQIQQ")
+FRAME = struct.Struct("<4sBBBBIIIQIIQQQ")
 FRAME_MAGIC = b"ERDF"
 DATA, ABORT, BYE = 1, 2, 3
 HELLO_REQUEST, HELLO_ACCEPTED, HELLO_REJECTED = 0, 1, 2
+RAW = 0  # codec of an unencoded payload
 P2P_GROUP_BIT = 1 << 31
 MAX_PAYLOAD = 1 << 40
-OPCODES = {name: i + 1 for i, name in enumerate((
-    "allreduce", "broadcast", "reduce", "allgather", "gather", "scatter", "reduce_scatter", "alltoall",
-    "barrier", "send", "recv", "header",
-))}
-OPNAMES = {v: k for k, v in OPCODES.items()}
+MAX_CONTROL_BYTES = 1 << 16  # ABORT and BYE payloads
 ABORT_BODY = struct.Struct("<Bi")  # ABORT payload: error class code, lost peer (or -1), then the UTF-8 reason
-_ABORT_CODES: dict[type[CollectiveError], int] = {MismatchError: 1, PeerLostError: 2, CollectiveTimeoutError: 3}
+ABORT_CODES: dict[type[CollectiveError], int] = {MismatchError: 1, PeerLostError: 2, CollectiveTimeoutError: 3}
+
+
+def codec_id(name: str) -> int:
+    """The wire id of the compressor called ``name``: CRC-32 of ``b"erdma-codec:" + name`` (0 is RAW)."""
+    return zlib.crc32(b"erdma-codec:" + name.encode())
 
 
 def abort_body(error: BaseException) -> bytes:
     """The payload of an ABORT frame telling peers why this rank gave up."""
-    code = next((c for cls, c in _ABORT_CODES.items() if isinstance(error, cls)), 0)
-    return ABORT_BODY.pack(code, getattr(error, "peer", -1)) + str(error).encode()
+    code = next((c for cls, c in ABORT_CODES.items() if isinstance(error, cls)), 0)
+    return ABORT_BODY.pack(code, getattr(error, "peer", -1)) + str(error).encode()[:MAX_CONTROL_BYTES - ABORT_BODY.size]
 
 
 def abort_error(rank: int, peer: int, body: bytes) -> CollectiveError:
@@ -69,7 +77,7 @@ def abort_error(rank: int, peer: int, body: bytes) -> CollectiveError:
     return cls(msg, rank=rank)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Hello:
     status: int
     job: int
@@ -88,39 +96,55 @@ class Hello:
             raise ProtocolError(f"bad hello magic {magic!r}; not an eRDMA peer")
         if version != WIRE_VERSION:
             raise ProtocolError(f"peer speaks wire version {version}, this rank {WIRE_VERSION}")
-        return cls(status, job, rank, world)
+        return cls(status=status, job=job, rank=rank, world=world)
 
 
-@attrs.frozen
+@attrs.define(kw_only=True)
 class Header:
+    """One frame header (treat as immutable; not frozen because one is built per message and frozen attrs
+    classes cost half again as much). ``key`` (group, seq, tag) matches a message to its receive."""
+
     kind: int
-    dtype: int
-    opcode: int
-    flags: int
     job: int
-    group: int
-    seq: int
-    tag: int
-    numel: int
-    nbytes: int
+    dtype: int = 0
+    opcode: int = 0
+    redop: int = 0
+    group: int = 0
+    tag: int = 0
+    seq: int = 0
+    codec: int = RAW
+    meta: int = 0
+    numel: int = 0
+    count: int = 0
+    nbytes: int = 0
 
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.group, self.seq, self.tag)
 
     def pack(self) -> bytes:
-        return FRAME.pack(FRAME_MAGIC, self.kind, self.dtype, self.opcode, self.flags, self.job & 0xFFFFFFFF,
-                          self.group, self.seq, self.tag, self.numel, self.nbytes)
+        return FRAME.pack(FRAME_MAGIC, self.kind, self.dtype, self.opcode, self.redop, self.job & 0xFFFFFFFF,
+                          self.group, self.tag, self.seq, self.codec, self.meta, self.numel, self.count, self.nbytes)
 
     @classmethod
     def parse(cls, data: bytes | memoryview) -> Header:
         if len(data) != FRAME.size:
             raise ProtocolError(f"short frame header: {len(data)} of {FRAME.size} bytes")
-        magic, kind, dtype, opcode, flags, job, group, seq, tag, numel, nbytes = FRAME.unpack(data)
+        magic, kind, dtype, opcode, redop, job, group, tag, seq, codec, meta, numel, count, nbytes = FRAME.unpack(data)
         if magic != FRAME_MAGIC:
             raise ProtocolError(f"bad frame magic {bytes(magic)!r}")
         if kind not in (DATA, ABORT, BYE):
             raise ProtocolError(f"unknown frame kind {kind}")
         if nbytes > MAX_PAYLOAD:
             raise ProtocolError(f"frame payload of {nbytes} bytes exceeds {MAX_PAYLOAD}")
-        return cls(kind, dtype, opcode, flags, job, group, seq, tag, numel, nbytes)
+        if meta > nbytes:
+            raise ProtocolError(f"frame says {meta} bytes of codec metadata in a {nbytes}-byte payload")
+        if kind != DATA and nbytes > MAX_CONTROL_BYTES:
+            raise ProtocolError(f"control frame (kind {kind}) of {nbytes} bytes exceeds {MAX_CONTROL_BYTES}")
+        return cls(kind=kind, dtype=dtype, opcode=opcode, redop=redop, job=job, group=group, tag=tag, seq=seq,
+                   codec=codec, meta=meta, numel=numel, count=count, nbytes=nbytes)
+
+
+def control(kind: int, job: int, *, seq: int = 0, nbytes: int = 0) -> Header:
+    """An ABORT or BYE header."""
+    return Header(kind=kind, job=job, seq=seq, nbytes=nbytes)

@@ -13,7 +13,7 @@ from erdma_core.config.option import Option
 
 CONGESTION = ("bbr", "cubic", "reno")
 OPTIONS = {
-    "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the rendezvous host"),
+    "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the discovery host"),
     "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
     "port": Option(int, 0, "UDP port; 0 picks a free one", minimum=0),
     "ca_cert": Option(str, "", "cluster CA certificate (PEM) made by `erdma keys init`; empty: "

@@ -1,4 +1,4 @@
-"""Rendezvous by env:// (as torchrun sets it), tcp://host:port and file://path, and the stores."""
+"""Discovery by env:// (as torchrun sets it), tcp://host:port and file://path, and the stores."""
 
 from __future__ import annotations
 

@@ -1,0 +1,126 @@
+"""Compression on the collective path: which compressor encodes what this rank sends, which decodes what
+arrives (by the codec id in its frame), and, for a lossy compressor, the bookkeeping that keeps every
+rank's result bit-identical (``Forwarding``). The executor calls these per message; no hook is called here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..compression import Compressor, Site
+from ..errors import ProtocolError
+from ..transport.mailbox import encoded_limit
+from ..transport.wire import RAW, Header, codec_id
+
+Outgoing = tuple[int, int, memoryview]  # (codec id, metadata bytes, payload)
+MIXED = object()  # Forwarding.lookup: the range is partly a peer's
+OWN = object()  # Forwarding.lookup: the range is this rank's own
+
+
+class Codecs:
+    """This rank's compressors: the configured one for sending (None: everything goes raw) and, for
+    receiving, any installed one, found by the codec id a frame carries."""
+
+    def __init__(self, sender: Compressor | None, min_bytes: int, lookup: Any) -> None:
+        """``lookup(codec_id) -> Compressor | None`` makes the receiving side's instance of a codec."""
+        self.sender = sender
+        self.sender_id = codec_id(sender.name) if sender is not None else RAW
+        self.lossy = bool(sender is not None and sender.lossy)
+        self.min_bytes = min_bytes
+        self._lookup = lookup
+        self._decoders: dict[int, Compressor] = {self.sender_id: sender} if sender is not None else {}
+
+    def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Outgoing | None:
+        """``data`` encoded for the wire, or None to send it raw."""
+        assert self.sender is not None
+        enc = self.sender.encode(data, dtype, site)
+        if enc is None:
+            return None
+        body = memoryview(enc.payload).cast("B")
+        meta = bytes(enc.meta)
+        if len(meta) + len(body) > encoded_limit(data.nbytes):
+            return None  # larger than the raw bytes allow: raw instead
+        if not meta:
+            return self.sender_id, 0, body
+        joined = bytearray(len(meta) + len(body))
+        joined[:len(meta)] = meta
+        joined[len(meta):] = body
+        return self.sender_id, len(meta), memoryview(joined)
+
+    def decode_own(self, out: Outgoing, dtype: str, into: np.ndarray) -> None:
+        """What this rank's peers will decode from ``out``, written over the elements it encoded."""
+        assert self.sender is not None
+        _, meta, payload = out
+        self.sender.decode(payload[meta:], bytes(payload[:meta]), dtype, into)
+
+    def decode(self, header: Header, payload: memoryview, dtype: str, out: np.ndarray, rank: int, peer: int) -> None:
+        """Decode a message from ``peer`` into ``out`` (its element count and dtype storage)."""
+        comp = self._decoders.get(header.codec)
+        if comp is None:
+            comp = self._lookup(header.codec)
+            if comp is None:
+                raise ProtocolError(f"rank {rank}: rank {peer} sent a payload encoded by codec {header.codec:#010x}, "
+                                    "which no compressor installed here has (erdma plugins lists them)")
+            self._decoders[header.codec] = comp
+        try:
+            comp.decode(payload[header.meta:], bytes(payload[:header.meta]), dtype, out)
+        except Exception as exc:
+            raise ProtocolError(f"rank {rank}: compressor {comp.name!r} could not decode rank {peer}'s "
+                                f"{header.nbytes}-byte payload of {header.count} elements: {type(exc).__name__}: "
+                                f"{exc}") from exc
+
+
+class Forwarding:
+    """One collective's record, for a lossy compressor, of element ranges that hold exactly what a peer
+    sent (or what this rank sent encoded): a send of exactly such a range forwards those bytes as they came;
+    a send that covers only part of one goes raw (the exact decoded values); anything else is this rank's
+    own and is encoded afresh. So every element any rank ends with came from one encoding."""
+
+    def __init__(self) -> None:
+        self._pieces: dict[str, list[tuple[int, int, Outgoing | None]]] = {}  # None: exact values, send raw
+
+    def record(self, buf: str, lo: int, hi: int, piece: Outgoing | None) -> None:
+        self.forget(buf, lo, hi)
+        if hi > lo:
+            self._pieces.setdefault(buf, []).append((lo, hi, piece))
+
+    def forget(self, buf: str, lo: int, hi: int) -> None:
+        """[lo, hi) is written over. A piece it cuts keeps its other part, as exact values (send raw)."""
+        pieces = self._pieces.get(buf)
+        if not pieces:
+            return
+        kept = []
+        for plo, phi, piece in pieces:
+            if phi <= lo or plo >= hi:
+                kept.append((plo, phi, piece))
+                continue
+            if plo < lo:
+                kept.append((plo, lo, None))
+            if phi > hi:
+                kept.append((hi, phi, None))
+        self._pieces[buf] = kept
+
+    def lookup(self, buf: str, lo: int, hi: int) -> Any:
+        """The piece that is exactly [lo, hi) (an Outgoing, or None for exact values), ``MIXED`` when the
+        range overlaps recorded pieces otherwise, and ``OWN`` when it overlaps none."""
+        found: Any = OWN
+        for plo, phi, piece in self._pieces.get(buf, ()):
+            if plo == lo and phi == hi:
+                return piece
+            if plo < hi and lo < phi:
+                found = MIXED
+        return found
+
+    def copied(self, src: str, src_lo: int, dst: str, dst_lo: int, n: int) -> None:
+        """A local copy: the destination holds what the source held."""
+        moved = [(plo, phi, piece) for plo, phi, piece in self._pieces.get(src, ())
+                 if plo < src_lo + n and src_lo < phi]
+        self.forget(dst, dst_lo, dst_lo + n)
+        for plo, phi, piece in moved:
+            lo, hi = max(plo, src_lo), min(phi, src_lo + n)
+            whole = (lo, hi) == (plo, phi)
+            self._pieces.setdefault(dst, []).append((lo - src_lo + dst_lo, hi - src_lo + dst_lo,
+                                                     piece if whole else None))
+

@@ -1,0 +1,44 @@
+"""Entry point ``erdma.plugins: example``: registers the components. Importing it is cheap: each factory
+imports its module only when a job selects the component."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from erdma_core import hookimpl
+from erdma_core.config import Option
+
+
+def _unix(config: Any, section: dict[str, Any]) -> Any:
+    from .unix import UnixTransport
+
+    return UnixTransport(config, section)
+
+
+def _half(config: Any, section: dict[str, Any]) -> Any:
+    from .half import Half
+
+    return Half(config, section)
+
+
+def _doubling(spec: Any) -> Any:
+    from .doubling import allreduce
+
+    return allreduce(spec)
+
+
+@hookimpl
+def erdma_register_transports(register: Any) -> None:
+    register("unix", _unix, description="Unix-domain stream sockets (ranks on one host)",
+             options={"folder": Option(str, "", "where the sockets live; empty: the temp folder")})
+
+
+@hookimpl
+def erdma_register_compressors(register: Any) -> None:
+    register("half", _half, description="float32/float64 sent as float16, with error feedback",
+             options={"error_feedback": Option(bool, True, "carry each step's rounding error into the next")})
+
+
+@hookimpl
+def erdma_register_algorithms(register: Any) -> None:
+    register("allreduce", "doubling", _doubling, description="recursive doubling: log2(p) full exchanges")

@@ -1,0 +1,200 @@
+"""Compression on the collective path, with compressors from an installed plugin (``testcodecs``): every
+message of at least ``compression.min_bytes`` is encoded, reductions run on decoded values, lossless codecs
+give exact results, lossy ones give every rank the same bits, and error feedback sees stable sites."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import testcodecs
+
+from erdma_core.testing import World
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def codec_plugin(install_plugin):
+    return install_plugin("testcodecs", "testcodecs")
+
+
+def world(size, codec, **extra):
+    return World(size, {"compression.name": codec, "compression.min_bytes": 0, "timeouts.collective": 60.0,
+                        **extra}, timeout=120)
+
+
+def digest(a):
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+
+
+def big_values(pg):
+    a = np.full(1000, 70000.0, np.float32)
+    pg.allreduce(a)
+    b = np.full(1000, 0.1, np.float32) * (pg.rank() + 1)
+    pg.allreduce(b, algorithm="ring")
+    return a[0], b[0], testcodecs.calls(pg)
+
+
+def test_configured_compressor_is_applied(codec_plugin):
+    """Before: encode was never called and 3 x 70000.0 came out exact in float32. fp16 cannot hold 70000."""
+    with world(3, "fp16") as w:
+        results = w.run(big_values)
+    for a0, b0, calls in results:
+        assert np.isinf(a0) and calls["fp16"] > 0
+        # 0.1, 0.2, 0.3 pass through float16 on the wire: the sum differs from float32's
+        assert b0 != np.float32(0.1) + np.float32(0.2) + np.float32(0.3)
+        assert abs(b0 - 0.6) < 1e-3
+    assert len({float(b0) for _, b0, _ in results}) == 1
+
+
+def below_threshold(pg):
+    a = np.full(100, 70000.0, np.float32)  # 400 bytes: below min_bytes
+    pg.allreduce(a)
+    return float(a[0]), testcodecs.calls(pg).get("fp16", 0)
+
+
+def test_messages_below_min_bytes_go_raw(codec_plugin):
+    with World(3, {"compression.name": "fp16", "compression.min_bytes": 4096}) as w:
+        assert w.run(below_threshold) == [(210000.0, 0)] * 3
+
+
+def every_collective(pg, algorithms):
+    p, r = pg.size(), pg.rank()
+    rng = np.random.default_rng([r, 7])
+    mine = rng.standard_normal(6007).astype(np.float32)
+    inputs = [np.random.default_rng([q, 7]).standard_normal(6007).astype(np.float32) for q in range(p)]
+    out = {}
+    for algo in algorithms:
+        a = mine.copy()
+        pg.allreduce(a, algorithm=algo)
+        out[f"allreduce/{algo}"] = a
+    a = np.zeros(6007 * p, np.float32)
+    pg.allgather(a, mine)
+    out["allgather"] = a
+    b = mine.copy()
+    pg.broadcast(b, src=p - 1)
+    out["broadcast"] = b
+    rs = np.zeros(2000, np.float32)
+    pg.reduce_scatter(rs, np.concatenate([mine[:2000]] * p))
+    out["reduce_scatter"] = rs
+    ints = np.arange(5000, dtype=np.int64) * (r + 1)
+    pg.allreduce(ints)
+    exact = {"allgather": np.concatenate(inputs), "broadcast": inputs[p - 1],
+             "int64 allreduce": np.arange(5000) * (p * (p + 1) // 2), "int64 got": ints}
+    return {k: digest(v) for k, v in out.items()}, {k: v for k, v in out.items()}, exact, testcodecs.calls(pg)
+
+
+ALLREDUCE = ["ring", "halving_doubling", "tree", "parameter_server"]
+
+
+def test_lossless_codec_gives_exact_results(codec_plugin):
+    """Every result bit for bit what the same collectives give uncompressed."""
+    with world(3, "none") as w:
+        plain = w.run(every_collective, ALLREDUCE)
+    with world(3, "zlib") as w:
+        results = w.run(every_collective, ALLREDUCE)
+    for rank, (digests, values, exact, calls) in enumerate(results):
+        assert calls["zlib"] > 0
+        assert digests == plain[rank][0]
+        assert np.array_equal(values["allgather"], exact["allgather"])
+        assert np.array_equal(values["broadcast"], exact["broadcast"])
+        assert np.array_equal(exact["int64 got"], exact["int64 allreduce"])
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_lossy_codec_leaves_every_rank_with_the_same_bits(codec_plugin, size):
+    """int8 absmax is not idempotent: re-encoding decoded values changes them. Ranks agree only because
+    received elements are forwarded as they came and senders keep what their peers decode. Small chunks
+    make several messages per slice, and halving-doubling's unions of slices go raw."""
+    with world(size, "int8", **{"collectives.chunk_bytes": 4096}) as w:
+        results = w.run(every_collective, ALLREDUCE)
+    for digests, _, exact, calls in results:
+        assert calls["int8"] > 0
+        replicated = {k: v for k, v in digests.items() if k != "reduce_scatter"}
+        assert replicated == {k: v for k, v in results[0][0].items() if k != "reduce_scatter"}, "ranks disagree"
+        assert np.array_equal(exact["int64 got"], exact["int64 allreduce"])  # int64: the codec passes
+    values, exact = results[0][1], results[0][2]
+    truth = sum(np.random.default_rng([q, 7]).standard_normal(6007).astype(np.float64) for q in range(size))
+    for algo in ALLREDUCE:
+        err = np.abs(values[f"allreduce/{algo}"] - truth).max()
+        assert 0 < err < 0.2 * size, (algo, err)  # lossy, but close
+    assert np.abs(values["broadcast"] - exact["broadcast"]).max() < 0.05
+
+
+def repeated(pg, steps):
+    x = np.linspace(-1, 1, 4096).astype(np.float32) * (pg.rank() + 1) / 3
+    buf = np.empty_like(x)
+    results = []
+    for _ in range(steps):
+        buf[:] = x
+        pg.allreduce(buf, algorithm="ring")
+        results.append(buf.copy())
+    sites = {s for s in testcodecs.SITES if s is not None}
+    return np.mean(results, axis=0), results[0], len(sites), len(testcodecs.SITES)
+
+
+def test_error_feedback_sites_are_stable_and_residuals_cancel(codec_plugin):
+    """The same buffer reduced again gives the same sites (so residuals carry over), and with the residual
+    added each step, the average over steps comes much closer to the exact sum than one step does."""
+    with world(2, "int8") as w:
+        results = w.run(repeated, 40)
+    truth = np.linspace(-1, 1, 4096) * (1 + 2) / 3
+    mean, first, distinct, total = results[0]
+    assert total == 40 * distinct  # every step encodes at the same sites
+    assert np.abs(mean - truth).max() < np.abs(first - truth).max() / 4
+
+
+def test_receivers_decode_codecs_they_were_not_configured_with(codec_plugin, tmp_path):
+    """Rank 0 sends zlib, rank 1 sends raw; each decodes the other's messages by the id in the frame. A rank
+    without the sender's codec installed fails with an error naming the codec id (and its peer learns why)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent('''
+        import os, sys, numpy as np, erdma_core
+        rank = int(os.environ["RANK"])
+        codec = sys.argv[1] if rank == 0 else "none"
+        pg = erdma_core.init({"compression.name": codec, "compression.min_bytes": 0, "timeouts.collective": 30})
+        a = np.arange(50000, dtype=np.float64) * (rank + 1)
+        try:
+            pg.allreduce(a)
+            print("ok", bool((a == np.arange(50000) * 3).all()))
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        pg.destroy()
+    '''))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(codec_plugin), str(HERE)])
+
+    def run(codec, **extra):
+        r = subprocess.run([sys.executable, "-m", "erdma_core.cli", "run", "-n", "2", "--", sys.executable,
+                            str(script), codec], capture_output=True, text=True, timeout=120, env=env | extra)
+        return sorted(r.stdout.splitlines())
+
+    assert run("zlib", ERDMA_PLUGINS="testcodecs") == ["[rank 0] ok True", "[rank 1] ok True"]
+    # rank 1 cannot load testcodecs at all: its config would not accept "zlib", but it need not; rank 0's
+    # frames name codec zlib, which rank 1 does not have
+    env1 = env | {"ERDMA_PLUGINS": "testcodecs"}
+    r = subprocess.run([sys.executable, "-m", "erdma_core.cli", "run", "-n", "2", "--", sys.executable, "-c",
+                        textwrap.dedent('''
+        import os, numpy as np, erdma_core
+        rank = int(os.environ["RANK"])
+        if rank == 1:
+            os.environ["ERDMA_PLUGINS"] = "none-at-all"
+        pg = erdma_core.init({"compression.name": "zlib" if rank == 0 else "none", "compression.min_bytes": 0,
+                              "timeouts.collective": 30})
+        try:
+            pg.allreduce(np.ones(50000))
+            print("no error")
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    ''')], capture_output=True, text=True, timeout=120, env=env1)
+    lines = sorted(r.stdout.splitlines())
+    assert lines[1].startswith("[rank 1] ProtocolError") and "encoded by codec 0x" in lines[1] \
+        and "which no compressor installed here has" in lines[1], lines
+    assert lines[0].startswith("[rank 0] AbortedError") and "rank 1 aborted the job" in lines[0], lines

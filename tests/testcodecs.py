@@ -1,0 +1,93 @@
+"""Compressors for the tests, installed as a plugin distribution by the ``codec_plugin`` fixture:
+
+* ``fp16``: float32/float64 cast to float16 (lossy; idempotent: a decoded value encodes to itself).
+* ``int8``: blockwise absmax int8 with error feedback per Site (lossy and not idempotent: decoding and
+  encoding again may change values, so only forwarding encoded bytes as they came keeps ranks identical).
+* ``zlib``: lossless.
+
+Every encode is counted in ``CALLS`` (per process) so tests can see that the executor used them.
+"""
+
+from __future__ import annotations
+
+import collections
+import zlib
+from typing import Any
+
+import numpy as np
+
+from erdma_core import hookimpl
+from erdma_core.compression import Encoded, Site
+
+CALLS: collections.Counter[str] = collections.Counter()
+SITES: list[Site | None] = []
+_BLOCK = 64
+
+
+class Fp16:
+    name, lossy = "fp16", True
+
+    def __init__(self, config: Any = None, section: Any = None) -> None:
+        pass
+
+    def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
+        if dtype not in ("float32", "float64"):
+            return None
+        CALLS["fp16"] += 1
+        return Encoded(data.astype(np.float16))
+
+    def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
+        out[:] = np.frombuffer(payload, np.float16)
+
+
+class Int8:
+    name, lossy = "int8", True
+
+    def __init__(self, config: Any = None, section: Any = None) -> None:
+        self.residuals: dict[Site, np.ndarray] = {}
+
+    def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
+        if dtype != "float32":
+            return None
+        CALLS["int8"] += 1
+        SITES.append(site)
+        x = data.astype(np.float32)
+        if site is not None and site in self.residuals:
+            x = x + self.residuals[site]
+        pad = (-x.size) % _BLOCK
+        blocks = np.concatenate([x, np.zeros(pad, np.float32)]).reshape(-1, _BLOCK)
+        scale = np.abs(blocks).max(axis=1) / 127
+        scale[scale == 0] = 1
+        q = np.clip(np.rint(blocks / scale[:, None]), -127, 127).astype(np.int8)
+        if site is not None:
+            self.residuals[site] = x - (q * scale[:, None]).reshape(-1)[:x.size]
+        return Encoded(q.tobytes(), scale.astype(np.float32).tobytes())
+
+    def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
+        scale = np.frombuffer(meta, np.float32)
+        q = np.frombuffer(payload, np.int8).reshape(-1, _BLOCK)
+        out[:] = (q * scale[:, None]).reshape(-1)[:out.size]
+
+
+class Zlib:
+    name, lossy = "zlib", False
+
+    def __init__(self, config: Any = None, section: Any = None) -> None:
+        pass
+
+    def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
+        CALLS["zlib"] += 1
+        return Encoded(zlib.compress(data.tobytes(), 1))
+
+    def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
+        out.view(np.uint8)[:] = np.frombuffer(zlib.decompress(payload), np.uint8)
+
+
+@hookimpl
+def erdma_register_compressors(register: Any) -> None:
+    for cls in (Fp16, Int8, Zlib):
+        register(cls.name, cls)
+
+
+def calls(pg: Any) -> dict[str, int]:
+    return dict(CALLS)
