@@ -68,3 +68,17 @@ def test_abort_body_carries_the_error_class_and_the_lost_peer():
     assert isinstance(err, PeerLostError) and err.peer == 3 and "rank 2 aborted the job: rank 2: lost rank 3" in str(err)
     assert isinstance(wire.abort_error(0, 1, wire.abort_body(MismatchError("m"))), MismatchError)
     assert isinstance(wire.abort_error(0, 1, wire.abort_body(ValueError("v"))), AbortedError)
+
+
+def test_constructors_take_keywords_only():
+    from erdma_core.engine.executor import Op
+    from erdma_core.transport.base import TransportContext
+
+    with pytest.raises(TypeError):
+        Header(1, 5)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Hello(1, 7, 3, 8)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Op("allreduce", 1, "float32", 3, 10, 7, 0, 1, None, 1.0, 100, (0, 1), 0)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        TransportContext(0, 2, None, 7, 1.0)  # type: ignore[misc]

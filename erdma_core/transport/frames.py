@@ -6,7 +6,7 @@ No sockets, no threads, no clock.
 
 from __future__ import annotations
 
-from ..errors import PeerLostError
+from ..errors import PeerLostError, ProtocolError
 from .mailbox import Mailbox
 from .wire import ABORT, BYE, DATA, FRAME, Header, abort_error
 
@@ -31,6 +31,9 @@ class FrameInbox:
         if h.kind == DATA:
             buf, token = self.mailbox.on_header(self.peer, h)
             return buf, (h, token)
+        if h.job & 0xFFFFFFFF != self.mailbox.job32:
+            raise ProtocolError(f"rank {self.rank}: control frame from rank {self.peer} carries job {h.job:#x}, "
+                                f"this job is {self.mailbox.job32:#x}")
         body = bytearray(h.nbytes)  # ABORT/BYE: Header.parse bounds them to MAX_CONTROL_BYTES
         return memoryview(body), (h, body)
 

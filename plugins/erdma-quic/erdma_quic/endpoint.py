@@ -1,43 +1,29 @@
-"""The asyncio side: one UDP socket for every QUIC connection of a rank, an event loop in a thread of its
-own, datagrams routed to connections by connection id, timers, and ICMP errors turned into lost peers.
-
-Everything protocol-shaped lives in aioquic's ``QuicConnection`` (sans-IO) and in ``streams``; this module
-only moves datagrams and time between them and the socket. Other threads reach the loop through ``call``.
+"""The asyncio adapter of a ``mesh.Mesh``: one UDP socket, an event loop in a thread of its own, and the
+mesh's one timer. It moves datagrams and time between the socket and the mesh, turns ICMP errors into
+``Mesh.unreachable``, and hands the mesh's events to ``on_event``; nothing protocol-shaped happens here.
+Other threads reach the loop through ``call`` and ``run_sync``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import errno
 import logging
 import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from aioquic.quic.connection import QuicConnection
+from .mesh import Event, Mesh
 
 log = logging.getLogger("erdma.quic")
 _IP_RECVERR = 11
 _IP_MTU = 14
-_RECV_BATCH = 256  # datagrams read per wake-up before connections get to answer
-_CID_LENGTH = 8
+_RECV_BATCH = 256  # datagrams read per wake-up before the mesh gets to answer
 _UDP_SEGMENT = 103  # linux/udp.h: GSO segment size for one sendmsg
 _GSO_MAX = 65000  # one GSO send is one IP packet before segmentation: at most 64 KiB
-
-
-class Session(Protocol):
-    """What the endpoint drives: a connection plus what to do with its events."""
-
-    conn: QuicConnection
-    last_rx: float
-
-    def on_events(self) -> None: ...
-
-    def after_io(self) -> bool: ...
-
-    def on_unreachable(self) -> None: ...
 
 
 def path_mtu(addr: tuple[str, int]) -> int:
@@ -61,21 +47,19 @@ def datagram_size(addr: tuple[str, int], configured: int) -> int:
 
 
 class Endpoint:
-    def __init__(self, sock: socket.socket, accept: Callable[[bytes, tuple[str, int]], Session | None],
-                 name: str, gso: bool = False) -> None:
-        """``accept(dcid, addr)`` makes a session for a new incoming connection (None: ignore it)."""
-        self.sock = sock
+    def __init__(self, sock: socket.socket, mesh: Mesh, on_event: Callable[[Event], None], name: str,
+                 gso: bool = False) -> None:
+        """``on_event(event)`` runs on the loop thread for every event the mesh reports."""
+        self.sock, self.mesh, self.on_event = sock, mesh, on_event
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
-        self.accept = accept
         self.loop = asyncio.new_event_loop()
-        self.sessions: dict[bytes, Session] = {}  # by any connection id the session answers to
-        self._timers: dict[int, asyncio.TimerHandle] = {}
-        self._dirty: dict[int, Session] = {}
         self.send_drops = 0
         self.gso = gso and hasattr(socket, "SOL_UDP")
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -87,21 +71,35 @@ class Endpoint:
         self.loop.remove_reader(self.sock.fileno())
         self.loop.close()
 
+    @property
+    def now(self) -> float:
+        return self.loop.time()
+
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop thread soon (from any thread)."""
+        """Run ``fn(*args)`` on the loop thread soon (from any thread), then let the mesh act on it."""
         try:
-            self.loop.call_soon_threadsafe(fn, *args)
+            self.loop.call_soon_threadsafe(self._do, fn, args)
         except RuntimeError:  # loop closed: the transport is shutting down
             pass
 
     def run_sync(self, fn: Callable[..., Any], *args: Any, timeout: float = 5.0) -> Any:
         """Run ``fn(*args)`` on the loop thread and return its result (from another thread)."""
         if threading.current_thread() is self._thread:
-            return fn(*args)
+            return self._do(fn, args)
+        done: cf.Future[Any] = cf.Future()
 
-        async def wrapped() -> Any:
-            return fn(*args)
-        return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result(timeout)
+        def job() -> None:
+            try:
+                done.set_result(self._do(fn, args))
+            except BaseException as exc:
+                done.set_exception(exc)
+        self.loop.call_soon_threadsafe(job)  # RuntimeError once the loop is closed
+        return done.result(timeout)
+
+    def _do(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        result = fn(*args)
+        self.pump()
+        return result
 
     def stop(self) -> None:
         if self.loop.is_closed():
@@ -110,48 +108,55 @@ class Endpoint:
         self._thread.join(5.0)
         self.sock.close()
 
-    @property
-    def now(self) -> float:
-        return self.loop.time()
-
-    # ---- connections ---------------------------------------------------------------------------------
-    def add(self, session: Session) -> None:
-        for cid in _host_cids(session.conn):
-            self.sessions[cid] = session
-
-    def touch(self, session: Session) -> None:
-        """Let a session's connection send what it has, and re-arm its timer (on the loop thread)."""
-        self._dirty[id(session)] = session
-        if len(self._dirty) == 1:
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        dirty, self._dirty = self._dirty, {}
-        for session in dirty.values():
-            self._service(session)
-
-    def _service(self, session: Session) -> None:
-        conn = session.conn
-        session.on_events()
-        session.after_io()
+    # ---- the mesh -------------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Send what the mesh has, hand its events on (which may give it more to send), re-arm its timer."""
+        mesh = self.mesh
         while True:
-            self._transmit(conn)
-            # building packets retires acknowledged streams, which may open the window: hand QUIC more now,
-            # or nothing would ask again until the next timer
-            if not session.after_io():
+            self._transmit(mesh.datagrams_to_send(self.now))
+            ev = mesh.next_event()
+            if ev is None:
                 break
-        for cid in _host_cids(conn):
-            self.sessions.setdefault(cid, session)
-        key = id(session)
-        old = self._timers.pop(key, None)
-        if old is not None:
-            old.cancel()
-        at = conn.get_timer()
-        if at is not None:
-            self._timers[key] = self.loop.call_at(at, self._on_timer, session)
+            while ev is not None:
+                self.on_event(ev)
+                ev = mesh.next_event()
+        at = mesh.get_timer()
+        if at != self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = at
+            self._timer = self.loop.call_at(at, self._on_timer) if at is not None else None
 
-    def _transmit(self, conn: QuicConnection) -> None:
-        out = conn.datagrams_to_send(now=self.now)
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        self.mesh.handle_timer(self.now)
+        self.pump()
+
+    # ---- socket --------------------------------------------------------------------------------------
+    def _readable(self) -> None:
+        for _ in range(_RECV_BATCH):
+            try:
+                data, addr = self.sock.recvfrom(65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._read_errors()
+                continue
+            self.mesh.receive(data, addr, self.now)
+        self.pump()
+
+    def _read_errors(self) -> None:
+        """Drain the socket's error queue: the mesh hears of every peer whose port answered 'unreachable'."""
+        while True:
+            try:
+                _, _, _, addr = self.sock.recvmsg(64, 512, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            self.mesh.unreachable(addr, self.now)
+
+    def _transmit(self, out: list[tuple[bytes, Any]]) -> None:
         if not self.gso or len(out) < 2:
             for data, addr in out:
                 self._send(data, addr)
@@ -192,68 +197,3 @@ class Endpoint:
             self.gso = False
             for data, a in parts:
                 self._send(data, a)
-
-    def _on_timer(self, session: Session) -> None:
-        self._timers.pop(id(session), None)
-        session.conn.handle_timer(now=self.now)
-        self._service(session)
-
-    def forget(self, session: Session) -> None:
-        for cid in [c for c, s in self.sessions.items() if s is session]:
-            del self.sessions[cid]
-        old = self._timers.pop(id(session), None)
-        if old is not None:
-            old.cancel()
-
-    # ---- socket --------------------------------------------------------------------------------------
-    def _readable(self) -> None:
-        touched: dict[int, Session] = {}
-        for _ in range(_RECV_BATCH):
-            try:
-                data, addr = self.sock.recvfrom(65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                self._read_errors()
-                continue
-            session = self._route(data, addr)
-            if session is not None:
-                session.last_rx = self.now
-                session.conn.receive_datagram(data, addr, now=self.now)
-                touched[id(session)] = session
-        for session in touched.values():
-            self._service(session)
-
-    def _route(self, data: bytes, addr: tuple[str, int]) -> Session | None:
-        if len(data) < 1 + _CID_LENGTH:
-            return None
-        if data[0] & 0x80:  # long header: version, then the destination connection id with its length
-            if len(data) < 6 or len(data) < 6 + data[5]:
-                return None
-            dcid = bytes(data[6:6 + data[5]])
-        else:
-            dcid = bytes(data[1:1 + _CID_LENGTH])
-        session = self.sessions.get(dcid)
-        if session is None and data[0] & 0x80:
-            session = self.accept(dcid, addr)
-            if session is not None:
-                self.sessions[dcid] = session
-                self.add(session)
-        return session
-
-    def _read_errors(self) -> None:
-        """Drain the socket's error queue: a session whose peer's port answered 'unreachable' hears of it."""
-        while True:
-            try:
-                _, _, _, addr = self.sock.recvmsg(64, 512, socket.MSG_ERRQUEUE)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            for session in {id(s): s for s in self.sessions.values()}.values():
-                if session.conn.get_peer_address() == addr:
-                    session.on_unreachable()
-
-
-def _host_cids(conn: QuicConnection) -> list[bytes]:
-    return [c.cid for c in conn._host_cids] + [conn.host_cid]

@@ -1,7 +1,8 @@
 """A striping worker: one process, one UDP socket, one QUIC connection to the same lane of every other
 rank, carrying the parts of large messages its rank hands it (``lanes``). Started by the rank as
 ``python -m erdma_quic.lane_worker FD``; FD is its end of a socket pair that carries small pickled messages
-(payload travels in ``parcels``).
+(payload travels in ``parcels``). Its connections are a ``mesh.Mesh`` like the rank's, authenticated the
+same way; its parts go to a ``Sink`` (back to the rank, whole) instead of a mailbox.
 
 Rank to worker: ``{"opts", "rank", "world", "job", "lane", "bind", "owner", "timeout"}``, then
 ``("peers", {rank: (host, port)})`` with the lane addresses of the ranks it dials, then any number of
@@ -21,13 +22,15 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from erdma_core.errors import ErdmaError, PeerLostError
-from erdma_core.transport.mailbox import Mailbox, Request
+from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
+from erdma_core.transport.mailbox import Request
 
-from . import parcels
+from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
+from . import parcels, tls
 from .endpoint import Endpoint
-from .link import Link, Outgoing
-from .transport import QuicTransport
+from .mesh import Event, Joined, Lost, Mesh, Refused
+from .streams import Inbound
+from .transport import settings
 
 log = logging.getLogger("erdma.quic")
 
@@ -35,46 +38,49 @@ log = logging.getLogger("erdma.quic")
 class _Notify(Request):
     """A lane send: tells the rank when QUIC has the part (or why it never will)."""
 
-    __slots__ = ("ident", "lane")
+    __slots__ = ("ident", "report")
 
-    def __init__(self, lane: LaneTransport, ident: int) -> None:
+    def __init__(self, report: Any, ident: int) -> None:
         super().__init__()
-        self.lane, self.ident = lane, ident
+        self.report, self.ident = report, ident
 
     def complete(self, error: BaseException | None = None) -> None:
         if not self.done():
             super().complete(error)
-            self.lane.report(("sent", self.ident, None if error is None else str(error)))
+            self.report(("sent", self.ident, None if error is None else str(error)))
 
 
-class _Sink:
+class Sink:
     """Each incoming part into a parcel of its own; the rank puts it in place."""
 
-    def __init__(self, lane: LaneTransport) -> None:
-        self.lane = lane
+    def __init__(self, owner: int, lane: int, report: Any) -> None:
+        self.owner, self.lane, self.report = owner, lane, report
 
     def open_part(self, peer: int, head: bytes, length: int) -> tuple[memoryview, object]:
-        name, view = parcels.new(self.lane.owner, f"in{self.lane.lane}", length)
+        name, view = parcels.new(self.owner, f"in{self.lane}", length)
         return view, (peer, head, name)
 
     def part_landed(self, token: object) -> None:
         peer, head, name = token  # type: ignore[misc]
-        self.lane.report(("part", peer, head, name))
+        self.report(("part", peer, head, name))
 
 
-class LaneTransport(QuicTransport):
-    """The QUIC machinery of a rank (authentication, links, reconnection), minus the mailbox: parts come
-    from the rank and go back to it whole. Never sends control frames; its rank's main connection does."""
+class Lane:
+    """One worker's QUIC side: the mesh, its endpoint, and the control socket to the rank."""
 
     def __init__(self, setup: dict[str, Any], control: Connection) -> None:
-        super().__init__(None, setup["opts"])
-        self.rank, self.world_size, self.job = setup["rank"], setup["world"], setup["job"]
-        self.lane, self.owner = setup["lane"], setup["owner"]
-        self.mailbox = Mailbox(self.rank, self.job)  # identifies peers; data never reaches it
-        self.sink = _Sink(self)
-        self.control = control
+        self.setup, self.control = setup, control
+        self.rank, self.lane = setup["rank"], setup["lane"]
         self._write = threading.Lock()
         self.stopped = threading.Event()
+        self.joined: set[int] = set()
+        self.refused: dict[int, str] = {}
+        self.closing = False
+        creds = tls.load(setup["opts"], setup["rank"], setup["job"])
+        sink = Sink(setup["owner"], self.lane, self.report)
+        self.mesh = Mesh(settings(setup["opts"], setup["rank"], setup["world"], setup["job"], creds.verify),
+                         creds.configure, creds.identify, lambda peer: Inbound(peer, None, lambda h: None, sink))
+        self.endpoint: Endpoint | None = None
 
     def report(self, message: tuple[Any, ...]) -> None:
         with self._write:
@@ -84,81 +90,82 @@ class LaneTransport(QuicTransport):
                 pass
 
     def start(self, sock: socket.socket, peers: dict[int, tuple[str, int]], timeout: float) -> None:
-        self._credentials()
-        self.endpoint = Endpoint(sock, self._accept, f"erdma-quic-{self.rank}-lane{self.lane}",
-                                 gso=self.opts["gso"])
+        self.endpoint = ep = Endpoint(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}-lane{self.lane}",
+                                      gso=self.setup["opts"]["gso"])
         deadline = time.monotonic() + timeout
         for peer, addr in sorted(peers.items()):
-            self.endpoint.run_sync(self._dial, peer, addr)
-        self._wait_all(deadline, timeout)
-        self.endpoint.call(self._keepalive)
-        self.endpoint.loop.call_soon_threadsafe(self.endpoint.loop.add_reader, self.control.fileno(), self._command)
+            ep.call(self.mesh.dial, peer, addr, ep.now)
+        want = set(range(self.setup["world"])) - {self.rank}
+        while want - self.joined:
+            if self.refused:
+                raise ProtocolError(f"lane {self.lane}: {next(iter(self.refused.values()))}")
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(f"lane {self.lane}: ranks {sorted(want - self.joined)} did not connect")
+            time.sleep(0.01)
+        ep.call(self.mesh.start_keepalive, ep.now)
+        ep.loop.call_soon_threadsafe(ep.loop.add_reader, self.control.fileno(), self._command)
+
+    def _on_event(self, ev: Event) -> None:
+        if isinstance(ev, Joined):
+            self.joined.add(ev.peer)
+        elif isinstance(ev, Refused):
+            self.refused[ev.peer] = f"rank {ev.peer} at {ev.addr}: {ev.why}"
+        elif isinstance(ev, Lost):
+            self.mesh.fail(ev.peer, PeerLostError(f"lane {self.lane}: {ev.why}", peer=ev.peer, rank=self.rank))
+            if not self.closing:
+                self.report(("lost", ev.peer, ev.why))
 
     # ---- commands from the rank (on the loop thread) -------------------------------------------------
     def _command(self) -> None:
+        assert self.endpoint is not None
         try:
             while self.control.poll(0):
                 msg = self.control.recv()
                 if msg[0] == "send":
                     _, ident, peer, head, name = msg
-                    self._send(ident, peer, head, name)
+                    self.mesh.send(peer, [(head, parcels.take(name))], _Notify(self.report, ident))
                 elif msg[0] == "close":
                     self.closing = True
                     self._drain(500)
         except (EOFError, OSError):
-            self._stop()
-
-    def _send(self, ident: int, peer: int, head: bytes, name: str) -> None:
-        req = _Notify(self, ident)
-        link = self.links.get(peer)
-        if link is None:
-            req.complete(PeerLostError(f"lane {self.lane} has no connection to rank {peer}", peer=peer))
-            return
-        link.enqueue(Outgoing([(head, parcels.take(name))], req))
+            self.closing = True
+            self.stopped.set()
+        self.endpoint.pump()
 
     def _drain(self, tries: int) -> None:
         """Close once every part handed over has been acknowledged (or after ``tries`` * 10 ms)."""
-        busy = any(link.queue or (link.session is not None and link.session.open_streams
-                                  and not link.session.terminated) for link in self.links.values() if not link.dead)
-        if busy and tries > 0:
-            self.endpoint.loop.call_later(0.01, self._drain, tries - 1)
+        ep = self.endpoint
+        assert ep is not None
+        if not self.mesh.flushed() and tries > 0:
+            ep.loop.call_later(0.01, self._drain, tries - 1)
             return
-        self._close_all()
+        self.mesh.close(ep.now)
+        ep.pump()
         self.report(("closed",))
-        self.endpoint.loop.call_later(0.05, self._stop)
-
-    def _stop(self) -> None:
-        self.closing = True
-        self.stopped.set()
-
-    # ---- what the base transport does differently on a lane --------------------------------------------
-    def lost(self, link: Link, why: str) -> None:
-        if link.dead:
-            return
-        link.fail(PeerLostError(f"lane {self.lane}: {why}", peer=link.rank, rank=self.rank))
-        if not self.closing:
-            self.report(("lost", link.rank, why))
+        ep.loop.call_later(0.05, self.stopped.set)
 
 
 def main(fd: int) -> int:
+    logging.basicConfig(level=logging.WARNING)
     control = Connection(fd)
     setup = control.recv()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((setup["bind"], 0))
     control.send(("port", sock.getsockname()[1]))
-    lane = LaneTransport(setup, control)
     try:
+        lane = Lane(setup, control)
         msg = control.recv()
         lane.start(sock, msg[1], setup["timeout"])
     except (EOFError, OSError):
         return 1
     except ErdmaError as exc:
-        lane.report(("error", str(exc)))
+        control.send(("error", str(exc)))
         return 1
     lane.report(("ready",))
     lane.stopped.wait()
     try:
-        lane.endpoint.stop()
+        if lane.endpoint is not None:
+            lane.endpoint.stop()
     finally:
         os._exit(0)  # the rank may already be gone: no interpreter teardown that could block on it
 

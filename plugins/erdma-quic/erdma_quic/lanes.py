@@ -5,12 +5,13 @@ Lane 0 is the rank's own connection to each peer, on its own event loop; lanes 1
 processes, each with a UDP socket and one connection to the same lane of every other rank, authenticated
 like lane 0 (but not reconnected after an outage: a lost lane fails the peer). A message of several
 parts sends part i on lane i mod (N+1); everything else (small messages, HELLO, BYE, ABORT) stays on
-lane 0. A worker hands every part it received to its rank
-whole, and the rank puts it in place through lane 0's ``Inbound``, so a frame completes when its last part
-lands, whichever lane brought it. Payload crosses between processes in ``parcels`` (shared memory).
+lane 0. A worker hands every part it received to its rank whole, and the rank puts it in place through lane
+0's ``Inbound`` (the ``land`` callback), so a frame completes when its last part lands, whichever lane
+brought it. Payload crosses between processes in ``parcels`` (shared memory). A thread of its own reads
+what the workers report.
 
-A worker that dies fails every collective of its rank, naming the lane; a peer's lane that is lost fails
-them naming the peer, unless the peer had already said BYE on lane 0.
+A worker that dies fails every collective of its rank, naming the lane (``fatal``); a peer's lane that is
+lost fails them naming the peer (``lost``), unless the peer had already said BYE on lane 0.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
 
 from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
 from erdma_core.transport import addresses
@@ -32,20 +34,18 @@ from erdma_core.transport.mailbox import Request
 
 from . import parcels
 
-if TYPE_CHECKING:
-    from .transport import QuicTransport
-
 log = logging.getLogger("erdma.quic")
 
 
 class Countdown(Request):
-    """A send whose parts travel on several lanes: done when all are, failed by the first that fails."""
+    """A send whose parts travel on several lanes: completes ``req`` when all are done, or fails it with the
+    first that fails."""
 
-    __slots__ = ("_left", "_lock")
+    __slots__ = ("_left", "_lock", "_req")
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, req: Request) -> None:
         super().__init__()
-        self._left = count
+        self._left, self._req = count, req
         self._lock = threading.Lock()
 
     def complete(self, error: BaseException | None = None) -> None:
@@ -54,6 +54,7 @@ class Countdown(Request):
             fire = error is not None or self._left <= 0
         if fire:
             super().complete(error)
+            self._req.complete(error)
 
 
 class Worker:
@@ -85,54 +86,57 @@ class Worker:
 
 
 class Lanes:
-    """The workers of one rank (``count`` of them) and the parts in flight through them."""
+    """The workers of one rank (``count`` of them) and the parts in flight through them. ``events`` holds the
+    three callbacks lane 0 needs to hear of: ``land(peer, head, payload, lane)``, ``lost(peer, why)`` and
+    ``fatal(error)``."""
 
-    def __init__(self, transport: QuicTransport, count: int) -> None:
-        self.t = transport
+    def __init__(self, count: int, rank: int, world: int, job: int, opts: dict[str, Any],
+                 events: dict[str, Callable[..., None]]) -> None:
+        self.rank, self.world, self.job, self.opts, self.events = rank, world, job, opts, events
         self.workers = [Worker(k) for k in range(1, count + 1)]
         self.pending: dict[int, tuple[Request, int]] = {}  # send id -> (request, peer)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._stopping = self._closing = False
         self.parts_out = [0] * (count + 1)
         self.parts_in = [0] * (count + 1)
+        self._reader: threading.Thread | None = None
 
     # ---- set-up (on the caller's thread) ---------------------------------------------------------------
     def connect(self, ctx: Any, bind_host: str, host: str, deadline: float) -> None:
         """``host``: the address lane 0 listens on; each lane's (host, port) goes through the traversal's
         ``advertise`` like lane 0's, then into the store."""
-        t = self.t
         try:
             for w in self.workers:
-                w.send({"opts": dict(t.opts), "rank": t.rank, "world": t.world_size, "job": t.job, "lane": w.lane,
+                w.send({"opts": self.opts, "rank": self.rank, "world": self.world, "job": self.job, "lane": w.lane,
                         "bind": bind_host, "owner": os.getpid(), "timeout": max(0.1, deadline - time.monotonic())})
             for w in self.workers:
                 _, port = self._step(w, "port", deadline)
                 h, p = ctx.advertise(host, port) if ctx.advertise is not None else (host, port)
-                ctx.store.set(f"quic/lane/{t.rank}/{w.lane}", f"{h}:{p}".encode())
+                ctx.store.set(f"quic/lane/{self.rank}/{w.lane}", f"{h}:{p}".encode())
             for w in self.workers:
                 w.send(("peers", {peer: addresses.published(ctx.store, f"quic/lane/{peer}/{w.lane}",
                                                             max(0.01, deadline - time.monotonic()))
-                                  for peer in range(t.rank)}))
+                                  for peer in range(self.rank)}))
             for w in self.workers:
                 self._step(w, "ready", deadline)
         except BaseException:
             self.stop()
             raise
-        for w in self.workers:
-            t.endpoint.call(t.endpoint.loop.add_reader, w.control.fileno(), self._readable, w)
+        self._reader = threading.Thread(target=self._read_reports, name=f"erdma-quic-{self.rank}-lanes", daemon=True)
+        self._reader.start()
 
     def _step(self, w: Worker, kind: str, deadline: float) -> tuple[Any, ...]:
-        t = self.t
         try:
             return w.expect(kind, deadline)
         except TimeoutError:
-            raise CollectiveTimeoutError(f"rank {t.rank}: QUIC lane {w.lane} was not {kind} within the connect "
-                                         "timeout", rank=t.rank, op="connect") from None
+            raise CollectiveTimeoutError(f"rank {self.rank}: QUIC lane {w.lane} was not {kind} within the connect "
+                                         "timeout", rank=self.rank, op="connect") from None
         except (EOFError, OSError):
-            raise ProtocolError(f"rank {t.rank}: QUIC lane {w.lane} worker (pid {w.proc.pid}) exited during "
+            raise ProtocolError(f"rank {self.rank}: QUIC lane {w.lane} worker (pid {w.proc.pid}) exited during "
                                 f"set-up with code {w.proc.wait(5)}") from None
         except ProtocolError as exc:
-            raise ProtocolError(f"rank {t.rank}: QUIC lane {w.lane}: {exc}") from None
+            raise ProtocolError(f"rank {self.rank}: QUIC lane {w.lane}: {exc}") from None
 
     # ---- sending (caller's thread) ---------------------------------------------------------------------
     def send(self, lane: int, peer: int, head: bytes, body: memoryview, req: Request) -> None:
@@ -151,49 +155,43 @@ class Lanes:
                 self.pending.pop(ident, None)
             req.complete(self._worker_error(w))
 
-    # ---- what workers report (on the rank's loop thread) -------------------------------------------------
-    def _readable(self, w: Worker) -> None:
-        try:
-            while w.control.poll(0):
-                self._report(w, w.control.recv())
-        except (EOFError, OSError):
-            self._worker_ended(w)
+    # ---- what workers report (on the reader thread) ------------------------------------------------------
+    def _read_reports(self) -> None:
+        live = {w.control: w for w in self.workers}
+        while live and not self._stopping:
+            for conn in wait(list(live), timeout=0.5):
+                w = live[conn]  # type: ignore[index]
+                try:
+                    while w.control.poll(0):
+                        self._report(w, w.control.recv())
+                except (EOFError, OSError):
+                    del live[conn]  # type: ignore[arg-type]
+                    self._worker_ended(w)
 
     def _report(self, w: Worker, msg: tuple[Any, ...]) -> None:
-        t = self.t
         kind = msg[0]
         if kind == "part":
             _, peer, head, name = msg
             self.parts_in[w.lane] += 1
-            link = t.links.get(peer)
-            payload = parcels.take(name)
-            if link is None or link.dead:
-                return
-            try:
-                link.inbound.land(head, payload)
-            except ProtocolError as exc:
-                t.lost(link, f"lane {w.lane}: {exc}")
+            self.events["land"](peer, head, parcels.take(name), w.lane)
         elif kind == "sent":
             _, ident, error = msg
             with self._lock:
                 req, peer = self.pending.pop(ident, (None, -1))
             if req is not None:
                 req.complete(None if error is None else
-                             PeerLostError(f"rank {t.rank}: lost rank {peer} over QUIC: {error}", peer=peer,
-                                           rank=t.rank))
+                             PeerLostError(f"rank {self.rank}: lost rank {peer} over QUIC: {error}", peer=peer,
+                                           rank=self.rank))
         elif kind == "lost":
             _, peer, why = msg
-            link = t.links.get(peer)
-            if link is not None and not link.inbound.closed_cleanly and not t.closing:
-                t.lost(link, f"lane {w.lane}: {why}")
+            if not self._closing:
+                self.events["lost"](peer, f"lane {w.lane}: {why}")
         elif kind == "closed":
             w.closed.set()
 
     def _worker_ended(self, w: Worker) -> None:
-        t = self.t
-        t.endpoint.loop.remove_reader(w.control.fileno())
         w.closed.set()
-        if w.gone is not None or t.closing:
+        if w.gone is not None or self._closing:
             w.gone = w.gone or "closed"
             return
         try:  # the control socket ends as the process does: its exit status follows within moments
@@ -204,10 +202,10 @@ class Lanes:
         err = self._worker_error(w)
         log.warning("%s", err)
         self.fail(err)
-        t.fatal(err)
+        self.events["fatal"](err)
 
     def _worker_error(self, w: Worker) -> ErdmaError:
-        return ProtocolError(f"rank {self.t.rank}: QUIC lane {w.lane} worker (pid {w.proc.pid}) {w.gone}")
+        return ProtocolError(f"rank {self.rank}: QUIC lane {w.lane} worker (pid {w.proc.pid}) {w.gone}")
 
     def fail(self, error: BaseException) -> None:
         """Fail every lane send still waiting (the rank is aborting)."""
@@ -219,6 +217,7 @@ class Lanes:
     # ---- shutdown (caller's thread) -----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
         """Let each worker send what it holds, close its connections and exit."""
+        self._closing = True
         for w in self.workers:
             if w.gone is None and not w.control.closed:
                 try:
@@ -232,17 +231,13 @@ class Lanes:
 
     def stop(self) -> None:
         """End the workers (closing their control socket ends one that is still running) and sweep."""
-        ep = self.t.endpoint
+        self._stopping = self._closing = True
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(2.0)
         for w in self.workers:
             w.gone = w.gone or "closed"
-            if w.control.closed:
-                continue
-            if ep is not None and not ep.loop.is_closed():
-                try:
-                    ep.run_sync(ep.loop.remove_reader, w.control.fileno(), timeout=2.0)
-                except Exception:  # the loop is already gone
-                    pass
-            w.control.close()
+            if not w.control.closed:
+                w.control.close()
         for w in self.workers:
             try:
                 w.proc.wait(2.0)

@@ -1,5 +1,6 @@
-"""Entry point ``erdma.plugins: quic``: registers the ``quic`` transport and the ``erdma keys`` command.
-Importing this module is cheap; aioquic and cryptography load only when the transport or command runs."""
+"""Entry point ``erdma.plugins: quic``: registers the ``quic`` transport, the ``erdma keys`` command and the
+environment variable it reads (``ERDMA_KEYS_DIR``). Importing this module is cheap; aioquic and cryptography
+load only when the transport or command runs."""
 
 from __future__ import annotations
 
@@ -54,6 +55,12 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 def erdma_register_transports(register: Callable[..., None]) -> None:
     register("quic", _factory, options=OPTIONS,
              description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank")
+
+
+@hookimpl
+def erdma_register_environment(register: Callable[..., None]) -> None:
+    register("ERDMA_KEYS_DIR", "folder of the cluster CA (ca.pem, ca.key) that `erdma keys init` writes and the "
+             "quic transport reads (default ~/.config/erdma/keys)")
 
 
 def _keys_init(args: argparse.Namespace) -> int:

@@ -10,12 +10,11 @@ one prefix and then its bytes, and ends (FIN) with them::
     offset  Q  where this part's bytes start in the message's payload
     length  Q  how many payload bytes follow on this stream
 
-Every part repeats the frame header, so whichever part arrives first asks the mailbox where the payload goes.
+Every part repeats the frame header, so whichever part arrives first asks where the payload goes.
 A part counts once its stream has ended; the numbers let a peer that reconnects send again every part QUIC
 had not acknowledged, and the receiver drop the ones it already has (``Inbound.reset`` forgets the streams of
-the connection that ended). Streams complete in any order: the transport contract's "frames in order"
-reduces to the one thing the core relies on, that BYE comes after the data: a BYE carries in ``seq`` the
-number of DATA frames its sender sent, and the peer counts as gone only once that many have landed.
+the connection that ended). Streams complete in any order; the core's ``FrameInbox`` (what each frame means:
+data for the mailbox, ABORT, BYE after the data it announced) needs none.
 """
 
 from __future__ import annotations
@@ -24,14 +23,13 @@ import struct
 from collections.abc import Callable
 from typing import Protocol
 
-from erdma_core.errors import PeerLostError, ProtocolError
-from erdma_core.transport.mailbox import Mailbox
-from erdma_core.transport.wire import ABORT, BYE, DATA, FRAME, HELLO, Header, Hello, abort_error
+from erdma_core.errors import ProtocolError
+from erdma_core.transport.frames import FrameInbox
+from erdma_core.transport.wire import DATA, FRAME, HELLO, MAX_CONTROL_BYTES, Header, Hello
 
 PREFIX = struct.Struct("<BQQQ")
 KIND_HELLO, KIND_PART = 1, 2
 _HEAD = {KIND_HELLO: HELLO.size, KIND_PART: FRAME.size}
-MAX_CONTROL_BYTES = 1 << 16
 _NUMBER = struct.Struct("<Q")
 
 
@@ -80,41 +78,47 @@ class PartSink(Protocol):
 
 
 class _Stream:
-    __slots__ = ("body", "end", "frame", "head", "key", "kind", "number", "pos", "skip", "start")
+    __slots__ = ("end", "frame", "head", "hello", "key", "number", "pos", "shared", "skip", "start")
 
     def __init__(self) -> None:
         self.head = bytearray()
         self.key = (0, 0, 0)
-        self.kind = self.number = 0
+        self.number = 0
         self.frame: _Frame | None = None
-        self.body: bytearray | None = None  # HELLO, ABORT and BYE payloads are collected whole
+        self.shared = False  # the frame's parts may arrive on several streams (data frames)
+        self.hello: bytearray | None = None
         self.pos = self.end = self.start = 0
         self.skip = False  # a part that already landed over an earlier connection: read and drop
 
 
 class Inbound:
-    """One peer's incoming streams, reassembled into mailbox deliveries.
+    """One peer's incoming streams, reassembled into frames for the core's ``FrameInbox``.
 
     ``feed`` takes what QUIC delivered on a stream (in stream order, as QUIC guarantees per stream).
-    ``on_hello(hello)`` is called for a HELLO stream; DATA frames go to the mailbox; ABORT aborts it; BYE
-    marks the peer gone once every frame it announced has landed. Malformed input raises ProtocolError.
-    With ``mailbox`` None (a peer not yet identified) only HELLO is accepted. With a ``sink`` (a striping
-    lane's connection, which carries only some parts of each frame) every DATA part goes to the sink whole,
-    and the rank's main connection to the peer puts it in place with ``land``.
+    ``on_hello(hello)`` is called for a HELLO stream; every other frame goes to ``frames``. With ``frames``
+    None (a peer not yet identified) only HELLO is accepted. With a ``sink`` (a striping lane's connection,
+    which carries only some parts of each frame) every data part goes to the sink whole, and the rank's main
+    connection to the peer puts it in place with ``land`` (``frames`` is None there). Malformed input raises
+    ProtocolError.
     """
 
-    def __init__(self, rank: int, peer: int, mailbox: Mailbox | None, on_hello: Callable[[Hello], None],
+    def __init__(self, peer: int, frames: FrameInbox | None, on_hello: Callable[[Hello], None],
                  sink: PartSink | None = None) -> None:
-        self.rank, self.peer, self.mailbox, self.on_hello = rank, peer, mailbox, on_hello
-        self.sink = sink
+        self.peer, self.frames, self.on_hello, self.sink = peer, frames, on_hello, sink
         self._streams: dict[int, _Stream] = {}
         self._frames: dict[tuple[int, int, int], _Frame] = {}
         self._landed: set[int] = set()  # part numbers at or above _below that have landed
         self._below = 1  # every part numbered below this has landed
-        self.completed = 0  # DATA frames fully landed
         self.duplicates = 0  # parts that came again after a reconnection and were dropped
-        self.bye_after: int | None = None  # the peer said BYE after sending this many DATA frames
-        self.closed_cleanly = False  # its BYE came and everything before it landed
+
+    @property
+    def completed(self) -> int:
+        """Data frames fully landed."""
+        return self.frames.completed if self.frames is not None else 0
+
+    @property
+    def closed_cleanly(self) -> bool:
+        return self.frames is not None and self.frames.closed_cleanly
 
     def reset(self) -> None:
         """The connection ended: forget its half-read streams (their parts will come again, whole)."""
@@ -125,39 +129,39 @@ class Inbound:
         if st is None:
             st = self._streams[stream_id] = _Stream()
         view = memoryview(data)
-        if st.frame is None and st.body is None and not st.skip:
+        if st.frame is None and st.hello is None and not st.skip:
             view = self._read_head(st, view)
         if len(view):
             if st.pos + len(view) > st.end:
                 raise ProtocolError(f"rank {self.peer} sent {st.pos + len(view) - st.end} bytes past the end of a part")
-            if st.body is not None:
-                st.body += view
+            if st.hello is not None:
+                st.hello += view
             elif st.frame is not None and st.frame.buf is not None:
                 at = st.pos - st.frame.base
                 st.frame.buf[at:at + len(view)] = view
             st.pos += len(view)
         if fin:
             del self._streams[stream_id]
-            if st.pos != st.end or (st.frame is None and st.body is None and not st.skip):
+            if st.pos != st.end or (st.frame is None and st.hello is None and not st.skip):
                 raise ProtocolError(f"rank {self.peer} ended a stream after {st.pos} of {st.end} bytes")
             if st.skip:
                 return
-            if st.number:
-                self._mark(st.number)
-            if st.body is not None:
-                self._control(st)
-            elif st.frame is not None:
-                if self.sink is not None:
-                    self.sink.part_landed(st.frame.token)
-                    return
-                st.frame.remaining -= st.end - st.start
-                if st.frame.remaining == 0:
-                    self._finish(st.key, st.frame)
+            if st.hello is not None:
+                self.on_hello(Hello.parse(bytes(st.hello)))
+                return
+            self._mark(st.number)
+            assert st.frame is not None
+            if self.sink is not None:
+                self.sink.part_landed(st.frame.token)
+                return
+            st.frame.remaining -= st.end - st.start
+            if st.frame.remaining == 0:
+                self._finish(st.key if st.shared else None, st.frame)
 
     def land(self, head: bytes, payload: memoryview) -> None:
-        """A DATA part that came whole over a striping lane (prefix and header, then its bytes): copy it
+        """A data part that came whole over a striping lane (prefix and header, then its bytes): copy it
         into its frame's buffer; the frame completes when its last part, from any lane, has landed."""
-        if self.mailbox is None or len(head) != PREFIX.size + FRAME.size:
+        if self.frames is None or len(head) != PREFIX.size + FRAME.size:
             raise ProtocolError(f"rank {self.peer} sent a part over a lane before it was identified")
         kind, _, offset, length = PREFIX.unpack_from(head)
         h = Header.parse(head[PREFIX.size:])
@@ -189,15 +193,15 @@ class Inbound:
                 return view
             st.head += view[:take]
             view = view[take:]
-        st.kind, st.number, offset, length = PREFIX.unpack_from(st.head)
+        kind, st.number, offset, length = PREFIX.unpack_from(st.head)
         st.pos = st.start = offset
         st.end = offset + length
-        if st.kind == KIND_HELLO:
+        if kind == KIND_HELLO:
             if length != 0:
                 raise ProtocolError(f"rank {self.peer} sent a HELLO stream with {length} extra bytes")
-            st.body = bytearray(st.head[PREFIX.size:])
+            st.hello = bytearray(st.head[PREFIX.size:])
             return view
-        if self.mailbox is None:
+        if self.frames is None and self.sink is None:
             raise ProtocolError(f"rank {self.peer} sent a message before it was identified")
         if st.number == 0:
             raise ProtocolError(f"rank {self.peer} sent a part without a number")
@@ -210,51 +214,30 @@ class Inbound:
             self.duplicates += 1
             return view
         if h.kind != DATA:
-            if self.sink is not None:
+            if self.sink is not None or self.frames is None:
                 raise ProtocolError(f"rank {self.peer} sent a control frame over a striping lane")
             if offset != 0 or length != h.nbytes or length > MAX_CONTROL_BYTES:
                 raise ProtocolError(f"rank {self.peer} sent a control frame of {h.nbytes} bytes in parts")
-            st.body = bytearray()
+            buf, token = self.frames.frame(h)
+            st.frame = _Frame(buf, token, length)
             return view
         if self.sink is not None:
             buf, token = self.sink.open_part(self.peer, bytes(st.head), length)
             st.frame = _Frame(buf, token, length, base=offset)
             return view
-        st.frame = self._frame(h)
+        st.frame, st.shared = self._frame(h), True
         return view
 
     def _frame(self, h: Header) -> _Frame:
-        assert self.mailbox is not None
+        assert self.frames is not None
         fr = self._frames.get(h.key)
         if fr is None:
-            buf, token = self.mailbox.on_header(self.peer, h)
+            buf, token = self.frames.frame(h)
             fr = self._frames[h.key] = _Frame(buf, token, h.nbytes)
         return fr
 
-    def _finish(self, key: tuple[int, int, int], fr: _Frame) -> None:
-        assert self.mailbox is not None
-        del self._frames[key]
-        self.mailbox.on_payload(fr.token)
-        self.completed += 1
-        self._maybe_gone()
-
-    def _control(self, st: _Stream) -> None:
-        assert st.body is not None
-        if st.kind == KIND_HELLO:
-            self.on_hello(Hello.parse(bytes(st.body)))
-            return
-        assert self.mailbox is not None
-        h = Header.parse(st.head[PREFIX.size:])
-        if h.kind == ABORT:
-            self.mailbox.abort(abort_error(self.rank, self.peer, bytes(st.body)))
-        elif h.kind == BYE:
-            self.bye_after = h.seq
-            self._maybe_gone()
-
-    def _maybe_gone(self) -> None:
-        if self.bye_after is not None and self.completed >= self.bye_after:
-            assert self.mailbox is not None
-            self.mailbox.peer_gone(self.peer, PeerLostError(
-                f"rank {self.rank}: rank {self.peer} closed its process group", peer=self.peer, rank=self.rank))
-            self.bye_after = None
-            self.closed_cleanly = True
+    def _finish(self, key: tuple[int, int, int] | None, fr: _Frame) -> None:
+        assert self.frames is not None
+        if key is not None:
+            del self._frames[key]
+        self.frames.landed(fr.token)

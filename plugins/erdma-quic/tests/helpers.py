@@ -49,7 +49,8 @@ def start(rank: int, world: int, store: MemoryStore, job: int, opts: dict[str, A
 
     def run() -> None:
         try:
-            t.connect(TransportContext(rank, world, store, job, timeout, udp_socket=udp_socket))
+            t.connect(TransportContext(rank=rank, world_size=world, store=store, job=job, connect_timeout=timeout,
+                                       udp_socket=udp_socket))
         except BaseException as exc:
             errors.append(exc)
     th = threading.Thread(target=run, daemon=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from erdma_quic import credentials as cred
-from erdma_quic.session import REFUSED
+from erdma_quic.mesh import REFUSED
 from erdma_quic.streams import hello_stream
 from helpers import MemoryStore, options, raw_dial, start, wait_for
 
@@ -42,7 +42,7 @@ def _exchange(a, b) -> bool:
 
     src = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
     dst = np.zeros_like(src)
-    h = Header(DATA, 1, 1, 0, JOB, 0, 0, 0, src.size, src.size)
+    h = Header(kind=DATA, job=JOB, dtype=9, opcode=1, numel=src.size, count=src.size, nbytes=src.size)
     r = b.irecv(0, h, memoryview(dst))
     s = a.isend(1, h, memoryview(src), time.monotonic() + 30)
     return s.wait(time.monotonic() + 30) and r.wait(time.monotonic() + 30) and bool((src == dst).all())
@@ -63,21 +63,21 @@ def test_ranks_with_the_cluster_ca_connect_and_exchange(rank0, ca_files):
 def test_client_without_certificate_is_refused_and_logged(rank0, caplog):
     _store, t0, th0, _errors0, addr = rank0
     caplog.set_level(logging.WARNING, logger="erdma.quic")
-    closed = raw_dial(addr, hello=hello_stream(Hello(HELLO_REQUEST, JOB, 1, 2)))
+    closed = raw_dial(addr, hello=hello_stream(Hello(status=HELLO_REQUEST, job=JOB, rank=1, world=2)))
     assert closed is not None and closed.error_code == REFUSED
     assert closed.reason_phrase == "it presented no certificate"
     assert wait_for(lambda: "refused the QUIC connection of a peer" in caplog.text)
-    assert 1 not in t0.links and th0.is_alive()  # still waiting for the real rank 1
+    assert 1 not in t0.mesh.links and th0.is_alive()  # still waiting for the real rank 1
 
 
 def test_certificate_from_another_ca_is_refused(rank0, caplog):
     _store, t0, _, _, addr = rank0
     caplog.set_level(logging.WARNING, logger="erdma.quic")
     outsider = cred.issue(cred.new_authority("someone else"), 1, JOB)
-    closed = raw_dial(addr, outsider.cert, outsider.key, hello_stream(Hello(HELLO_REQUEST, JOB, 1, 2)))
+    closed = raw_dial(addr, outsider.cert, outsider.key, hello_stream(Hello(status=HELLO_REQUEST, job=JOB, rank=1, world=2)))
     assert closed is not None and closed.error_code == REFUSED
     assert "does not verify against this job's CA" in closed.reason_phrase
-    assert 1 not in t0.links
+    assert 1 not in t0.mesh.links
 
 
 def test_certificate_of_another_job_is_refused(rank0, ca, caplog):
@@ -85,11 +85,11 @@ def test_certificate_of_another_job_is_refused(rank0, ca, caplog):
     _store, t0, _, _, addr = rank0
     caplog.set_level(logging.WARNING, logger="erdma.quic")
     other = cred.issue(ca, 1, JOB + 1)
-    closed = raw_dial(addr, other.cert, other.key, hello_stream(Hello(HELLO_REQUEST, JOB + 1, 1, 2)))
+    closed = raw_dial(addr, other.cert, other.key, hello_stream(Hello(status=HELLO_REQUEST, job=JOB + 1, rank=1, world=2)))
     assert closed is not None and closed.error_code == REFUSED
     assert closed.reason_phrase == f"its certificate is for job {JOB + 1:016x}, this job is {JOB:016x}"
     assert wait_for(lambda: f"is for job {JOB + 1:016x}" in caplog.text)
-    assert 1 not in t0.links
+    assert 1 not in t0.mesh.links
 
 
 def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca_files):
@@ -101,7 +101,7 @@ def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca_files):
     assert len(errors1) == 1 and isinstance(errors1[0], ProtocolError), errors1
     assert "QUIC connection to rank 0" in str(errors1[0])
     assert f"r0.j{JOB + 1:016x}.erdma" in str(errors1[0])  # the name it expected and did not get
-    assert 1 not in t0.links
+    assert 1 not in t0.mesh.links
 
 
 def test_certificate_naming_an_unexpected_rank_is_refused(rank0, ca):

@@ -17,6 +17,7 @@ from helpers import MemoryStore, options, start
 
 from erdma_core.errors import AbortedError, ConfigError, ErdmaError, PeerLostError, ProtocolError
 from erdma_core.transport.base import TransportContext
+from erdma_core.transport.frames import FrameInbox
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.wire import BYE, DATA, Header
 
@@ -24,7 +25,7 @@ JOB = 91
 
 
 def _header(seq: int, n: int, kind: int = DATA) -> Header:
-    return Header(kind, 1, 1, 0, JOB, 0, seq, 0, n, n)
+    return Header(kind=kind, job=JOB, dtype=9, opcode=1, seq=seq, numel=n, count=n, nbytes=n)
 
 
 class _Sink:
@@ -45,7 +46,7 @@ def test_parts_split_between_a_lane_and_the_main_connection_complete_the_frame_o
     parts = message_parts(_header(0, len(payload)), payload, 3000)  # 4 parts
     box = Mailbox(0, JOB)
     sink = _Sink()
-    main, lane = Inbound(0, 1, box, lambda h: None), Inbound(0, 1, Mailbox(0, JOB), lambda h: None, sink)
+    main, lane = Inbound(1, FrameInbox(0, 1, box), lambda h: None), Inbound(1, None, lambda h: None, sink)
     out = np.zeros(len(payload), np.uint8)
     req = box.post_recv(1, _header(0, len(payload)), memoryview(out))
     for i, (head, body) in enumerate(parts):
@@ -62,11 +63,11 @@ def test_parts_split_between_a_lane_and_the_main_connection_complete_the_frame_o
 
 
 def test_a_lane_refuses_control_frames_and_land_refuses_malformed_parts():
-    lane = Inbound(0, 1, Mailbox(0, JOB), lambda h: None, _Sink())
-    (head, _), = message_parts(Header(BYE, 0, 0, 0, JOB, 0, 3, 0, 0, 0), b"", 4096)
+    lane = Inbound(1, None, lambda h: None, _Sink())
+    (head, _), = message_parts(Header(kind=BYE, job=JOB, seq=3), b"", 4096)
     with pytest.raises(ProtocolError, match="rank 1 sent a control frame over a striping lane"):
         lane.feed(0, numbered(head, 1), fin=True)
-    main = Inbound(0, 1, Mailbox(0, JOB), lambda h: None)
+    main = Inbound(1, FrameInbox(0, 1, Mailbox(0, JOB)), lambda h: None)
     (head, _), = message_parts(_header(0, 8), b"abcdefgh", 4096)
     with pytest.raises(ProtocolError, match=r"malformed part over a lane: kind 2/1, \[0, 8\) of 8 bytes, 3 received"):
         main.land(head, memoryview(b"abc"))
@@ -85,7 +86,7 @@ def _pair(**kw):
 def _transfer(a, b, n: int, seq: int, rank_a: int = 0, rank_b: int = 1):
     src = np.random.default_rng(seq).integers(0, 256, n, dtype=np.uint8)
     dst = np.zeros_like(src)
-    h = Header(DATA, 1, 1, 0, JOB, 0, seq, 0, n, n)
+    h = Header(kind=DATA, job=JOB, dtype=9, opcode=1, seq=seq, numel=n, count=n, nbytes=n)
     r = b.irecv(rank_a, h, memoryview(dst))
     s = a.isend(rank_b, h, memoryview(src), time.monotonic() + 30)
     return src, dst, s, r
@@ -137,5 +138,6 @@ def test_workers_with_a_handed_over_socket_is_a_config_error():
     sock.bind(("127.0.0.1", 0))
     t = QuicTransport(None, options(secret="s", workers=2))
     with pytest.raises(ConfigError, match=r"transport.quic.workers = 2 .* valid here: 0"):
-        t.connect(TransportContext(0, 2, MemoryStore(), JOB, 5.0, udp_socket=sock))
+        t.connect(TransportContext(rank=0, world_size=2, store=MemoryStore(), job=JOB, connect_timeout=5.0,
+                                   udp_socket=sock))
     sock.close()

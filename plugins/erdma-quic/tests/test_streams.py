@@ -11,6 +11,7 @@ import pytest
 from erdma_quic.streams import KIND_PART, PREFIX, Inbound, hello_stream, message_parts, numbered
 
 from erdma_core.errors import PeerLostError, ProtocolError
+from erdma_core.transport.frames import FrameInbox
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.wire import BYE, DATA, HELLO_REQUEST, Header, Hello
 
@@ -18,7 +19,7 @@ JOB = 77
 
 
 def _header(seq: int, n: int, kind: int = DATA) -> Header:
-    return Header(kind, 1, 1, 0, JOB, 0, seq, 0, n, n)
+    return Header(kind=kind, job=JOB, dtype=9, opcode=1, seq=seq, numel=n, count=n, nbytes=n)
 
 
 _NUMBERS = itertools.count(1)  # part numbers, unique across the module as a sender's are per peer
@@ -44,7 +45,7 @@ def test_message_parts_cover_the_payload_exactly():
 def test_parts_in_any_order_and_slicing_land_intact(seed):
     rng = random.Random(seed)
     box = Mailbox(0, JOB)
-    inbound = Inbound(0, 1, box, lambda h: None)
+    inbound = Inbound(1, FrameInbox(0, 1, box), lambda h: None)
     payloads = [np.random.default_rng(seed * 10 + i).integers(0, 256, n, dtype=np.uint8).tobytes()
                 for i, n in enumerate((0, 1, 5000, 70001))]
     outs = [np.zeros(len(p), np.uint8) for p in payloads]
@@ -71,7 +72,7 @@ def test_parts_in_any_order_and_slicing_land_intact(seed):
 
 def test_bye_counts_as_gone_only_after_the_frames_it_announced():
     box = Mailbox(0, JOB)
-    inbound = Inbound(0, 1, box, lambda h: None)
+    inbound = Inbound(1, FrameInbox(0, 1, box), lambda h: None)
     out = np.zeros(100, np.uint8)
     req = box.post_recv(1, _header(0, 100), memoryview(out))
     inbound.feed(8, _streams(_header(5, 0, BYE), b"", 4096)[0], fin=True)  # BYE overtook the data
@@ -81,7 +82,7 @@ def test_bye_counts_as_gone_only_after_the_frames_it_announced():
     assert req.done() and out.tobytes() == bytes(range(100))
     # BYE said 5 frames and one landed: a receive posted now still waits
     assert not inbound.closed_cleanly
-    inbound2 = Inbound(0, 1, box, lambda h: None)
+    inbound2 = Inbound(1, FrameInbox(0, 1, box), lambda h: None)
     inbound2.feed(0, _streams(_header(0, 0, BYE), b"", 4096)[0], fin=True)
     later = box.post_recv(1, _header(9, 4), memoryview(np.zeros(4, np.uint8)))
     assert later.done() and isinstance(later.error, PeerLostError)
@@ -90,11 +91,11 @@ def test_bye_counts_as_gone_only_after_the_frames_it_announced():
 
 def test_hello_stream_reaches_the_callback():
     seen: list[Hello] = []
-    inbound = Inbound(0, 1, Mailbox(0, JOB), seen.append)
-    data = hello_stream(Hello(HELLO_REQUEST, JOB, 3, 4))
+    inbound = Inbound(1, FrameInbox(0, 1, Mailbox(0, JOB)), seen.append)
+    data = hello_stream(Hello(status=HELLO_REQUEST, job=JOB, rank=3, world=4))
     inbound.feed(2, data[:5], fin=False)
     inbound.feed(2, data[5:], fin=True)
-    assert seen == [Hello(HELLO_REQUEST, JOB, 3, 4)]
+    assert seen == [Hello(status=HELLO_REQUEST, job=JOB, rank=3, world=4)]
 
 
 @pytest.mark.parametrize(("data", "message"), [
@@ -106,7 +107,7 @@ def test_hello_stream_reaches_the_callback():
     (PREFIX.pack(KIND_PART, 0, 0, 4) + _header(0, 4).pack() + b"abcd", "sent a part without a number"),
 ])
 def test_malformed_streams_are_protocol_errors(data, message):
-    inbound = Inbound(0, 1, Mailbox(0, JOB), lambda h: None)
+    inbound = Inbound(1, FrameInbox(0, 1, Mailbox(0, JOB)), lambda h: None)
     with pytest.raises(ProtocolError, match=message):
         inbound.feed(0, data, fin=True)
 
@@ -116,7 +117,7 @@ def test_parts_sent_again_after_a_reconnection_land_once():
     three again (the sender cannot know which landed). Each lands once, and a message that completed before
     the reconnection is not written again (its receiver may already be using the buffer)."""
     box = Mailbox(0, JOB)
-    inbound = Inbound(0, 1, box, lambda h: None)
+    inbound = Inbound(1, FrameInbox(0, 1, box), lambda h: None)
     done_payload, payload = bytes(range(200)) * 5, bytes(range(256)) * 48  # 1000 and 12288 bytes
     done_out, out = np.zeros(len(done_payload), np.uint8), np.zeros(len(payload), np.uint8)
     r0 = box.post_recv(1, _header(0, len(done_payload)), memoryview(done_out))
@@ -139,16 +140,16 @@ def test_parts_sent_again_after_a_reconnection_land_once():
 
 def test_an_unidentified_peer_may_send_only_hello():
     seen: list[Hello] = []
-    inbound = Inbound(0, -1, None, seen.append)
-    inbound.feed(0, hello_stream(Hello(HELLO_REQUEST, JOB, 1, 2)), fin=True)
-    assert seen == [Hello(HELLO_REQUEST, JOB, 1, 2)]
+    inbound = Inbound(-1, None, seen.append)
+    inbound.feed(0, hello_stream(Hello(status=HELLO_REQUEST, job=JOB, rank=1, world=2)), fin=True)
+    assert seen == [Hello(status=HELLO_REQUEST, job=JOB, rank=1, world=2)]
     with pytest.raises(ProtocolError, match="sent a message before it was identified"):
         inbound.feed(4, _streams(_header(0, 4), b"abcd", 4096)[0], fin=True)
 
 
 def test_frame_of_another_job_is_refused():
-    inbound = Inbound(0, 1, Mailbox(0, JOB), lambda h: None)
-    stray = Header(DATA, 1, 1, 0, JOB + 1, 0, 0, 0, 4, 4)
+    inbound = Inbound(1, FrameInbox(0, 1, Mailbox(0, JOB)), lambda h: None)
+    stray = Header(kind=DATA, job=JOB + 1, dtype=9, opcode=1, numel=4, count=4, nbytes=4)
     with pytest.raises(ProtocolError, match="carries job 0x4e, this job is 0x4d"):
         inbound.feed(0, _streams(stray, b"abcd", 4096)[0], fin=True)
 
@@ -173,7 +174,7 @@ def test_two_connections_in_memory_move_a_message_over_many_streams():
     now = 0.0
     client.connect(("1.2.3.4", 1234), now=now)
     box = Mailbox(0, JOB)
-    inbound = Inbound(0, 1, box, lambda h: None)
+    inbound = Inbound(1, FrameInbox(0, 1, box), lambda h: None)
     payload = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8)
     out = np.zeros_like(payload)
     req = box.post_recv(1, _header(0, payload.size), memoryview(out))

@@ -1,0 +1,707 @@
+"""The QUIC connections of one endpoint (a rank, or one of its striping lanes) to its peers, sans-IO: who is
+at the other end of each (a certificate checked at the handshake, or a session ticket issued to a peer
+already identified), the HELLO exchange, each peer's queue of message parts, and reconnection.
+
+Like aioquic's ``QuicConnection`` underneath, it takes the time as an argument and returns what to do as
+data: ``receive``, ``unreachable``, ``dial``, ``send`` and ``handle_timer`` feed it; ``datagrams_to_send``,
+``get_timer`` and ``next_event`` (``Joined``, ``Refused``, ``Lost``) say what follows. ``endpoint`` is the
+thin asyncio adapter that moves datagrams and time; tests drive two meshes in memory.
+
+A connection to a live peer can end without either process failing: an outage longer than
+``idle_timeout``, or a NAT that forgot the path. When it ends by idle timeout and ``reconnect_timeout`` is
+above zero, the dialling side dials again, resuming the TLS session with the ticket the listener gave it
+(0-RTT: the HELLO and every part QUIC had not acknowledged leave in the first flight), and the listener
+waits for it. Both sides then send again what QUIC had not acknowledged; the receiver drops parts it already
+has (``streams.Inbound``). A peer that does not come back within the timeout is lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection, QuicConnectionState
+from aioquic.quic.packet import QuicErrorCode
+from aioquic.tls import SessionTicket
+
+from erdma_core.errors import PeerLostError, ProtocolError
+from erdma_core.transport.mailbox import Request
+from erdma_core.transport.wire import HELLO_ACCEPTED, HELLO_REQUEST, Hello
+
+from .congestion import attach
+from .credentials import CredentialError
+from .streams import Inbound, hello_stream, numbered
+
+log = logging.getLogger("erdma.quic")
+REFUSED = 0x0100  # application close code: credentials or HELLO refused
+UNREACHABLE_GRACE = 0.5  # seconds a peer whose port is unreachable has to be heard from again
+REDIAL_DELAY = 0.05  # seconds between a connection's end and the first redial
+REDIAL_RETRY = 0.5  # seconds a redial may go unanswered before another replaces it (a fresh first flight)
+MAX_PENDING = 64  # accepted connections not yet identified
+CID_LENGTH = 8
+Configure = Callable[[bool, Any, "int | None", "SessionTicket | None"], QuicConfiguration]
+Identify = Callable[[Any, list[Any], set[int]], int]
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    rank: int
+    world: int
+    job: int
+    window: int  # bytes handed to QUIC per peer and not yet acknowledged
+    reconnect_timeout: float
+    idle_timeout: float
+    keepalive_interval: float
+    verify: bool  # peers are identified by certificate (False: insecure mode, the HELLO names them)
+
+
+@attrs.frozen
+class Joined:
+    """``peer``'s connection is up for the first time."""
+
+    peer: int
+
+
+@attrs.frozen
+class Refused:
+    """A connection this endpoint dialled to ``peer`` failed before the peer joined."""
+
+    peer: int
+    addr: Any
+    why: str
+
+
+@attrs.frozen
+class Lost:
+    """``peer``, which had joined, is gone for good; its queue waits for ``Mesh.fail``."""
+
+    peer: int
+    why: str
+
+
+Event = Joined | Refused | Lost
+
+
+class Connection(QuicConnection):
+    """aioquic's connection, with listeners asking the dialler for its certificate (mutual TLS), and the
+    model-based controller's own pacer when that controller is configured."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        attach(self)
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        if not self._is_client:
+            self.tls._request_client_certificate = True
+
+
+class Outgoing:
+    """One message waiting to be handed to QUIC: its streams, and the request that completes when it has."""
+
+    __slots__ = ("done", "parts", "req")
+
+    def __init__(self, parts: list[tuple[bytes, Any]], req: Request) -> None:
+        self.parts, self.req, self.done = parts, req, 0
+
+
+class Session:
+    """One QUIC connection."""
+
+    def __init__(self, rank: int | None, addr: Any, dialled: bool) -> None:
+        self.conn: Connection = None  # type: ignore[assignment]  # set right after
+        self.rank = rank  # None for an accepted connection until its certificate, ticket or HELLO names it
+        self.addr = addr
+        self.dialled = dialled
+        self.link: Link | None = None
+        self.pre: Inbound | None = None  # before the peer is identified: HELLO only
+        self.open_streams: dict[int, tuple[int, int]] = {}  # stream id -> (part number, bytes)
+        self.ready = False  # carries the link's data
+        self.failure: str | None = None
+        self.terminated = False
+        self.resumed = False  # TLS session resumed from a ticket
+        self.established = False  # the peer has answered (dialler: handshake done; listener: identified)
+        self.last_rx = 0.0
+        self.timer: float | None = None  # the connection's next timer, as of its last service
+        self.suspect_since: float | None = None  # its port answered 'unreachable' then
+        self.ticket_rank: int | None = None  # listener: the rank the offered ticket was issued to
+        self.issued: SessionTicket | None = None  # listener: a ticket issued before the peer was identified
+
+
+class Link:
+    """What an endpoint keeps about one peer across connections: the queue, the parts handed to QUIC and
+    not yet acknowledged (numbered, kept for a resend when ``keep``), the incoming side, the listener's
+    latest session ticket, and the reconnection state."""
+
+    def __init__(self, rank: int, addr: Any, dialler: bool, inbound: Inbound, keep: bool) -> None:
+        self.rank, self.addr, self.dialler, self.inbound, self.keep = rank, addr, dialler, inbound, keep
+        self.session: Session | None = None  # the connection now carrying the link
+        self.queue: deque[Outgoing] = deque()
+        self.unacked: dict[int, tuple[bytes, bytes]] = {}  # part number -> (prefix and header, payload)
+        self.next_number = 1
+        self.inflight = 0
+        self.ticket: SessionTicket | None = None  # dialler: the listener's latest, for resumption
+        self.dead = False
+        self.down_since: float | None = None
+        self.redial_at: float | None = None
+        self.give_up_at: float | None = None
+        self.give_up_why = ""
+        self.stats = {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0}
+
+
+class Mesh:
+    def __init__(self, settings: Settings, configure: Configure, identify: Identify,
+                 inbound_for: Callable[[int], Inbound]) -> None:
+        """``configure(client, addr, peer, ticket)`` gives a connection's aioquic configuration;
+        ``identify(certificate, chain, allowed_ranks)`` the rank a dialler's certificate proves (or raises
+        ``CredentialError``); ``inbound_for(peer)`` where that peer's streams go."""
+        self.s = settings
+        self.configure, self.identify, self.inbound_for = configure, identify, inbound_for
+        self.links: dict[int, Link] = {}  # peers that joined
+        self.closing = False
+        self.bad_datagrams = 0
+        self._now = 0.0
+        self._sessions: set[Session] = set()
+        self._by_cid: dict[bytes, Session] = {}
+        self._pending: list[Session] = []  # accepted, not yet identified and settled
+        self._tickets: dict[bytes, tuple[SessionTicket, int]] = {}  # issued to diallers: label -> (ticket, rank)
+        self._dirty: dict[int, Session] = {}
+        self._events: deque[Event] = deque()
+        self._keepalive_at: float | None = None
+
+    # ---- inputs ---------------------------------------------------------------------------------------
+    def dial(self, peer: int, addr: Any, now: float) -> None:
+        """Connect to ``peer`` (a lower rank) at ``addr``; ``Joined`` or ``Refused`` follows."""
+        self._now = now
+        keep = self.s.reconnect_timeout > 0
+        self._dial(Link(peer, addr, True, self.inbound_for(peer), keep))
+
+    def receive(self, data: bytes, addr: Any, now: float) -> None:
+        self._now = now
+        s = self._route(data, addr)
+        if s is None:
+            return
+        s.last_rx = now
+        try:
+            s.conn.receive_datagram(data, addr, now=now)
+        except Exception as exc:  # a datagram aioquic cannot take must not take the endpoint down
+            self.bad_datagrams += 1
+            log.debug("rank %d: dropped a datagram from %s: %s: %s", self.s.rank, addr, type(exc).__name__, exc)
+        if not s.dialled and s.conn._state is QuicConnectionState.FIRSTFLIGHT:
+            # an accepted connection that took nothing from its first datagram (no Initial it could read: a
+            # stray 0-RTT packet of a redial whose Initial was lost, or garbage) would hold a slot forever,
+            # with no timer to end it
+            self.bad_datagrams += 1
+            self._forget(s)
+            return
+        self._touch(s)
+
+    def unreachable(self, addr: Any, now: float) -> None:
+        """``addr``'s port answered ICMP 'unreachable'. Its process is gone unless it is heard from again
+        within ``UNREACHABLE_GRACE`` (a path that changed under it, e.g. NAT rebinding, is not a death)."""
+        self._now = now
+        for s in list(self._sessions):
+            link = s.link
+            if s.conn.get_peer_address() != addr or s.terminated or s.suspect_since is not None or link is None \
+                    or link.session is not s or not (s.ready or link.down_since is not None):
+                continue
+            s.suspect_since = now
+
+    def send(self, peer: int, parts: list[tuple[bytes, Any]], req: Request, urgent: bool = False) -> None:
+        """Queue a message's parts (``streams.message_parts``) for ``peer``; ``req`` completes once QUIC has
+        them all. ``urgent`` (an ABORT) goes before what is queued."""
+        link = self.links.get(peer)
+        if link is None or link.dead:
+            req.complete(PeerLostError(f"rank {self.s.rank}: the QUIC connection to rank {peer} is closed",
+                                       peer=peer, rank=self.s.rank))
+            return
+        item = Outgoing(parts, req)
+        if urgent:
+            link.queue.appendleft(item)
+        else:
+            link.queue.append(item)
+        if link.session is not None:
+            self._touch(link.session)
+
+    def land(self, peer: int, head: bytes, payload: memoryview, lane: int) -> None:
+        """A data part of ``peer``'s that came whole over striping lane ``lane``."""
+        link = self.links.get(peer)
+        if link is None or link.dead:
+            return
+        try:
+            link.inbound.land(head, payload)
+        except ProtocolError as exc:
+            self._lose(link, f"lane {lane}: {exc}")
+
+    def lose(self, peer: int, why: str) -> None:
+        """Something outside the mesh (a striping lane) lost ``peer``; nothing happens if it already said BYE."""
+        link = self.links.get(peer)
+        if link is not None and not link.inbound.closed_cleanly and not self.closing:
+            self._lose(link, why)
+
+    def fail(self, peer: int, error: BaseException) -> None:
+        """Fail what is queued for ``peer`` (after ``Lost``) with ``error``."""
+        link = self.links.get(peer)
+        if link is not None:
+            while link.queue:
+                link.queue.popleft().req.complete(error)
+
+    def start_keepalive(self, now: float) -> None:
+        self._keepalive_at = now + self.s.keepalive_interval
+
+    def handle_timer(self, now: float) -> None:
+        self._now = now
+        for s in list(self._sessions):
+            if s.timer is not None and s.timer <= now:
+                s.timer = None
+                s.conn.handle_timer(now=now)
+                self._touch(s)
+            if s.suspect_since is not None and s.suspect_since + UNREACHABLE_GRACE <= now:
+                self._confirm_unreachable(s)
+        for link in list(self.links.values()):
+            if link.redial_at is not None and link.redial_at <= now:
+                link.redial_at = None
+                attempt = link.session
+                if (attempt is None or not attempt.established) and not link.dead and not self.closing:
+                    # no connection, or a redial nobody answered: its first flight may have been lost in the
+                    # outage, and QUIC would wait longer than an idle timeout to send it again
+                    if attempt is not None:
+                        self._detach(attempt)
+                    s = self._dial(link)
+                    if self.s.verify:  # the listener knows who this is before it reads a byte: the backlog now
+                        self._go(link, s)
+                    link.redial_at = now + REDIAL_RETRY
+            if link.give_up_at is not None and link.give_up_at <= now:
+                self._give_up(link)
+        if self._keepalive_at is not None and self._keepalive_at <= now:
+            self._keepalive_at = now + self.s.keepalive_interval
+            if not self.closing:
+                for link in self.links.values():
+                    s = link.session
+                    if s is not None and not s.terminated:
+                        s.conn.send_ping(0)
+                        self._touch(s)
+
+    def close(self, now: float) -> None:
+        """Close every connection (each sends CONNECTION_CLOSE)."""
+        self._now = now
+        self.closing = True
+        for s in list(self._sessions):
+            rec = s.conn._loss
+            log.debug("rank %d -> rank %s at close: %s, srtt %.5f s", self.s.rank, s.rank, rec._cc.get_log_data(),
+                      rec._rtt_smoothed)
+            s.conn.close()
+            self._touch(s)
+
+    # ---- outputs --------------------------------------------------------------------------------------
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
+        self._now = now
+        out: list[tuple[bytes, Any]] = []
+        while self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            for s in dirty.values():
+                if s in self._sessions:
+                    self._service(s, out)
+        return out
+
+    def get_timer(self) -> float | None:
+        times = [s.timer for s in self._sessions if s.timer is not None]
+        times += [s.suspect_since + UNREACHABLE_GRACE for s in self._sessions if s.suspect_since is not None]
+        times += [t for link in self.links.values() for t in (link.redial_at, link.give_up_at) if t is not None]
+        if self._keepalive_at is not None:
+            times.append(self._keepalive_at)
+        return min(times, default=None)
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    # ---- queries --------------------------------------------------------------------------------------
+    def flushed(self) -> bool:
+        """Nothing queued, and every part handed to QUIC acknowledged, on every live link."""
+        return all(not link.queue and (link.session is None or not link.session.open_streams
+                                       or link.session.terminated) for link in self.links.values() if not link.dead)
+
+    def pending_accepts(self) -> int:
+        """Accepted connections not yet identified and settled (at most ``MAX_PENDING`` at a time)."""
+        return len(self._pending)
+
+    def link_stats(self) -> dict[int, dict[str, int]]:
+        """Per peer: reconnections, resumed TLS sessions, accepted 0-RTT first flights, parts sent again."""
+        return {r: dict(link.stats) for r, link in self.links.items()}
+
+    # ---- connections ----------------------------------------------------------------------------------
+    def _diallers(self) -> set[int]:
+        """Ranks that dial this one (and may dial it again)."""
+        return set(range(self.s.rank + 1, self.s.world))
+
+    def _dial(self, link: Link) -> Session:
+        """Dial ``link``'s peer; the HELLO leaves with the first flight that can carry it (0-RTT when resuming)."""
+        s = Session(link.rank, link.addr, dialled=True)
+        s.conn = Connection(configuration=self.configure(True, link.addr, link.rank, link.ticket),
+                            session_ticket_handler=functools.partial(self._ticket_issued, s))
+        s.conn.connect(link.addr, now=self._now)
+        self._attach(link, s)
+        self._send_raw(s, hello_stream(Hello(status=HELLO_REQUEST, job=self.s.job, rank=self.s.rank,
+                                             world=self.s.world)))
+        self._adopt(s)
+        return s
+
+    def _accept(self, dcid: bytes, addr: Any) -> Session | None:
+        if self.closing or len(self._pending) >= MAX_PENDING or not self._diallers():
+            return None
+        s = Session(None, addr, dialled=False)
+        s.pre = Inbound(-1, None, functools.partial(self._on_hello, s))
+        s.conn = Connection(configuration=self.configure(False, addr, None, None),
+                            original_destination_connection_id=dcid,
+                            session_ticket_fetcher=functools.partial(self._fetch_ticket, s),
+                            session_ticket_handler=functools.partial(self._ticket_issued, s))
+        self._pending.append(s)
+        return s
+
+    def _route(self, data: bytes, addr: Any) -> Session | None:
+        if len(data) < 1 + CID_LENGTH:
+            return None
+        if data[0] & 0x80:  # long header: version, then the destination connection id with its length
+            if len(data) < 6 or len(data) < 6 + data[5]:
+                return None
+            dcid = bytes(data[6:6 + data[5]])
+        else:
+            dcid = bytes(data[1:1 + CID_LENGTH])
+        s = self._by_cid.get(dcid)
+        if s is None and data[0] & 0x80:
+            s = self._accept(dcid, addr)
+            if s is not None:
+                self._by_cid[dcid] = s
+                self._adopt(s)
+        return s
+
+    def _adopt(self, s: Session) -> None:
+        self._sessions.add(s)
+        for cid in _host_cids(s.conn):
+            self._by_cid[cid] = s
+        self._touch(s)
+
+    def _forget(self, s: Session) -> None:
+        self._sessions.discard(s)
+        for cid in [c for c, x in self._by_cid.items() if x is s]:
+            del self._by_cid[cid]
+        if s in self._pending:
+            self._pending.remove(s)
+
+    def _touch(self, s: Session) -> None:
+        self._dirty[id(s)] = s
+
+    def _service(self, s: Session, out: list[tuple[bytes, Any]]) -> None:
+        self._events_of(s)
+        self._pump(s)
+        while True:
+            out += s.conn.datagrams_to_send(now=self._now)
+            # building packets retires acknowledged streams, which may open the window: hand QUIC more now,
+            # or nothing would ask again until the next timer
+            if not self._pump(s):
+                break
+        for cid in _host_cids(s.conn):
+            self._by_cid.setdefault(cid, s)
+        s.timer = s.conn.get_timer()
+
+    # ---- session tickets (TLS resumption) -----------------------------------------------------------------
+    def _fetch_ticket(self, s: Session, label: bytes) -> SessionTicket | None:
+        """Listener: the dialler offers a ticket. Each is good once (a replayed first flight finds it gone)."""
+        found = self._tickets.pop(label, None)
+        if found is None:
+            return None
+        ticket, rank = found
+        link = self.links.get(rank)
+        if link is None or link.dead:
+            return None
+        s.ticket_rank = rank
+        s.conn.tls._request_client_certificate = False  # resumption carries the identity proven before
+        return ticket
+
+    def _ticket_issued(self, s: Session, ticket: SessionTicket) -> None:
+        if s.dialled:
+            if s.link is not None:
+                s.link.ticket = ticket
+        elif s.link is not None:
+            self._keep_ticket(ticket, s.link.rank)
+        else:
+            s.issued = ticket
+
+    def _keep_ticket(self, ticket: SessionTicket, rank: int) -> None:
+        """Listener: ``ticket`` went to ``rank``; it replaces the one that rank held."""
+        self._tickets = {k: v for k, v in self._tickets.items() if v[1] != rank}
+        self._tickets[ticket.ticket] = (ticket, rank)
+
+    # ---- what a connection reports ------------------------------------------------------------------------
+    def _events_of(self, s: Session) -> None:
+        if s.ticket_rank is not None and s.link is None and not s.terminated and s.conn.tls.session_resumed:
+            s.resumed = True
+            self._identified(s, s.ticket_rank)
+        while (ev := s.conn.next_event()) is not None:
+            if isinstance(ev, events.StreamDataReceived):
+                link = s.link
+                if s.failure is not None or s.terminated:
+                    continue  # refused: closing, nothing more is read
+                if link is None or link.session is not s:
+                    if self.s.verify:  # identification comes from the handshake, before any stream
+                        self._refuse(s, "sent stream data before it was identified")
+                        continue
+                    inbound = s.pre  # insecure mode: the HELLO names the peer
+                else:
+                    inbound = link.inbound
+                if inbound is None:
+                    continue
+                try:
+                    inbound.feed(ev.stream_id, ev.data, ev.end_stream)
+                except ProtocolError as exc:
+                    if s.ready and link is not None:
+                        self._lose(link, f"it broke the protocol: {exc}")
+                    else:
+                        self._refuse(s, f"broke the protocol: {exc}")
+            elif isinstance(ev, events.HandshakeCompleted):
+                self._handshake_done(s, ev)
+            elif isinstance(ev, events.ConnectionTerminated):
+                self._terminated(s, ev)
+
+    def _handshake_done(self, s: Session, ev: events.HandshakeCompleted) -> None:
+        if s.dialled:
+            s.resumed, s.established = ev.session_resumed, True
+            if s.link is not None:
+                if ev.session_resumed:
+                    s.link.stats["resumed"] += 1
+                    s.link.stats["early_data"] += int(ev.early_data_accepted)
+                self._back(s.link, s)
+            return
+        if s.link is not None or not self.s.verify:  # identified by its ticket, or (insecure) by HELLO
+            return
+        tls = s.conn.tls
+        try:
+            rank = self.identify(tls._peer_certificate, tls._peer_certificate_chain, self._diallers())
+        except CredentialError as exc:
+            self._refuse(s, str(exc))
+            return
+        self._identified(s, rank)
+
+    def _identified(self, s: Session, rank: int) -> None:
+        """Listener: the peer proved it is ``rank``; a new link, or an existing one that it reconnects."""
+        link = self.links.get(rank)
+        if link is not None and link.dead:
+            self._refuse(s, f"rank {rank} was already given up as lost")
+            return
+        s.rank, s.established = rank, True
+        if link is None:
+            link = Link(rank, s.addr, False, self.inbound_for(rank), self.s.reconnect_timeout > 0)
+        self._attach(link, s)
+        if s.issued is not None:
+            self._keep_ticket(s.issued, rank)
+        if self.links.get(rank) is link:  # a reconnection
+            self._settled(s)
+            if self.s.verify:
+                self._go(link, s)  # what was not acknowledged goes again now
+
+    def _on_hello(self, s: Session, hello: Hello) -> None:
+        if s.dialled:
+            if hello.status != HELLO_ACCEPTED or hello.rank != s.rank:
+                self._refuse(s, f"answered HELLO with status {hello.status} as rank {hello.rank}")
+                return
+            link = s.link
+            assert link is not None
+            if not s.ready:
+                self._go(link, s)
+            if self.links.get(link.rank) is not link:
+                self._join(link)
+            return
+        why = None
+        if hello.job != self.s.job or hello.world != self.s.world:
+            why = f"job {hello.job:#x} world {hello.world} (this job {self.s.job:#x}, world {self.s.world})"
+        elif s.rank is not None and hello.rank != s.rank:
+            why = f"its HELLO says rank {hello.rank}, its certificate rank {s.rank}"
+        elif s.rank is None and hello.rank not in self._diallers():
+            why = f"rank {hello.rank} is not expected here"
+        if why is not None:
+            self._refuse(s, why)
+            return
+        if s.link is None:
+            self._identified(s, hello.rank)
+            if s.link is None:
+                return
+        link = s.link
+        self._send_raw(s, hello_stream(Hello(status=HELLO_ACCEPTED, job=self.s.job, rank=self.s.rank,
+                                             world=self.s.world)))
+        if not s.ready:
+            self._go(link, s)
+        if self.links.get(link.rank) is not link:
+            self._join(link)
+
+    def _join(self, link: Link) -> None:
+        if link.session is not None:
+            self._settled(link.session)
+        self.links[link.rank] = link
+        self._events.append(Joined(link.rank))
+
+    def _settled(self, s: Session) -> None:
+        """An accepted connection is no longer pending: it joined, or took over a link that had."""
+        if s in self._pending:
+            self._pending.remove(s)
+
+    def _refuse(self, s: Session, why: str) -> None:
+        who = f"rank {s.rank}" if s.rank is not None else "a peer"
+        log.warning("rank %d: refused the QUIC connection of %s at %s: %s", self.s.rank, who, s.addr, why)
+        s.failure = why
+        s.conn.close(error_code=REFUSED, reason_phrase=why[:200])
+        self._touch(s)
+
+    def _terminated(self, s: Session, ev: events.ConnectionTerminated) -> None:
+        if s.terminated:
+            return
+        s.terminated = True
+        self._forget(s)
+        reason = ev.reason_phrase or f"error code {ev.error_code:#x}"
+        link = s.link
+        if link is not None and link.session is s and (s.ready or link.down_since is not None):
+            idle = ev.error_code == QuicErrorCode.INTERNAL_ERROR and ev.reason_phrase == "Idle timeout"
+            why = f"refused the connection: {reason}" if ev.error_code == REFUSED else f"connection ended ({reason})"
+            self._ended(link, s, why, reconnectable=idle)
+            return
+        if s.failure is None:
+            s.failure = f"refused the connection: {reason}" if ev.error_code == REFUSED else reason
+        if s.dialled and s.rank is not None and self.links.get(s.rank) is None:
+            self._events.append(Refused(s.rank, s.addr, s.failure))
+
+    def _detach(self, s: Session) -> None:
+        """Another connection took over this one's link: drop it without a word."""
+        s.terminated = True
+        s.ready = False
+        self._forget(s)
+
+    def _confirm_unreachable(self, s: Session) -> None:
+        since, s.suspect_since = s.suspect_since, None
+        link = s.link
+        if s.terminated or (since is not None and s.last_rx > since) or link is None or link.inbound.closed_cleanly:
+            return
+        s.terminated = True
+        self._forget(s)
+        self._ended(link, s, "its port is unreachable (the process ended)", reconnectable=False)
+
+    def _send_raw(self, s: Session, data: bytes) -> None:
+        sid = s.conn.get_next_available_stream_id(is_unidirectional=True)
+        s.conn.send_stream_data(sid, data, end_stream=True)
+
+    # ---- links ----------------------------------------------------------------------------------------
+    def _attach(self, link: Link, s: Session) -> None:
+        """``s`` carries the link from now on; a connection it replaces is dropped without a word (its peer
+        has already given it up)."""
+        old, link.session = link.session, s
+        if old is not None and old is not s:
+            self._detach(old)
+        s.link = link
+        link.inbound.on_hello = functools.partial(self._on_hello, s)
+        link.inbound.reset()
+        s.open_streams.clear()
+        link.inflight = 0
+
+    def _go(self, link: Link, s: Session) -> None:
+        """``s`` may carry data: what QUIC had not acknowledged on the last connection goes first."""
+        s.ready = True
+        for number in sorted(link.unacked):
+            head, body = link.unacked[number]
+            self._put(link, s, number, head, body)
+            link.stats["resent_parts"] += 1
+        if s.established:
+            self._back(link, s)
+        self._touch(s)
+
+    def _back(self, link: Link, s: Session) -> None:
+        """The peer answered on ``s``: an outage, if there was one, is over."""
+        if link.down_since is None or s is not link.session:
+            return
+        waited = self._now - link.down_since
+        link.down_since = link.give_up_at = link.redial_at = None
+        link.stats["reconnects"] += 1
+        log.warning("rank %d: connection to rank %d back after %.2f s (%s); %d parts sent again", self.s.rank,
+                    link.rank, waited, "TLS session resumed" if s.resumed else "full handshake", len(link.unacked))
+
+    def _ended(self, link: Link, s: Session, why: str, reconnectable: bool) -> None:
+        """The connection carrying the link is gone."""
+        if s is not link.session:
+            return
+        link.session = None
+        if link.dead or self.closing or link.inbound.closed_cleanly:
+            return
+        if not (reconnectable and self.s.reconnect_timeout > 0):
+            self._lose(link, why)
+            return
+        if link.down_since is None:
+            link.down_since = self._now
+            log.warning("rank %d: connection to rank %d ended (%s); %s for %.1f s", self.s.rank, link.rank, why,
+                        "redialling" if link.dialler else "waiting for it to redial", self.s.reconnect_timeout)
+            # the listener also allows for the dialler noticing the outage up to one idle timeout later
+            grace = self.s.reconnect_timeout + (0 if link.dialler else self.s.idle_timeout)
+            link.give_up_at, link.give_up_why = self._now + grace, why
+        if link.dialler:
+            link.redial_at = self._now + REDIAL_DELAY
+
+    def _give_up(self, link: Link) -> None:
+        link.give_up_at = None
+        if link.dead:
+            return
+        attempt, link.session = link.session, None
+        if attempt is not None:  # a redial still waiting for an answer
+            self._detach(attempt)
+        self._lose(link, f"{link.give_up_why}; no new connection within {self.s.reconnect_timeout:.1f} s")
+
+    def _lose(self, link: Link, why: str) -> None:
+        if link.dead:
+            return
+        link.dead = True
+        link.unacked.clear()
+        link.redial_at = link.give_up_at = None
+        self._events.append(Lost(link.rank, why))
+
+    def _pump(self, s: Session) -> bool:
+        """Count what the peer acknowledged, then hand QUIC more while the window allows; True if it did."""
+        link = s.link
+        if link is None or s is not link.session or not s.ready or link.dead:
+            return False
+        if s.open_streams:
+            live = s.conn._streams
+            for sid in [x for x in s.open_streams if x not in live]:
+                number, size = s.open_streams.pop(sid)
+                link.inflight -= size
+                link.unacked.pop(number, None)
+        pushed = False
+        while link.queue and link.inflight < self.s.window:
+            pushed = True
+            item = link.queue[0]
+            head, body = item.parts[item.done]
+            number = link.next_number
+            link.next_number += 1
+            head = numbered(head, number)
+            if link.keep:
+                body = bytes(body)  # the caller may reuse its buffer once the request completes
+                link.unacked[number] = (head, body)
+            self._put(link, s, number, head, body)
+            item.done += 1
+            if item.done == len(item.parts):
+                link.queue.popleft()
+                item.req.complete()
+        return pushed
+
+    def _put(self, link: Link, s: Session, number: int, head: bytes, body: Any) -> None:
+        conn = s.conn
+        sid = conn.get_next_available_stream_id(is_unidirectional=True)
+        conn.send_stream_data(sid, head)
+        conn.send_stream_data(sid, body, end_stream=True)
+        size = len(head) + len(body)
+        s.open_streams[sid] = (number, size)
+        link.inflight += size
+
+
+def _host_cids(conn: QuicConnection) -> list[bytes]:
+    return [c.cid for c in conn._host_cids] + [conn.host_cid]

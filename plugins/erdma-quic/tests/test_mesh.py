@@ -1,0 +1,209 @@
+"""The connection logic (``mesh``) with no sockets and no clock: two ranks' meshes joined by an in-memory
+network whose time the test moves. A message crosses; an outage longer than the idle timeout ends both
+connections, the dialler redials with the listener's ticket (TLS resumption, 0-RTT), and what QUIC had not
+acknowledged is sent again and lands once; a peer that stays dark is lost on both sides, on time."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from erdma_quic import credentials as cred
+from erdma_quic.mesh import Joined, Lost, Mesh, Refused
+from erdma_quic.streams import Inbound, message_parts
+from erdma_quic.tls import Tls
+from erdma_quic.transport import settings
+from helpers import options
+
+from erdma_core.errors import PeerLostError
+from erdma_core.transport.frames import FrameInbox
+from erdma_core.transport.mailbox import Mailbox, Request
+from erdma_core.transport.wire import DATA, Header
+
+JOB = 0x5EED
+
+
+class Rank:
+    """One rank's QUIC side as the transport builds it, minus the sockets and the loop."""
+
+    def __init__(self, rank: int, world: int, addr: tuple[str, int], **opts: Any) -> None:
+        o = options(**{"secret": "mesh", "datagram_size": 1452, "idle_timeout": 1.5, "reconnect_timeout": 3.0, **opts})
+        ca = cred.derived_authority(b"mesh", JOB)
+        tls = Tls(o, cred.issue(ca, rank, JOB), ca.pem, True, JOB, o["send_window_bytes"], o["part_bytes"])
+        self.rank, self.addr, self.part_bytes = rank, addr, o["part_bytes"]
+        self.mailbox = Mailbox(rank, JOB)
+        self.inboxes = {p: FrameInbox(rank, p, self.mailbox) for p in range(world) if p != rank}
+        self.mesh = Mesh(settings(o, rank, world, JOB, True), tls.configure, tls.identify,
+                         lambda p: Inbound(p, self.inboxes[p], lambda h: None))
+        self.events: list[Any] = []
+
+    def send(self, peer: int, seq: int, payload: np.ndarray) -> Request:
+        req = Request()
+        self.mesh.send(peer, message_parts(_header(seq, payload.size), memoryview(payload), self.part_bytes), req)
+        return req
+
+    def recv(self, peer: int, seq: int, out: np.ndarray) -> Request:
+        return self.mailbox.post_recv(peer, _header(seq, out.size), memoryview(out))
+
+
+def _header(seq: int, n: int) -> Header:
+    return Header(kind=DATA, job=JOB, dtype=9, opcode=1, seq=seq, numel=n, count=n, nbytes=n)
+
+
+class Net:
+    """Datagrams between meshes after ``latency`` seconds; ranks in ``dark`` neither send nor receive."""
+
+    def __init__(self, *ranks: Rank, latency: float = 0.005) -> None:
+        self.ranks = {r.addr: r for r in ranks}
+        self.now, self.latency = 0.0, latency
+        self.dark: set[tuple[str, int]] = set()
+        self._queue: list[tuple[float, int, bytes, Any, Any]] = []
+        self._seq = itertools.count()
+        self.delivered = 0
+
+    def _flush(self) -> None:
+        busy = True
+        while busy:
+            busy = False
+            for r in self.ranks.values():
+                for data, dst in r.mesh.datagrams_to_send(self.now):
+                    busy = True
+                    if r.addr not in self.dark and dst not in self.dark:
+                        heapq.heappush(self._queue, (self.now + self.latency, next(self._seq), data, r.addr, dst))
+                while (ev := r.mesh.next_event()) is not None:
+                    busy = True
+                    r.events.append(ev)
+                    if isinstance(ev, Lost):
+                        r.mesh.fail(ev.peer, PeerLostError(f"rank {r.rank}: lost rank {ev.peer}: {ev.why}",
+                                                           peer=ev.peer, rank=r.rank))
+
+    def run(self, until: Callable[[], bool], seconds: float) -> bool:
+        """Move time forward, event by event, until ``until()`` or ``seconds`` of simulated time passed."""
+        end = self.now + seconds
+        while True:
+            self._flush()
+            if until():
+                return True
+            timers = [t for r in self.ranks.values() if (t := r.mesh.get_timer()) is not None]
+            nexts = timers + ([self._queue[0][0]] if self._queue else [])
+            if not nexts or min(nexts) > end:
+                self.now = end
+                return until()
+            self.now = max(self.now, min(nexts))
+            while self._queue and self._queue[0][0] <= self.now:
+                _, _, data, src, dst = heapq.heappop(self._queue)
+                if dst in self.ranks and dst not in self.dark:
+                    self.delivered += 1
+                    self.ranks[dst].mesh.receive(data, src, self.now)
+            for r in self.ranks.values():
+                t = r.mesh.get_timer()
+                if t is not None and t <= self.now:
+                    r.mesh.handle_timer(self.now)
+
+
+A, B = ("10.9.0.1", 4000), ("10.9.0.2", 4000)
+
+
+def pair(**opts: Any) -> tuple[Net, Rank, Rank]:
+    r0, r1 = Rank(0, 2, A, **opts), Rank(1, 2, B, **opts)
+    net = Net(r0, r1)
+    r1.mesh.dial(0, A, net.now)
+    assert net.run(lambda: Joined(0) in r1.events and Joined(1) in r0.events, 5.0), (r0.events, r1.events)
+    for r in (r0, r1):
+        r.mesh.start_keepalive(net.now)
+    return net, r0, r1
+
+
+def test_two_meshes_join_and_move_a_message_in_memory():
+    net, r0, r1 = pair()
+    payload = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8)
+    out = np.zeros_like(payload)
+    got = r0.recv(1, 1, out)
+    sent = r1.send(0, 1, payload)
+    assert net.run(lambda: got.done(), 10.0)
+    assert sent.done() and got.error is None and np.array_equal(out, payload)
+    assert net.run(lambda: r1.mesh.flushed(), 5.0)  # every part acknowledged
+    assert r0.mesh.link_stats() == {1: {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0}}
+
+
+def test_an_outage_longer_than_the_idle_timeout_reconnects_with_0rtt_and_each_part_lands_once():
+    net, r0, r1 = pair(part_bytes=65536)
+    first = np.random.default_rng(2).integers(0, 256, 4 << 20, dtype=np.uint8)
+    out = np.zeros_like(first)
+    got = r0.recv(1, 1, out)
+    r1.send(0, 1, first)
+    assert net.run(lambda: net.delivered > 200, 5.0)  # under way
+    net.dark = {B}  # rank 1's path goes dark for 4 s: both connections end by idle timeout (1.5 s)
+    assert not net.run(lambda: got.done(), 4.0)
+    assert r1.mesh.links[0].down_since is not None and r0.mesh.links[1].down_since is not None
+    net.dark = set()
+    assert net.run(lambda: got.done(), 10.0)
+    assert got.error is None and np.array_equal(out, first)
+    stats = r1.mesh.link_stats()[0]
+    assert stats["reconnects"] == 1 and stats["resumed"] == 1 and stats["early_data"] == 1
+    assert stats["resent_parts"] > 0  # what QUIC had not acknowledged went again ...
+    assert r0.mesh.links[1].inbound.duplicates + r0.inboxes[1].completed >= 1  # ... and landed once
+    assert r0.inboxes[1].completed == 1
+    assert not [e for r in (r0, r1) for e in r.events if isinstance(e, (Lost, Refused))]
+    # the link works on: a second message over the resumed connection
+    second = np.arange(100_000, dtype=np.uint8)
+    out2 = np.zeros_like(second)
+    got2 = r1.recv(0, 2, out2)
+    r0.send(1, 2, second)
+    assert net.run(lambda: got2.done(), 5.0) and np.array_equal(out2, second)
+
+
+@pytest.mark.parametrize("reconnect", [3.0, 0.0])
+def test_a_peer_that_stays_dark_is_lost_on_both_sides_after_the_timeouts(reconnect):
+    net, r0, r1 = pair(reconnect_timeout=reconnect)
+    start = net.now
+    queued = r1.send(0, 1, np.ones(1000, np.uint8))
+    net.dark = {B}
+    assert net.run(lambda: any(isinstance(e, Lost) for e in r0.events) and
+                   any(isinstance(e, Lost) for e in r1.events), 30.0)
+    lost0 = next(e for e in r0.events if isinstance(e, Lost))
+    lost1 = next(e for e in r1.events if isinstance(e, Lost))
+    assert lost0.peer == 1 and lost1.peer == 0
+    if reconnect:
+        assert lost1.why == "connection ended (Idle timeout); no new connection within 3.0 s"
+        # the dialler gives up after idle + reconnect; the listener allows one more idle timeout
+        assert net.now - start < 1.5 * 2 + 3.0 + 1.5 + 1.0
+    else:
+        assert lost1.why == "connection ended (Idle timeout)"
+    assert queued.done() and (queued.error is None or isinstance(queued.error, PeerLostError))
+    later = r1.send(0, 2, np.ones(10, np.uint8))
+    assert later.done() and isinstance(later.error, PeerLostError)
+
+
+def test_a_dialler_with_a_certificate_of_another_job_is_refused_in_memory():
+    r0 = Rank(0, 2, A)
+    other = Rank(1, 2, B)
+    ca = cred.derived_authority(b"mesh", JOB + 1)  # the right secret, another job
+    o = options(secret="mesh", datagram_size=1452)
+    other.mesh.configure = Tls(o, cred.issue(ca, 1, JOB + 1), ca.pem, True, JOB + 1, o["send_window_bytes"],
+                               o["part_bytes"]).configure
+    net = Net(r0, other)
+    other.mesh.dial(0, A, net.now)
+    assert net.run(lambda: any(isinstance(e, Refused) for e in other.events), 10.0)
+    refused = next(e for e in other.events if isinstance(e, Refused))
+    assert refused.peer == 0 and "r0.j" in refused.why  # the listener's name did not match what it expected
+    assert net.run(lambda: r0.mesh.pending_accepts() == 0, 10.0)  # the refused connection leaves the table
+    assert r0.mesh.links == {}
+
+
+def test_datagrams_that_open_nothing_hold_no_slot():
+    """A long-header datagram with an unknown connection id that aioquic cannot read (garbage, or a 0-RTT
+    packet whose Initial was lost) must not leave an accepted connection behind: it would have no timer and
+    hold one of the listener's 64 slots for good."""
+    r0 = Rank(0, 2, A)
+    rng = np.random.default_rng(5)
+    for kind in (0xC0, 0xD0, 0xE0):  # Initial-, 0-RTT- and Handshake-typed headers, random bodies
+        for _ in range(100):
+            body = bytes([kind | 0x03]) + b"\x00\x00\x00\x01" + bytes([8]) + rng.bytes(8) + bytes([8]) + rng.bytes(1200)
+            r0.mesh.receive(body, B, 0.0)
+            r0.mesh.datagrams_to_send(0.0)
+    assert r0.mesh.pending_accepts() == 0 and r0.mesh.bad_datagrams == 300
