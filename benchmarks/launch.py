@@ -46,7 +46,7 @@ def _mpirun(n: int, argv: Sequence[str], lab: Lab | None) -> tuple[list[str], di
     cmd = [*base, "--host", hosts, "--mca", "plm_rsh_agent", str(HERE / "netlab" / "nsrsh"),
            "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "plm_rsh_num_concurrent", "1", "--mca", "oob_tcp_if_include", net,
            "--mca", "btl_tcp_if_include", net, *argv]
-    return cmd, _env({"ERDMA_LAB_HOSTS": " ".join(f"{lab.addr(i)}={lab.ranks[i]}" for i in range(n))})
+    return cmd, _env({"NETLAB_HOSTS": " ".join(f"{lab.addr(i)}={lab.ranks[i]}" for i in range(n))})
 
 
 def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = None,
