@@ -20,3 +20,27 @@ def test_project_metadata_is_current(path):
     assert isinstance(data["project"]["license"], str)  # a table is deprecated
     if data["project"]["name"] != "erdma-core":
         assert "erdma-core>=0.1,<0.2" in data["project"]["dependencies"]
+
+
+def test_core_layout_shows_the_layers():
+    """The public API, the collective engine, the transports, discovery, plugin machinery and the command
+    line are packages of their own; only the interfaces every layer shares sit at the top (before: 21 flat
+    modules, one of them a setup.py holding init)."""
+    core = ROOT / "erdma_core"
+    assert sorted(p.stem for p in core.glob("*.py")) == ["__init__", "compression", "errors", "torch", "traversal"]
+    assert sorted(p.name for p in core.iterdir() if (p / "__init__.py").is_file()) == [
+        "algorithms", "api", "cli", "config", "discovery", "engine", "plugins", "testing", "transport"]
+
+
+def test_stream_transports_write_only_set_up_and_byte_movement():
+    """TCP keeps no matching, ABORT or BYE code of its own: the base does it once for every transport."""
+    from erdma_core.transport.base import MessageTransport
+    from erdma_core.transport.stream import SocketTransport
+    from erdma_core.transport.tcp import TcpTransport
+
+    assert issubclass(TcpTransport, SocketTransport) and issubclass(SocketTransport, MessageTransport)
+    shared = {"connect", "isend", "irecv", "begin", "abort", "close", "peer_lost"}
+    for cls in (TcpTransport, SocketTransport):
+        assert not shared & set(vars(cls)), (cls, shared & set(vars(cls)))
+    assert set(vars(TcpTransport)) - {"__module__", "__doc__", "__init__", "__qualname__", "__firstlineno__",
+                                      "__static_attributes__"} == {"name", "key", "devices", "listen", "dial", "tune"}

@@ -311,12 +311,19 @@ class Mesh:
         return out
 
     def get_timer(self) -> float | None:
-        times = [s.timer for s in self._sessions if s.timer is not None]
-        times += [s.suspect_since + UNREACHABLE_GRACE for s in self._sessions if s.suspect_since is not None]
-        times += [t for link in self.links.values() for t in (link.redial_at, link.give_up_at) if t is not None]
-        if self._keepalive_at is not None:
-            times.append(self._keepalive_at)
-        return min(times, default=None)
+        """When ``handle_timer`` is next due (None: nothing is). Called after every input, so kept cheap."""
+        best = self._keepalive_at
+        for s in self._sessions:
+            t = s.timer
+            if s.suspect_since is not None:
+                t = min(t, s.suspect_since + UNREACHABLE_GRACE) if t is not None else s.suspect_since + UNREACHABLE_GRACE
+            if t is not None and (best is None or t < best):
+                best = t
+        for link in self.links.values():
+            for t in (link.redial_at, link.give_up_at):
+                if t is not None and (best is None or t < best):
+                    best = t
+        return best
 
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None

@@ -207,3 +207,13 @@ def test_datagrams_that_open_nothing_hold_no_slot():
             r0.mesh.receive(body, B, 0.0)
             r0.mesh.datagrams_to_send(0.0)
     assert r0.mesh.pending_accepts() == 0 and r0.mesh.bad_datagrams == 300
+
+
+def test_the_transport_keeps_no_matching_abort_or_bye_of_its_own():
+    """They are the core's (MessageTransport), as for TCP; QUIC adds set-up, posting and shutdown."""
+    from erdma_quic.transport import QuicTransport
+
+    from erdma_core.transport.base import MessageTransport
+
+    assert issubclass(QuicTransport, MessageTransport)
+    assert not {"connect", "isend", "irecv", "begin", "abort", "close", "peer_lost"} & set(vars(QuicTransport))
