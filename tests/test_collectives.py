@@ -41,7 +41,7 @@ def _wrap(arr, dtype):
     return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling", "tree", "parameter_server"])
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling", "recursive_doubling", "tree", "parameter_server"])
 @pytest.mark.parametrize("size", WORLDS)
 def test_allreduce(erdma_shared_world, size, algorithm):
     results = erdma_shared_world(size, CONFIG).run(allreduce_cases, algorithm)

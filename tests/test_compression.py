@@ -91,7 +91,7 @@ def every_collective(pg, algorithms):
     return {k: digest(v) for k, v in out.items()}, {k: v for k, v in out.items()}, exact, testcodecs.calls(pg)
 
 
-ALLREDUCE = ["ring", "halving_doubling", "tree", "parameter_server"]
+ALLREDUCE = ["ring", "halving_doubling", "recursive_doubling", "tree", "parameter_server"]
 
 
 def test_lossless_codec_gives_exact_results(codec_plugin):

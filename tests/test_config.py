@@ -84,8 +84,8 @@ def test_env_overrides(monkeypatch, var, value, key, expected):
     ('[timeouts]\ncollective = "soon"\n', "config key 'timeouts.collective': value 'soon' is a str, expected float"),
     ('[timeouts]\ncollective = -1\n', "config key 'timeouts.collective': value -1.0 is below the minimum 0.001"),
     ('[collectives]\nallreduce = "rnig"\n', "config key 'collectives.allreduce': invalid value 'rnig'; valid "
-                                             "choices: auto, halving_doubling, parameter_server, ring, tree "
-                                             "(did you mean 'ring'?)"),
+                                             "choices: auto, halving_doubling, parameter_server, recursive_doubling, "
+                                             "ring, tree (did you mean 'ring'?)"),
     ('[transport]\nname = "quik"\n', "config key 'transport.name': invalid value 'quik'; valid choices: tcp; "
                                       "did you mean 'quic'? it is provided by `pip install erdma-quic`"),
     ('[transport.tcp]\nnodelay = "yes"\n', "config key 'transport.tcp.nodelay': value 'yes' is a str, expected bool"),

@@ -92,12 +92,12 @@ def test_file_store(tmp_path):
 
 
 def listening_address(pg):
-    conn = pg.rt.transport.conns[1 - pg.rank()]
+    conn = pg.rt.transport.channels[1 - pg.rank()]
     return conn.sock.getsockname()[0], where_am_i(pg)
 
 
 def test_interface_option_binds_that_interface():
-    with World(2, {"transport.tcp.interface": "lo"}, timeout=30) as w:
+    with World(2, {"transport.tcp.interface": "lo", "transport.tcp.local_sockets": False}, timeout=30) as w:
         assert [addr for addr, _ in w.run(listening_address)] == ["127.0.0.1", "127.0.0.1"]
 
 

@@ -18,7 +18,7 @@ def simulate(op, name, specs, buffers):
 
 
 @pytest.mark.parametrize("p", range(1, 10))
-@pytest.mark.parametrize("name", ["ring", "halving_doubling", "tree", "parameter_server"])
+@pytest.mark.parametrize("name", ["ring", "halving_doubling", "recursive_doubling", "tree", "parameter_server"])
 @pytest.mark.parametrize("n", [0, 1, 5, 64])
 def test_allreduce_schedules(p, name, n):
     bufs = [{"out": np.arange(n, dtype=np.int64) * (r + 1)} for r in range(p)]

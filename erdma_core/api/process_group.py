@@ -1,7 +1,8 @@
 """``ProcessGroup``: the collective API, shaped like torch.distributed's.
 
-Calls are validated in the caller's thread (bad input raises at once) and then run in order on the
-group's worker thread; ``async_op=True`` returns the ``Work`` instead of waiting for it.
+Calls are validated in the caller's thread (bad input raises at once) and run in issue order (``Serial``): a
+blocking call on the caller's own thread when nothing is queued ahead of it, an ``async_op=True`` call on the
+group's worker thread, which returns the ``Work`` instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from ..algorithms.schedule import Spec
 from ..engine import dtypes, executor, reduce_ops
 from ..engine.buffers import Buffer, as_buffer
 from ..engine.ops import OPS, buffer_sizes
-from ..engine.plans import plan
+from ..engine.plans import Plan, plan
 from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
 from ..errors import PluginError
 from ..transport.mailbox import as_bytes
 from ..transport.wire import DATA, P2P_GROUP_BIT, Header
+from .serial import Serial
 from .work import Work
 
 _EMPTY = np.empty(0, np.uint8)
@@ -37,10 +39,11 @@ class ProcessGroup:
         self._rank = self.ranks.index(rt.rank)
         self._seq = itertools.count(1)
         self._p2p: dict[tuple[str, int, int], int] = {}
-        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}")
+        self._serial = Serial(f"erdma-pg{group_id}")
         # point-to-point: receives are posted at call time and waited for here; sends keep their order
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
-        self._sender = cf.ThreadPoolExecutor(1, thread_name_prefix=f"erdma-pg{group_id}-tx")
+        self._sender = Serial(f"erdma-pg{group_id}-tx")
+        self._plans: dict[tuple[Any, ...], tuple[str, Spec, Plan]] = {}
         self._lock = threading.Lock()
         # scratch (worker thread only): slots 0 and 1 for reducing receives, 2 for a schedule's 'work' buffer
         self._arenas = [np.empty(0, np.uint8) for _ in range(3)]
@@ -60,14 +63,11 @@ class ProcessGroup:
         return f"ProcessGroup(rank={self._rank}, size={self.size()}, group={self.group_id})"
 
     # ---- plumbing -------------------------------------------------------------------------------------
-    def _submit(self, name: str, fn: Callable[[], Any], async_op: bool,
-                pool: cf.ThreadPoolExecutor | None = None) -> Work | None:
-        with self._lock:
-            future = (pool or self._pool).submit(fn)
-        work = Work(future, name, self.rt.rank)
+    def _submit(self, name: str, fn: Callable[[], Any], async_op: bool, serial: Serial | None = None) -> Work | None:
+        serial = serial or self._serial
         if async_op:
-            return work
-        work.wait()
+            return Work(serial.submit(fn), name, self.rt.rank)
+        serial.call(fn)  # raises the op's own error
         return None
 
     def _algorithm(self, op: str, nbytes: int, chosen: str | None) -> str:
@@ -82,15 +82,13 @@ class ProcessGroup:
                     algorithm: str | None = None, key: Hashable | None = None, **spec_fields: Any) -> Work | None:
         """Validate and plan one collective in the caller's thread, then run it on the group's worker."""
         seq = next(self._seq)
-        algo = self._algorithm(name, count * buffers["out"].itemsize, algorithm)
-        component, options = self.rt.algorithm(name, algo)
-        spec = Spec(name, self._rank, self.size(), count, options=options, **spec_fields)
-        try:
-            checked = plan(component, spec)
-        except PluginError as exc:
-            self.rt.transport.abort(exc)  # the peers would otherwise wait for this rank until their timeout
-            raise
-        chunk = max(1, self.rt.config["collectives.chunk_bytes"] // buffers["out"].itemsize)
+        itemsize = buffers["out"].itemsize
+        key = (name, count, itemsize, algorithm, *spec_fields.values())
+        cached = self._plans.get(key)
+        if cached is None:
+            cached = self._plans[key] = self._plan(name, count, itemsize, algorithm, spec_fields)
+        algo, spec, checked = cached
+        chunk = max(1, self.rt.config["collectives.chunk_bytes"] // itemsize)
         codecs = self.rt.codecs
         if codecs.lossy and key is None:
             key = _memory_key(buffers["out"], dtype)
@@ -110,6 +108,21 @@ class ProcessGroup:
             after()
 
         return self._submit(name, run, async_op)
+
+    def _plan(self, name: str, count: int, itemsize: int, algorithm: str | None,
+              spec_fields: dict[str, Any]) -> tuple[str, Spec, Plan]:
+        """The algorithm, spec and checked plan of a collective: worked out once per (op, size, group)."""
+        algo = self._algorithm(name, count * itemsize, algorithm)
+        component, options = self.rt.algorithm(name, algo)
+        spec = Spec(name, self._rank, self.size(), count, options=options, **spec_fields)
+        try:
+            checked = plan(component, spec)
+        except PluginError as exc:
+            self.rt.transport.abort(exc)  # the peers would otherwise wait for this rank until their timeout
+            raise
+        if len(self._plans) >= 1024:
+            self._plans.clear()
+        return algo, spec, checked
 
     def _scratch(self, count: int, dtype: np.dtype, slot: int) -> np.ndarray:
         nbytes = count * dtype.itemsize
@@ -285,7 +298,10 @@ class ProcessGroup:
                     executor.decode(self.rt.codecs, *req.encoded, buf.array, op, t, peer)
                 buf.commit()
 
-            return self._submit(kind, wait_recv, async_op, self._recv_waiters)
+            if not async_op:
+                wait_recv()
+                return None
+            return Work(self._recv_waiters.submit(wait_recv), kind, self.rt.rank)
 
         def send() -> None:
             executor.finish(t.isend(g, header, as_bytes(buf.array), op.deadline), peer, op, t, "sending to")
@@ -304,8 +320,9 @@ class ProcessGroup:
 
     def destroy(self) -> None:
         """Finish queued work and release the group; destroying the default group ends the job's transport."""
-        for pool in (self._pool, self._sender, self._recv_waiters):
-            pool.shutdown(wait=True)
+        self._serial.shutdown()
+        self._sender.shutdown()
+        self._recv_waiters.shutdown(wait=True)
         if self.group_id == 0:
             self.rt.close()
 

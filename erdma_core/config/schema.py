@@ -18,8 +18,11 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
         for op in COLLECTIVES
     }
     collectives |= {
-        "small_message_bytes": Option(int, 65536, "allreduce inputs up to this size use halving_doubling, "
-                                      "larger ones ring (when allreduce = 'auto')", minimum=0),
+        "tiny_message_bytes": Option(int, 65536, "allreduce inputs up to this size use recursive_doubling "
+                                     "(when allreduce = 'auto')", minimum=0),
+        "small_message_bytes": Option(int, 65536, "allreduce inputs up to this size (and above "
+                                      "tiny_message_bytes) use halving_doubling, larger ones ring (when allreduce "
+                                      "= 'auto')", minimum=0),
         "chunk_bytes": Option(int, 4 << 20, "largest message an algorithm sends in one piece; "
                               "larger slices are split and pipelined", minimum=1024),
     }

@@ -39,10 +39,17 @@ def storage(name: str) -> np.dtype:
     return _TABLE[name][1]
 
 
+_KNOWN: dict[np.dtype, str] = {}  # numpy dtypes seen, by eRDMA name (numpy's .name is slow to compute)
+
+
 def name_for_numpy(dtype: np.dtype) -> str:
     """Map a numpy dtype (ml_dtypes' bfloat16 included) to an eRDMA dtype name, or raise TypeError."""
+    found = _KNOWN.get(dtype)
+    if found is not None:
+        return found
     name = np.dtype(dtype).name
     if name in _TABLE:
+        _KNOWN[dtype] = name
         return name
     raise TypeError(f"unsupported dtype {name!r}; supported: {', '.join(NAMES)}")
 

@@ -224,7 +224,7 @@ def decode(codecs: Codecs, header: Header, payload: memoryview, out: np.ndarray,
 
 def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) -> None:
     try:
-        ok = req.wait(op.deadline)
+        ok = (req.done() and req.error is None) or transport.wait(req, op.deadline)
     except CollectiveError as exc:
         transport.abort(exc)
         raise type(exc)(f"{op.name} (group {op.group}, seq {op.seq}) failed on rank {op.rank}: {exc}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..algorithms import alltoall, direct, halving_doubling, parameter_server, ring, tree
+from ..algorithms import alltoall, direct, halving_doubling, parameter_server, recursive_doubling, ring, tree
 from ..config.option import Option
 from ..engine.ops import OPS
 from .hookspecs import hookimpl
@@ -26,6 +26,8 @@ TCP_OPTIONS = {
     "nodelay": Option(bool, True, "set TCP_NODELAY"),
     "keepalive": Option(bool, True, "set SO_KEEPALIVE (10 s idle, 3 probes 5 s apart)"),
     "socket_buffer_bytes": Option(int, 4 << 20, "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's", minimum=0),
+    "local_sockets": Option(bool, True, "ranks on the same host and network namespace connect over a Unix-domain "
+                            "socket instead of TCP"),
 }
 
 
@@ -62,6 +64,8 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
     register("allreduce", "ring", ring.allreduce, description="reduce-scatter + allgather ring, chunked")
     register("allreduce", "halving_doubling", halving_doubling.allreduce,
              description="recursive halving/doubling (Rabenseifner), any world size")
+    register("allreduce", "recursive_doubling", recursive_doubling.allreduce,
+             description="log2(p) full exchanges: fewest steps, for small messages")
     register("allreduce", "tree", tree.allreduce, description="binomial reduce then binomial broadcast")
     register("allreduce", "parameter_server", parameter_server.allreduce, options=PS_OPTIONS,
              description="push to shard servers, reduce, pull")
@@ -94,6 +98,8 @@ def erdma_register_environment(register: Callable[..., None]) -> None:
 
 @hookimpl(trylast=True)
 def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
+    if op == "allreduce" and nbytes <= config["collectives.tiny_message_bytes"]:
+        return "recursive_doubling"
     if op == "allreduce" and nbytes <= config["collectives.small_message_bytes"]:
         return "halving_doubling"
     info = OPS.get(op)

@@ -102,10 +102,11 @@ def erdma_register_environment(register: Callable[..., None]) -> None:
 def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
     """Choose the algorithm for one collective whose config says ``auto``.
 
-    Called by: ``erdma_core.api.process_group.ProcessGroup`` once per collective, before the schedule is
-    built, only when the config leaves the op on ``auto``. Arguments: ``op`` (e.g. ``"allreduce"``),
-    ``nbytes`` (bytes of the local input), ``world_size``, ``config`` (the effective ``Config``). Every rank
-    calls it with the same arguments, so the answer must be a pure function of them. Returns: a registered
+    Called by: ``erdma_core.api.process_group.ProcessGroup`` before it builds a schedule, only when the
+    config leaves the op on ``auto``: once per group, op and size (the answer is kept for later collectives
+    of the same shape). Arguments: ``op`` (e.g. ``"allreduce"``), ``nbytes`` (bytes of the local input),
+    ``world_size``, ``config`` (the effective ``Config``). Every rank calls it with the same arguments, so
+    the answer must be a pure function of them. Returns: a registered
     algorithm name, or None to defer to the next implementation. firstresult: the first non-None answer
     wins; the core's answer (by the ``[collectives]`` size thresholds) is registered first and so runs last.
     """

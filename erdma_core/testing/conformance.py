@@ -23,7 +23,7 @@ from ..errors import MismatchError, PeerLostError
 
 def _allreduce_all_algorithms(pg: Any) -> list[str]:
     bad = []
-    for algo in ("ring", "halving_doubling", "tree", "parameter_server"):
+    for algo in ("ring", "halving_doubling", "recursive_doubling", "tree", "parameter_server"):
         for n in (0, 1, 1000, 300_001):
             arr = np.arange(n, dtype=np.int64) * (pg.rank() + 1)
             pg.allreduce(arr, algorithm=algo)

@@ -40,7 +40,10 @@ class Transport(Protocol):
     """A full mesh of reliable message channels between the ranks of one job.
 
     Contract: ``connect`` returns once every peer is reachable or raises (within ``connect_timeout``).
-    ``isend``/``irecv`` never block for long and return a ``Request``; a receive matches a send by (peer,
+    ``isend``/``irecv`` never block for long and return a ``Request``; ``wait(req, deadline)`` waits for one
+    (True; raises its error) or until ``deadline`` (False), and may move bytes meanwhile on the waiting thread
+    (the socket transports do; a transport with an I/O thread of its own just waits). A receive matches a
+    send by (peer,
     ``header.key``); a receive whose header disagrees with the sender's (opcode, reduce op, dtype, numel,
     count) fails with ``MismatchError``. A lost peer fails every pending and later request with
     ``PeerLostError``. ``abort`` fails everything and tells the peers (they fail with an error carrying the
@@ -60,6 +63,8 @@ class Transport(Protocol):
     def isend(self, peer: int, header: Header, data: memoryview, deadline: float) -> Request: ...
 
     def irecv(self, peer: int, header: Header, out: memoryview) -> Request: ...
+
+    def wait(self, req: Request, deadline: float) -> bool: ...
 
     def begin(self, group: int, seq: int) -> None: ...
 
@@ -85,6 +90,9 @@ class MessageTransport:
       ``deadline``.
     * ``shutdown()``: close every connection; called once, after the BYE frames were posted (also after a
       failed ``open``).
+
+    and may override ``wait(req, deadline)`` to move bytes on the waiting thread (``SocketTransport`` does)
+    and ``fail_sends(error)`` to fail frames queued but not yet on their way when the rank aborts.
 
     What arrives from a peer goes through ``self.inbox(peer)`` (``FrameInbox``: a frame's header, then its
     payload), for a byte stream through a ``StreamReader`` over it. A connection that fails calls
@@ -114,6 +122,13 @@ class MessageTransport:
 
     def shutdown(self) -> None:
         raise NotImplementedError
+
+    def wait(self, req: Request, deadline: float) -> bool:
+        """Wait for ``req``: True when it is done (raises its error), False at ``deadline``."""
+        return req.wait(deadline)
+
+    def fail_sends(self, error: BaseException) -> None:
+        """Fail frames queued and not yet on their way (the rank is aborting)."""
 
     def inbox(self, peer: int) -> FrameInbox:
         """Where frames from ``peer`` go."""
@@ -168,6 +183,7 @@ class MessageTransport:
         self.mailbox.abort(error)
         if not first or self.closing:
             return
+        self.fail_sends(self.mailbox.aborted or error)
         body = memoryview(abort_body(error))
         head = control(ABORT, self.job, nbytes=len(body))
         lost = getattr(error, "peer", None)
@@ -198,4 +214,7 @@ class MessageTransport:
             reqs.append(r)
         if wait:
             for r in reqs:
-                r.settled(max(0.0, deadline - time.monotonic()))
+                try:
+                    self.wait(r, deadline)
+                except Exception:  # that peer is gone; the others still get theirs
+                    pass

@@ -10,7 +10,8 @@ from ..errors import PeerLostError, ProtocolError
 from .mailbox import Mailbox
 from .wire import ABORT, BYE, DATA, FRAME, Header, abort_error
 
-_DISCARD = 1 << 20
+_STAGE = 1 << 16  # bytes read at a time between large payloads
+_DIRECT = 1 << 15  # a payload with at least this much left is read straight into its place
 
 
 class FrameInbox:
@@ -58,52 +59,75 @@ class FrameInbox:
 
 
 class StreamReader:
-    """Frames from a byte stream (TCP, Unix sockets), without copying payloads: the I/O adapter reads
-    into ``buffer()`` (``sock.recv_into``) and reports how many bytes arrived with ``advance(n)``. A
-    payload whose receive is already posted lands in the receiver's memory. ``between_frames`` tells a
-    clean end of stream from one cut in the middle of a frame. Malformed headers raise ProtocolError."""
+    """Frames from a byte stream (TCP, Unix sockets): the I/O adapter reads into ``buffer()``
+    (``sock.recv_into``) and reports how many bytes arrived with ``advance(n)``. Headers and small payloads
+    are read into a staging buffer, several frames at a time when they came together (one system call
+    instead of two per message); a large payload whose receive is already posted is read straight into the
+    receiver's memory. ``between_frames`` tells a clean end of stream from one cut in the middle of a
+    frame. Malformed headers raise ProtocolError."""
 
-    __slots__ = ("_discard", "_done", "_got", "_head", "_head_view", "_left", "_target", "_token", "inbox")
+    __slots__ = ("_done", "_have", "_left", "_stage", "_start", "_sv", "_target", "_token", "inbox")
 
     def __init__(self, inbox: FrameInbox) -> None:
         self.inbox = inbox
-        self._head = bytearray(FRAME.size)
-        self._head_view = memoryview(self._head)
-        self._got = 0  # header bytes read
+        self._stage = bytearray(_STAGE)
+        self._sv = memoryview(self._stage)
+        self._start = self._have = 0  # staged bytes not consumed yet: _stage[_start:_start + _have]
         self._token: object = None  # the frame whose payload is being read
-        self._target: memoryview | None = None
+        self._target: memoryview | None = None  # where its payload goes (None: dropped)
         self._left = self._done = 0
-        self._discard: memoryview | None = None
 
     @property
     def between_frames(self) -> bool:
-        return self._got == 0 and self._token is None
+        return self._token is None and self._have == 0
 
     def buffer(self) -> memoryview:
-        if self._token is None:
-            return self._head_view[self._got:]
-        if self._target is not None:
-            return self._target[self._done:]
-        if self._discard is None:
-            self._discard = memoryview(bytearray(_DISCARD))
-        return self._discard[:min(_DISCARD, self._left)]
+        if self._token is not None and self._have == 0 and self._left >= _DIRECT:
+            if self._target is not None:
+                return self._target[self._done:]  # straight into the receiver's memory
+            return self._sv[:min(_STAGE, self._left)]  # dropped: through the stage, not kept
+        if self._start:
+            self._stage[:self._have] = self._stage[self._start:self._start + self._have]
+            self._start = 0
+        return self._sv[self._have:]
 
     def advance(self, n: int) -> None:
-        if self._token is None:
-            self._got += n
-            if self._got < FRAME.size:
-                return
-            self._got = 0
-            h = Header.parse(self._head)
-            buf, token = self.inbox.frame(h)
-            if h.nbytes == 0:
-                self.inbox.landed(token)
-                return
-            self._token, self._left, self._done = token, h.nbytes, 0
-            self._target = buf[:h.nbytes] if buf is not None else None
+        if self._token is not None and self._have == 0 and self._left >= _DIRECT:
+            self._done += n
+            self._left -= n
+            if self._left == 0:
+                self._land()
             return
-        self._left -= n
-        self._done += n
-        if self._left == 0:
-            token, self._token, self._target = self._token, None, None
-            self.inbox.landed(token)
+        self._have += n
+        while True:
+            if self._token is not None:
+                take = min(self._left, self._have)
+                if take and self._target is not None:
+                    self._target[self._done:self._done + take] = self._sv[self._start:self._start + take]
+                self._done += take
+                self._left -= take
+                self._consume(take)
+                if self._left:
+                    return
+                self._land()
+            elif self._have >= FRAME.size:
+                h = Header.parse(self._sv[self._start:self._start + FRAME.size])
+                self._consume(FRAME.size)
+                buf, token = self.inbox.frame(h)
+                if h.nbytes == 0:
+                    self.inbox.landed(token)
+                    continue
+                self._token, self._left, self._done = token, h.nbytes, 0
+                self._target = buf[:h.nbytes] if buf is not None else None
+            else:
+                return
+
+    def _consume(self, n: int) -> None:
+        self._start += n
+        self._have -= n
+        if self._have == 0:
+            self._start = 0
+
+    def _land(self) -> None:
+        token, self._token, self._target = self._token, None, None
+        self.inbox.landed(token)

@@ -25,32 +25,52 @@ def encoded_limit(raw_bytes: int) -> int:
     return raw_bytes + (raw_bytes >> 3) + (1 << 16)
 
 
+_SETTLE = threading.Lock()  # orders a request's completion against a waiter making its event
+
+
 class Request:
     """One send or receive. ``wait`` returns when done or raises what failed it. A receive whose message
-    came encoded has ``encoded`` set: ``(header, payload)``, the payload to decode into the receive's memory."""
+    came encoded has ``encoded`` set: ``(header, payload)``, the payload to decode into the receive's memory.
 
-    __slots__ = ("_event", "encoded", "error")
+    Most requests are completed by the thread that waits for them (it drives the sockets) or before anyone
+    waits, so the event a blocked thread sleeps on is made only when a thread does block."""
+
+    __slots__ = ("_done", "_event", "encoded", "error")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
         self.error: BaseException | None = None
         self.encoded: tuple[Header, memoryview] | None = None
 
     def complete(self, error: BaseException | None = None) -> None:
-        if not self._event.is_set():
+        with _SETTLE:
+            if self._done:
+                return
             self.error = error
-            self._event.set()
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def settled(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the request to finish, well or not; True if it did."""
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        with _SETTLE:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     def wait(self, deadline: float) -> bool:
         """Wait until ``deadline`` (time.monotonic()); False on timeout, raise the request's error."""
-        if not self._event.wait(max(0.0, deadline - time.monotonic())):
+        if not self.settled(max(0.0, deadline - time.monotonic())):
             return False
         if self.error is not None:
             raise self.error

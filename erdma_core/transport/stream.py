@@ -1,13 +1,14 @@
 """``SocketTransport``: a message transport over connected stream sockets (TCP, Unix), one per pair of
 ranks. A subclass says how to listen and how to dial; this module does the rest: higher ranks dial lower
-ranks, a HELLO carrying the job id and both ranks is checked before a connection is used, a reader thread
-per connection feeds a ``StreamReader`` (payloads land in the receiver's memory), and frames are written
-by the caller under a per-connection lock, in slices, so every write has a bounded wait.
+ranks, and a HELLO carrying the job id and both ranks is checked before a connection is used. Bytes then
+move on non-blocking sockets driven by the threads that wait for them (``progress``): no reader threads,
+no hand-off between threads on the way of a small collective.
 """
 
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ from ..errors import CollectiveTimeoutError, ErdmaError, ProtocolError
 from .base import MessageTransport, TransportContext
 from .frames import StreamReader
 from .mailbox import Request
+from .progress import Channel, Progress
 from .sockets import recv_exact
 from .wire import HELLO, HELLO_ACCEPTED, HELLO_REJECTED, HELLO_REQUEST, Header, Hello
 
@@ -25,30 +27,24 @@ _SLICE = 4 << 20
 _INLINE = 65536  # payloads up to this size leave in one write with their header
 
 
-class _Conn:
-    __slots__ = ("lock", "peer", "reader", "sock")
-
-    def __init__(self, peer: int, sock: socket.socket) -> None:
-        self.peer, self.sock = peer, sock
-        self.lock = threading.Lock()
-        self.reader: threading.Thread | None = None
-
-
 class SocketTransport(MessageTransport):
-    """Subclasses implement ``listen(ctx) -> (listening socket, address peers dial)`` and
-    ``dial(address, deadline) -> connected socket`` (retrying until ``deadline``; ``sockets.dial`` does
-    for TCP), and may override ``tune(sock)``. ``key`` names the store entries that publish addresses."""
+    """Subclasses implement ``listen(ctx) -> [(listening socket, address peers dial), ...]`` (one or more;
+    peers try the addresses in order) and ``dial(address, deadline) -> connected socket`` (retrying until
+    ``deadline``; ``sockets.retrying`` helps), or None when that address cannot be reached from here (another
+    host's Unix socket), and may override ``tune(sock)``. ``key`` names the store entries that publish the
+    addresses (no spaces in them)."""
 
     key = "stream"
 
     def __init__(self) -> None:
         super().__init__()
-        self.conns: dict[int, _Conn] = {}
+        self.channels: dict[int, Channel] = {}
+        self._progress: Progress | None = None
 
-    def listen(self, ctx: TransportContext) -> tuple[socket.socket, str]:
+    def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         raise NotImplementedError
 
-    def dial(self, address: str, deadline: float) -> socket.socket:
+    def dial(self, address: str, deadline: float) -> socket.socket | None:
         raise NotImplementedError
 
     def tune(self, sock: socket.socket) -> None:
@@ -56,37 +52,42 @@ class SocketTransport(MessageTransport):
 
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
-        listener, address = self.listen(ctx)
-        ctx.store.set(f"{self.key}/addr/{self.rank}", address.encode())
+        listening = self.listen(ctx)
+        ctx.store.set(f"{self.key}/addr/{self.rank}", " ".join(address for _, address in listening).encode())
         deadline = time.monotonic() + ctx.connect_timeout
         accepted: dict[int, socket.socket] = {}
-        acceptor = threading.Thread(target=self._accept_all, args=(listener, accepted, deadline),
+        acceptor = threading.Thread(target=self._accept_all, args=([s for s, _ in listening], accepted, deadline),
                                     name=f"erdma-accept-{self.rank}", daemon=True)
         acceptor.start()
         try:
             for peer in range(self.rank):
-                addr = ctx.store.get(f"{self.key}/addr/{peer}", max(0.01, deadline - time.monotonic())).decode()
-                self._add(peer, self._dial_peer(peer, addr, deadline))
+                addrs = ctx.store.get(f"{self.key}/addr/{peer}", max(0.01, deadline - time.monotonic())).decode()
+                self._add(peer, self._dial_peer(peer, addrs.split(), deadline))
             acceptor.join(max(0.0, deadline - time.monotonic()) + POLL)
         finally:
-            listener.close()
+            for listener, _ in listening:
+                listener.close()
         for peer, sock in accepted.items():
             self._add(peer, sock)
         missing = [p for p in range(self.rank + 1, self.world_size) if p not in accepted]
         if missing:
             raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect within "
                                          f"{ctx.connect_timeout:.1f}s", rank=self.rank, op="connect")
-        for conn in self.conns.values():
-            conn.reader = threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
-                                           name=f"erdma-rx-{self.rank}<-{conn.peer}")
-            conn.reader.start()
+        self._progress = Progress(list(self.channels.values()), self._channel_ended, f"erdma-io-{self.rank}")
 
-    def _dial_peer(self, peer: int, addr: str, deadline: float) -> socket.socket:
-        try:
-            sock = self.dial(addr, deadline)
-        except OSError as exc:
-            raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: {exc}",
-                                         rank=self.rank, op="connect") from None
+    def _dial_peer(self, peer: int, addrs: list[str], deadline: float) -> socket.socket:
+        sock, addr = None, " ".join(addrs)
+        for addr in addrs:
+            try:
+                sock = self.dial(addr, deadline)
+            except OSError as exc:
+                raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: {exc}",
+                                             rank=self.rank, op="connect") from None
+            if sock is not None:
+                break
+        if sock is None:
+            raise CollectiveTimeoutError(f"rank {self.rank}: none of rank {peer}'s addresses ({' '.join(addrs)}) "
+                                         "can be reached from here", rank=self.rank, op="connect")
         try:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
             sock.sendall(Hello(status=HELLO_REQUEST, job=self.job, rank=self.rank, world=self.world_size).pack())
@@ -103,12 +104,18 @@ class SocketTransport(MessageTransport):
         sock.settimeout(POLL)
         return sock
 
-    def _accept_all(self, listener: socket.socket, accepted: dict[int, socket.socket], deadline: float) -> None:
+    def _accept_all(self, listeners: list[socket.socket], accepted: dict[int, socket.socket], deadline: float) -> None:
         expected = set(range(self.rank + 1, self.world_size))
         while expected - accepted.keys() and time.monotonic() < deadline and not self.closing:
-            listener.settimeout(min(POLL, max(0.01, deadline - time.monotonic())))
             try:
-                sock, where = listener.accept()
+                ready, _, _ = select.select(listeners, [], [], min(POLL, max(0.01, deadline - time.monotonic())))
+            except (OSError, ValueError):
+                return
+            if not ready:
+                continue
+            try:
+                ready[0].settimeout(POLL)
+                sock, where = ready[0].accept()
             except TimeoutError:
                 continue
             except OSError:
@@ -134,75 +141,40 @@ class SocketTransport(MessageTransport):
                 sock.close()
 
     def _add(self, peer: int, sock: socket.socket) -> None:
-        self.conns[peer] = _Conn(peer, sock)
+        self.channels[peer] = Channel(peer, sock, StreamReader(self.inbox(peer)))
 
-    # ---- sending ------------------------------------------------------------------------------------
+    # ---- sending and waiting ----------------------------------------------------------------------------
     def post(self, peer: int, header: Header, payload: memoryview, deadline: float, req: Request,
              urgent: bool = False) -> None:
-        conn = self.conns.get(peer)
-        if conn is None:
+        ch = self.channels.get(peer)
+        if ch is None or self._progress is None:
             req.complete(ErdmaError(f"rank {self.rank}: no connection to rank {peer}"))
             return
-        if not conn.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            req.complete(CollectiveTimeoutError(f"rank {self.rank}: sending to rank {peer} waited for the "
-                                                "connection past the timeout", rank=self.rank))
-            return
-        try:
-            if header.nbytes <= _INLINE:
-                self._write(conn, memoryview(header.pack() + bytes(payload)), deadline, urgent)
-            else:
-                self._write(conn, memoryview(header.pack()), deadline, urgent)
-                self._write(conn, payload, deadline, urgent)
-        except ErdmaError as exc:
-            req.complete(exc)
-            return
-        finally:
-            conn.lock.release()
-        req.complete()
+        head = header.pack()
+        views = [memoryview(head + bytes(payload))] if header.nbytes <= _INLINE else [memoryview(head), payload]
+        self._progress.send(ch, views, req, urgent)
 
-    def _write(self, conn: _Conn, view: memoryview, deadline: float, urgent: bool) -> None:
-        sent, n = 0, len(view)
-        while sent < n:
-            try:
-                sent += conn.sock.send(view[sent:sent + _SLICE])
-            except TimeoutError:
-                if not urgent and self.mailbox.aborted is not None:
-                    raise self.mailbox.aborted from None
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(f"rank {self.rank}: sending to rank {conn.peer} made no progress "
-                                                 "before the timeout", rank=self.rank) from None
-            except OSError as exc:
-                raise self.peer_lost(conn.peer, exc) from None
+    def wait(self, req: Request, deadline: float) -> bool:
+        if self._progress is None:
+            return req.wait(deadline)
+        return self._progress.wait(req, deadline)
 
-    # ---- receiving ----------------------------------------------------------------------------------
-    def _read_loop(self, conn: _Conn) -> None:
-        reader = StreamReader(self.inbox(conn.peer))
-        try:
-            while not self.closing:
-                try:
-                    k = conn.sock.recv_into(reader.buffer())
-                except TimeoutError:
-                    continue
-                if k == 0:
-                    if not self.closing and not self.inbox(conn.peer).closed_cleanly:
-                        self.peer_lost(conn.peer, "it closed the connection" if reader.between_frames else
-                                       "the connection closed in the middle of a frame")
-                    return
-                reader.advance(k)
-        except ProtocolError as exc:
-            log.error("rank %d: protocol error from rank %d: %s", self.rank, conn.peer, exc)
-            self.peer_lost(conn.peer, f"it broke the protocol: {exc}")
-        except OSError as exc:
-            self.peer_lost(conn.peer, exc)
+    def fail_sends(self, error: BaseException) -> None:
+        if self._progress is not None:
+            self._progress.fail_queued(error)
+
+    def _channel_ended(self, peer: int, why: str, cleanly: bool) -> BaseException | None:
+        if cleanly or (self.closing and why == "it closed the connection"):
+            return None
+        return self.peer_lost(peer, why)
 
     # ---- shutdown -----------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        for conn in self.conns.values():
+        if self._progress is not None:
+            self._progress.stop()
+        for ch in self.channels.values():
             try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
+                ch.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        for conn in self.conns.values():
-            if conn.reader is not None and conn.reader is not threading.current_thread():
-                conn.reader.join(POLL * 2)
-            conn.sock.close()
+            ch.sock.close()

@@ -1,15 +1,31 @@
 """The built-in TCP transport: one connection per pair of ranks (``SocketTransport``), payloads received
-in place. This module only chooses addresses and socket options."""
+in place. This module only chooses addresses and socket options. Ranks on the same host (and in the same
+network namespace) connect over a Unix-domain socket instead, unless ``local_sockets`` is off: the same
+bytes without the TCP stack, several times faster for small messages."""
 
 from __future__ import annotations
 
+import functools
+import os
 import socket
 from typing import Any
 
 from . import addresses
 from .base import TransportContext
-from .sockets import dial
+from .sockets import dial, retrying
 from .stream import SocketTransport
+
+
+@functools.cache
+def host_identity() -> str:
+    """What ranks that can reach each other's abstract Unix sockets share: the boot and the network namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return ""  # not Linux: no local sockets
+    return f"{boot}.{netns}"
 
 
 class TcpTransport(SocketTransport):
@@ -23,7 +39,7 @@ class TcpTransport(SocketTransport):
         super().__init__()
         self.opts = section
 
-    def listen(self, ctx: TransportContext) -> tuple[socket.socket, str]:
+    def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         bind_host, advertised = addresses.choose(self.opts["bind_address"], self.opts["interface"],
                                                  getattr(ctx.store, "host", None))
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -33,13 +49,42 @@ class TcpTransport(SocketTransport):
         host, port = advertised, listener.getsockname()[1]
         if ctx.advertise is not None:
             host, port = ctx.advertise(host, port)
-        return listener, f"{host}:{port}"
+        listening = [(listener, f"{host}:{port}")]
+        ident = host_identity()
+        if self.opts["local_sockets"] and ident:
+            name = f"erdma-{ctx.job & 0xFFFFFFFFFFFFFFFF:016x}-{ctx.rank}-{os.getpid()}"
+            local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            local.bind("\0" + name)  # abstract: no file to clean up, visible only in this network namespace
+            local.listen(max(8, ctx.world_size))
+            listening.insert(0, (local, f"local:{ident}:{name}"))
+        return listening
 
-    def dial(self, address: str, deadline: float) -> socket.socket:
+    def dial(self, address: str, deadline: float) -> socket.socket | None:
+        if address.startswith("local:"):
+            _, ident, name = address.split(":", 2)
+            if ident != host_identity() or not self.opts["local_sockets"]:
+                return None
+
+            def connect(timeout: float) -> socket.socket:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(timeout)
+                try:
+                    sock.connect("\0" + name)
+                except OSError:
+                    sock.close()
+                    raise
+                return sock
+
+            return retrying(connect, deadline)
         host, port = address.rsplit(":", 1)
         return dial(host, int(port), deadline)
 
     def tune(self, sock: socket.socket) -> None:
+        if self.opts["socket_buffer_bytes"]:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.opts["socket_buffer_bytes"])
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.opts["socket_buffer_bytes"])
+        if sock.family != socket.AF_INET:
+            return
         if self.opts["nodelay"]:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.opts["keepalive"]:
@@ -47,6 +92,3 @@ class TcpTransport(SocketTransport):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-        if self.opts["socket_buffer_bytes"]:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.opts["socket_buffer_bytes"])
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.opts["socket_buffer_bytes"])

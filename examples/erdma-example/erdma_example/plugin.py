@@ -21,10 +21,10 @@ def _half(config: Any, section: dict[str, Any]) -> Any:
     return Half(config, section)
 
 
-def _doubling(spec: Any) -> Any:
-    from .doubling import allreduce
+def _bruck(spec: Any) -> Any:
+    from .bruck import allgather
 
-    return allreduce(spec)
+    return allgather(spec)
 
 
 @hookimpl
@@ -41,4 +41,4 @@ def erdma_register_compressors(register: Any) -> None:
 
 @hookimpl
 def erdma_register_algorithms(register: Any) -> None:
-    register("allreduce", "doubling", _doubling, description="recursive doubling: log2(p) full exchanges")
+    register("allgather", "bruck", _bruck, description="Bruck: ceil(log2 p) steps for any world size")

@@ -24,14 +24,14 @@ class UnixTransport(SocketTransport):
         self.folder = section["folder"] or tempfile.gettempdir()
         self.path = ""
 
-    def listen(self, ctx: TransportContext) -> tuple[socket.socket, str]:
+    def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         self.path = os.path.join(self.folder, f"erdma-{ctx.job:016x}-{ctx.rank}.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
         listener.listen(ctx.world_size)
-        return listener, self.path
+        return [(listener, self.path)]  # one listening socket, and the address peers dial
 
     def dial(self, address: str, deadline: float) -> socket.socket:
         def connect(timeout: float) -> socket.socket:

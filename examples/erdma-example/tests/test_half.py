@@ -53,7 +53,7 @@ def digest(a: np.ndarray) -> str:
 def compressed_job(pg: Any) -> dict[str, str]:
     rng = np.random.default_rng(pg.rank())
     out = {}
-    for algo in ("ring", "halving_doubling", "tree", "doubling"):
+    for algo in ("ring", "halving_doubling", "recursive_doubling", "tree"):
         a = rng.standard_normal(50_000).astype(np.float32)
         pg.allreduce(a, algorithm=algo)
         out[algo] = digest(a)

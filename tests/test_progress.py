@@ -1,0 +1,67 @@
+"""Who runs a collective: a blocking call on the caller's own thread; async calls on the group's worker, in
+issue order; a collective issued from a completion callback on the worker runs there, instead of waiting
+for the worker forever (DDP's communication hooks, e.g. PowerSGD, do exactly this)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+def who_runs(pg):
+    seen = []
+    a = np.ones(10)
+    pg.allreduce(a)
+    seen.append(threading.current_thread().name)
+    caller = threading.current_thread().name
+
+    import erdma_core.api.process_group as mod
+
+    orig = mod.executor.run
+
+    def spy(*args, **kw):
+        seen.append(threading.current_thread().name)
+        return orig(*args, **kw)
+
+    mod.executor.run = spy
+    try:
+        pg.allreduce(a)  # blocking: this thread
+        works = [pg.allreduce(np.ones(10) * i, async_op=True) for i in range(3)]  # the worker, in order
+        for w in works:
+            w.wait(30)
+        pg.allreduce(a)
+    finally:
+        mod.executor.run = orig
+    return caller, seen[1:]
+
+
+def test_blocking_calls_run_on_the_caller_and_async_ones_on_the_worker(erdma_shared_world):
+    for caller, seen in erdma_shared_world(2, {"timeouts.collective": 30.0}).run(who_runs):
+        assert seen[0] == caller and seen[-1] == caller
+        assert all(name.startswith("erdma-pg0") for name in seen[1:4]), seen
+
+
+def collective_in_a_callback(pg):
+    a, b, c = np.ones(1000), np.ones(1000) * 2, np.ones(1000) * 3
+    done = threading.Event()
+    errors = []
+
+    def hook(_fut):
+        try:
+            pg.allreduce(b)  # blocking, on the worker thread that completed the first one
+            pg.allreduce(c, async_op=True).wait(30)  # and an async one waited for right there
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        done.set()
+
+    pg.allreduce(a, async_op=True).get_future().add_done_callback(hook)
+    assert done.wait(30), "a collective issued from a completion callback deadlocked"
+    pg.barrier()
+    return errors, a[0], b[0], c[0]
+
+
+def test_a_collective_issued_from_a_completion_callback_does_not_deadlock(erdma_world):
+    """Before: the callback ran on the group's single worker thread and waited for that same thread."""
+    for errors, a, b, c in erdma_world(3, {"timeouts.collective": 30.0}).run(collective_in_a_callback):
+        assert errors == [] and (a, b, c) == (3.0, 6.0, 9.0)
