@@ -17,16 +17,20 @@ from erdma_core.cli.bench import human
 SUMMARY_SIZES = (4 << 10, 1 << 20, 64 << 20)
 
 
+PEERS = ("erdma-tcp", "erdma-quic", "gloo", "mpi", "mpi-sm")
+
+
 def _summary(cells: list[dict[str, Any]]) -> list[str]:
-    lines = ["| scenario | cc | ranks | op | size | gloo/erdma | mpi/erdma |", "|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | cc | ranks | op | size | " + " | ".join(f"{p}/erdma" for p in PEERS) + " |",
+             "|---|---|---|---|---|" + "---|" * len(PEERS)]
     for c in cells:
         for size in SUMMARY_SIZES:
             # JSON object keys are strings
-            found = [c["ratios"].get(p, {}).get(str(size)) for p in ("gloo", "mpi")]
+            found = [c["ratios"].get(p, {}).get(str(size)) for p in PEERS]
             cols = ["-" if r is None else f"{r:.2f}" for r in found]
-            if cols != ["-", "-"]:
+            if any(col != "-" for col in cols):
                 lines.append(f"| {c['scenario']} | {c['cc']} | {c['ranks']} | {c['op']} | {human(size)} | "
-                             f"{cols[0]} | {cols[1]} |")
+                             + " | ".join(cols) + " |")
     return lines
 
 
@@ -43,8 +47,12 @@ def build(src: Path, dest: Path) -> str:
           "Every system runs the same collective on the same buffers; each result is checked against its "
           "expected value on every iteration (`#wrong`). Systems alternate between repeats (A B C, B C A, ...) "
           "and each time is the median over repeats of the slowest rank's mean. Ratios are peer time / eRDMA "
-          "time from the same run: above 1, eRDMA is faster. Open MPI runs over its TCP BTL (shared memory "
-          "off), so all three move data through TCP sockets.", "",
+          "time from the same run: above 1, eRDMA is faster. On one host (`loopback`) eRDMA's ranks talk over "
+          "Unix sockets (`transport.tcp.local_sockets`), so the local runs show it twice, as it is (`erdma`) "
+          "and forced onto TCP (`erdma-tcp`), beside Open MPI over its TCP BTL (`mpi`) and over shared memory "
+          "(`mpi-sm`). Across the lab's links each rank has a network namespace of its own, and eRDMA, Gloo "
+          "and Open MPI all move data through TCP sockets; on the WAN links erdma-quic (QUIC over UDP) runs "
+          "beside them. Each plot shows the time per op against size (log-log) and the bus bandwidth.", "",
           "The runs, as `benchmarks/reproduce.sh` issued them:", "", "```"]
     cmds = src / "commands.txt"
     md += cmds.read_text().splitlines() if cmds.exists() else []

@@ -21,10 +21,12 @@ HERE = Path(__file__).resolve().parent
 # made fresh for each harness process
 _QUIC_SECRET = os.urandom(16).hex()
 SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
-    "erdma": ("erdma", {}),
+    "erdma": ("erdma", {}),  # TCP between hosts; Unix sockets between ranks on one host (loopback)
+    "erdma-tcp": ("erdma", {"ERDMA_TRANSPORT_TCP_LOCAL_SOCKETS": "false"}),  # TCP even on one host
     "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
     "gloo": ("gloo", {}),
-    "mpi": ("mpi", {}),
+    "mpi": ("mpi", {}),  # Open MPI's TCP BTL
+    "mpi-sm": ("mpi", {"MPI_BTL": "self,vader"}),  # Open MPI's shared memory, on one host only
 }
 
 
@@ -37,10 +39,13 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"} | extra
 
 
-def _mpirun(n: int, argv: Sequence[str], lab: Lab | None) -> tuple[list[str], dict[str, str]]:
-    base = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), "--mca", "btl", "tcp,self"]
-    if lab is None:  # TCP over loopback: a network transport like the others (shared memory would not be)
-        return [*base, "--mca", "btl_tcp_if_include", "lo", *argv], _env({})
+def _mpirun(n: int, argv: Sequence[str], lab: Lab | None, btl: str = "tcp,self") -> tuple[list[str], dict[str, str]]:
+    base = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(n), "--mca", "btl", btl]
+    if lab is None:  # on one host: TCP over loopback (or, for mpi-sm, shared memory)
+        extra = ["--mca", "btl_tcp_if_include", "lo"] if "tcp" in btl else []
+        return [*base, *extra, *argv], _env({})
+    if "tcp" not in btl:
+        raise ValueError(f"MPI with btl {btl} cannot reach the lab's other namespaces")
     net = f"10.77.{lab.subnet}.0/24"
     hosts = ",".join(f"{lab.addr(i)}:1" for i in range(n))
     cmd = [*base, "--host", hosts, "--mca", "plm_rsh_agent", str(HERE / "netlab" / "nsrsh"),
@@ -59,7 +64,7 @@ def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = No
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "erdma_core.cli.bench", "--backend", backend, *bench_args, "--json", str(out)]
         if backend == "mpi":
-            cmd, env = _mpirun(n, argv, lab)
+            cmd, env = _mpirun(n, argv, lab, system_env.get("MPI_BTL", "tcp,self"))
             procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
         else:
             master = lab.addr(0) if lab else "127.0.0.1"

@@ -1,4 +1,4 @@
-"""Aggregate repeated jobs into medians and ratios; print nccl-tests style tables; draw busbw plots."""
+"""Aggregate repeated jobs into medians and ratios; print nccl-tests style tables; draw time and busbw plots."""
 
 from __future__ import annotations
 
@@ -58,22 +58,27 @@ def table(title: str, results: dict[str, list[dict[str, Any]]], ours: str = "erd
 
 
 def plot(path: Path, title: str, results: dict[str, list[dict[str, Any]]]) -> None:
+    """Time per op against size (log-log: latency on the left, bandwidth on the right of the axis) and busbw
+    against size, one line per system."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    fig, (lat, bw) = plt.subplots(1, 2, figsize=(11, 4.0), dpi=100)
     for system, rows in results.items():
         if rows:
-            ax.plot([r["size"] for r in rows], [r["busbw"] * 1e3 for r in rows], marker="o", label=system)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (MB/s)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+            sizes = [r["size"] for r in rows]
+            lat.plot(sizes, [r["time_us"] for r in rows], marker="o", label=system)
+            bw.plot(sizes, [r["busbw"] * 1e3 for r in rows], marker="o", label=system)
+    for ax, label in ((lat, "time per op (us)"), (bw, "busbw (MB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    lat.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -12,6 +12,11 @@ run() {
     echo "python -m benchmarks.run $*" >> "$OUT/commands.txt"
     $PY -m benchmarks.run "$@" || { rc=$?; [[ $rc == 2 ]] || exit $rc; }
 }
+# On one host (loopback) eRDMA's ranks talk over Unix sockets, so it runs twice there: as it is, and with TCP
+# (erdma-tcp), beside Open MPI over TCP (mpi) and over shared memory (mpi-sm). Across the lab's links every
+# rank has a host of its own and everything is TCP; on the WAN links erdma-quic runs too.
+LOCAL=(--systems erdma,erdma-tcp,gloo,mpi,mpi-sm)
+LINKS=(--systems erdma,gloo,mpi)
 if [[ "${QUICK:-0}" == 1 ]]; then
     ALLREDUCE=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
     OTHERS=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
@@ -20,12 +25,16 @@ if [[ "${QUICK:-0}" == 1 ]]; then
 else
     ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --max-seconds 30)
     OTHERS=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 5 --max-seconds 30)
-    WAN=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 2 --warmup 1 --max-seconds 45)
+    WAN=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 1 --iters 1 --warmup 1 --max-seconds 400)
     AB=(--ranks 2,3,4,5,6,7,8 --iters 3)
 fi
 $PY -m benchmarks.ceiling --json "$OUT/ceiling.json" | tee "$OUT/ceiling.txt"
-run --scenarios loopback,lan,metro --ops allreduce "${ALLREDUCE[@]}" --out "$OUT/allreduce"
-run --scenarios loopback,lan --ops allgather,broadcast,alltoall "${OTHERS[@]}" --out "$OUT/others"
-run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce "${WAN[@]}" --out "$OUT/wan"
+run --scenarios loopback --ops allreduce "${LOCAL[@]}" "${ALLREDUCE[@]}" --out "$OUT/allreduce-local"
+run --scenarios lan,metro --ops allreduce "${LINKS[@]}" "${ALLREDUCE[@]}" --out "$OUT/allreduce"
+run --scenarios loopback --ops allgather,broadcast,reduce_scatter,alltoall "${LOCAL[@]}" "${OTHERS[@]}" \
+    --out "$OUT/others-local"
+run --scenarios lan --ops allgather,broadcast,reduce_scatter,alltoall "${LINKS[@]}" "${OTHERS[@]}" --out "$OUT/others"
+run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce --systems erdma,erdma-quic,gloo,mpi \
+    "${WAN[@]}" --out "$OUT/wan"
 $PY -m benchmarks.alphabeta "${AB[@]}" --json "$OUT/alphabeta.json" | tee "$OUT/alphabeta.txt"
 $PY -m benchmarks.docs "$OUT" docs/benchmarks.md

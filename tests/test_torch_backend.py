@@ -148,3 +148,14 @@ def test_dead_peer_raises_instead_of_hanging():
     procs[1].communicate(timeout=40)
     assert out0.startswith("PeerLostError: allreduce"), out0 + err0[-2000:]
     assert "rank 1" in out0
+
+
+@pytest.mark.parametrize("backend", ["gloo", "erdma"])
+def test_collective_waited_for_inside_a_future_callback(backend):
+    """PowerSGD's pattern: Gloo completes it; erdma deadlocked (its callback ran on erdma's single collective
+    thread, which it then waited on) until blocking and callback-issued collectives ran on their own thread."""
+    r = erdma_run(2, str(ROOT / "tests" / "torch_callback_script.py"), backend, timeout=120)
+    if backend == "gloo" and r.returncode != 0 and GLOO_TEARDOWN_ABORT in r.stderr:
+        r = erdma_run(2, str(ROOT / "tests" / "torch_callback_script.py"), backend, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == ["[rank 0] rank 0 callback OK", "[rank 1] rank 1 callback OK"]

@@ -20,7 +20,7 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
     collectives |= {
         "tiny_message_bytes": Option(int, 65536, "allreduce inputs up to this size use recursive_doubling "
                                      "(when allreduce = 'auto')", minimum=0),
-        "small_message_bytes": Option(int, 65536, "allreduce inputs up to this size (and above "
+        "small_message_bytes": Option(int, 1 << 20, "allreduce inputs up to this size (and above "
                                       "tiny_message_bytes) use halving_doubling, larger ones ring (when allreduce "
                                       "= 'auto')", minimum=0),
         "chunk_bytes": Option(int, 4 << 20, "largest message an algorithm sends in one piece; "
