@@ -70,6 +70,14 @@ def build(src: Path, dest: Path) -> str:
                 for c in all_cells for s, why in c["failures"].items()]
     if failures:
         md += ["", "Failed jobs:", "", *failures]
+    profile = src / "profile.txt"
+    if profile.exists():
+        md += ["", "## Where a 4 KiB allreduce's time goes", "",
+               "Two ranks on loopback, blocking 4 KiB allreduces (`python -m benchmarks.profile_small`): wall "
+               "time, CPU and context switches per op on each rank, then rank 0 under cProfile. A blocking "
+               "collective runs on the caller's thread, which also reads and writes the sockets, so the profile "
+               "of that one thread holds the whole path; `select` includes waiting for the peer.", "", "```",
+               *profile.read_text().splitlines(), "```"]
     md += ["", "## Alpha-beta check", "",
            "`python -m benchmarks.alphabeta --ranks 2,3,4,5,6,7,8 --iters 3` (see its docstring for the model):",
            "", "```"]

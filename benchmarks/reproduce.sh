@@ -22,6 +22,7 @@ if [[ "${QUICK:-0}" == 1 ]]; then
     OTHERS=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
     WAN=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 2 --warmup 1)
     AB=(--ranks 2,4 --iters 2)
+    PROFILE_ITERS=300
 else
     ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --max-seconds 30)
     OTHERS=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 5 --max-seconds 30)
@@ -37,4 +38,5 @@ run --scenarios lan --ops allgather,broadcast,reduce_scatter,alltoall "${LINKS[@
 run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce --systems erdma,erdma-quic,gloo,mpi \
     "${WAN[@]}" --out "$OUT/wan"
 $PY -m benchmarks.alphabeta "${AB[@]}" --json "$OUT/alphabeta.json" | tee "$OUT/alphabeta.txt"
+$PY -m benchmarks.profile_small --iters "${PROFILE_ITERS:-3000}" | tee "$OUT/profile.txt"
 $PY -m benchmarks.docs "$OUT" docs/benchmarks.md

@@ -45,7 +45,8 @@ class ProcessGroup:
         self._sender = Serial(f"erdma-pg{group_id}-tx")
         self._plans: dict[tuple[Any, ...], tuple[str, Spec, Plan]] = {}
         self._lock = threading.Lock()
-        # scratch (worker thread only): slots 0 and 1 for reducing receives, 2 for a schedule's 'work' buffer
+        # scratch (one collective of the group at a time uses it, on whichever thread runs it): slots 0 and 1 for
+        # reducing receives, 2 for a schedule's 'work' buffer
         self._arenas = [np.empty(0, np.uint8) for _ in range(3)]
 
     def rank(self) -> int:

@@ -81,33 +81,38 @@ class Progress:
                 ch.out.insert(1 if ch.out[0].started else 0, item)
             else:
                 ch.out.append(item)
-            if ch.out[0] is item:
-                self._flush(ch)
+            failed = self._flush(ch) if ch.out[0] is item else None
             left = bool(ch.out)
-        if left and self._driving:
+        if failed is not None:
+            self._end(ch, failed)
+        elif left and self._driving:
             self._wake()  # the driver's select does not watch this socket for writing yet
 
-    def _flush(self, ch: Channel) -> None:
-        """Write queued frames until the socket is full (call with ``ch.lock`` held)."""
+    def _flush(self, ch: Channel) -> str | None:
+        """Write queued frames until the socket is full (call with ``ch.lock`` held). Returns why the
+        connection failed, for the caller to end it once the lock is released (ending it tells the other
+        peers, whose locks another thread may hold while it waits for this one)."""
         while ch.out:
             item = ch.out[0]
             while item.views:
-                view = item.views[0]
                 try:
-                    n = ch.sock.send(view)
+                    n = ch.sock.sendmsg(item.views)  # header and payload in one call, neither copied
                 except (BlockingIOError, InterruptedError):
-                    return
+                    return None
                 except OSError as exc:
-                    self._end(ch, f"sending failed: {exc}")
-                    return
+                    return f"sending failed: {exc}"
                 item.started = True
-                if n < len(view):
-                    item.views[0] = view[n:]
-                else:
-                    item.views.pop(0)
+                views = item.views
+                while n and views:
+                    if n >= len(views[0]):
+                        n -= len(views.pop(0))
+                    else:
+                        views[0] = views[0][n:]
+                        n = 0
             ch.out.popleft()
             if item.req is not None:
                 item.req.complete()
+        return None
 
     def fail_queued(self, error: BaseException) -> None:
         """Fail every queued frame not yet started (the rank is aborting; an ABORT may follow them)."""
@@ -155,7 +160,9 @@ class Progress:
         for sock in writable:
             ch = by_sock[sock]
             with ch.lock:
-                self._flush(ch)
+                failed = self._flush(ch)
+            if failed is not None:
+                self._end(ch, failed)
         for sock in readable:
             if sock == self._wake_r:
                 self._drain_wake()

@@ -23,8 +23,6 @@ from .wire import HELLO, HELLO_ACCEPTED, HELLO_REJECTED, HELLO_REQUEST, Header, 
 
 log = logging.getLogger("erdma.transport")
 POLL = 1.0  # seconds a socket call may block before deadlines and shutdown are looked at again
-_SLICE = 4 << 20
-_INLINE = 65536  # payloads up to this size leave in one write with their header
 
 
 class SocketTransport(MessageTransport):
@@ -150,9 +148,7 @@ class SocketTransport(MessageTransport):
         if ch is None or self._progress is None:
             req.complete(ErdmaError(f"rank {self.rank}: no connection to rank {peer}"))
             return
-        head = header.pack()
-        views = [memoryview(head + bytes(payload))] if header.nbytes <= _INLINE else [memoryview(head), payload]
-        self._progress.send(ch, views, req, urgent)
+        self._progress.send(ch, [memoryview(header.pack()), payload], req, urgent)
 
     def wait(self, req: Request, deadline: float) -> bool:
         if self._progress is None:

@@ -1,0 +1,82 @@
+"""Where a small allreduce's time goes: 2 ranks on loopback run N blocking 4 KiB allreduces; each rank
+reports wall time, user and system CPU and context switches per op, and rank 0's cProfile (its own thread:
+a blocking collective runs there) lists the functions with the most time of their own.
+
+    python -m benchmarks.profile_small --iters 3000 --ranks 2 --size 4K
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import resource
+import subprocess
+import sys
+import time
+
+from erdma_core.cli.bench import parse_size
+
+
+def _rank(iters: int, size: int, top: int) -> None:
+    import numpy as np
+
+    import erdma_core
+
+    pg = erdma_core.init()
+    a = np.ones(size // 4, np.float32)
+    for _ in range(200):
+        pg.allreduce(a)
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(iters):
+        pg.allreduce(a)
+    t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    line = (f"rank {pg.rank()}: {(t1 - t0) / iters * 1e6:.0f} us per allreduce; CPU per op: user "
+            f"{(r1.ru_utime - r0.ru_utime) / iters * 1e6:.0f} us, system {(r1.ru_stime - r0.ru_stime) / iters * 1e6:.0f} "
+            f"us; context switches per op: {(r1.ru_nvcsw - r0.ru_nvcsw) / iters:.2f} voluntary, "
+            f"{(r1.ru_nivcsw - r0.ru_nivcsw) / iters:.2f} involuntary")
+    pg.barrier()
+    prof = cProfile.Profile()
+    if pg.rank() == 0:
+        prof.enable()
+    for _ in range(iters):
+        pg.allreduce(a)
+    if pg.rank() == 0:
+        prof.disable()
+    pg.barrier()
+    time.sleep(0.2 * pg.rank())
+    print(line, flush=True)
+    if pg.rank() == 0:
+        out = io.StringIO()
+        stats = pstats.Stats(prof, stream=out)
+        stats.sort_stats("tottime").print_stats(top)
+        body = out.getvalue()
+        print("rank 0 under cProfile (which slows every Python call, so the shares matter more than the times):")
+        print(body[body.index("ncalls"):].rstrip(), flush=True)
+    pg.destroy()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_small", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--size", default="4K")
+    ap.add_argument("--iters", type=int, default=3000)
+    ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.rank_job:
+        _rank(args.iters, parse_size(args.size), args.top)
+        return 0
+    cmd = [sys.executable, "-m", "erdma_core.cli", "run", "-n", str(args.ranks), "--no-prefix", "--",
+           sys.executable, "-m", "benchmarks.profile_small", "--rank-job", "--iters", str(args.iters),
+           "--size", args.size, "--top", str(args.top)]
+    print(f"python -m benchmarks.profile_small --ranks {args.ranks} --size {args.size} --iters {args.iters}")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    print(r.stdout.rstrip())
+    return r.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
