@@ -70,14 +70,18 @@ def build(src: Path, dest: Path) -> str:
                 for c in all_cells for s, why in c["failures"].items()]
     if failures:
         md += ["", "Failed jobs:", "", *failures]
-    profile = src / "profile.txt"
+    profile, quic = src / "profile.txt", src / "profile-quic.txt"
     if profile.exists():
         md += ["", "## Where a 4 KiB allreduce's time goes", "",
                "Two ranks on loopback, blocking 4 KiB allreduces (`python -m benchmarks.profile_small`): wall "
-               "time, CPU and context switches per op on each rank, then rank 0 under cProfile. A blocking "
-               "collective runs on the caller's thread, which also reads and writes the sockets, so the profile "
-               "of that one thread holds the whole path; `select` includes waiting for the peer.", "", "```",
-               *profile.read_text().splitlines(), "```"]
+               "time, CPU and context switches per op on each rank, then rank 0 under cProfile: each layer's own "
+               "time per op, then the functions with the most. A blocking collective runs on the caller's thread, "
+               "which also reads and writes the sockets, so the profile of that one thread holds the whole path; "
+               "`poll` includes waiting for the peer.", "", "```", *profile.read_text().splitlines(), "```"]
+    if quic.exists():
+        md += ["", "The same over erdma-quic (`--transport quic`). Its connections run on an asyncio thread of "
+               "their own, outside this profile; the core's layers (API and engine, matching and framing) "
+               "should cost about what they cost over TCP.", "", "```", *quic.read_text().splitlines(), "```"]
     md += ["", "## Alpha-beta check", "",
            "`python -m benchmarks.alphabeta --ranks 2,3,4,5,6,7,8 --iters 3` (see its docstring for the model):",
            "", "```"]

@@ -1,8 +1,10 @@
 """Where a small allreduce's time goes: 2 ranks on loopback run N blocking 4 KiB allreduces; each rank
 reports wall time, user and system CPU and context switches per op, and rank 0's cProfile (its own thread:
-a blocking collective runs there) lists the functions with the most time of their own.
+a blocking collective runs there) gives each layer's share of that thread's time and lists the functions
+with the most time of their own. ``--transport quic`` runs the same over erdma-quic, whose I/O runs on an
+event-loop thread of its own: the core's layers should cost the same per op on both.
 
-    python -m benchmarks.profile_small --iters 3000 --ranks 2 --size 4K
+    python -m benchmarks.profile_small --iters 3000 --ranks 2 --size 4K [--transport quic]
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import resource
 import subprocess
@@ -53,8 +56,35 @@ def _rank(iters: int, size: int, top: int) -> None:
         stats.sort_stats("tottime").print_stats(top)
         body = out.getvalue()
         print("rank 0 under cProfile (which slows every Python call, so the shares matter more than the times):")
+        print(layers(stats, iters))
         print(body[body.index("ncalls"):].rstrip(), flush=True)
     pg.destroy()
+
+
+LAYERS = (  # (name, path fragments of its modules), first match wins
+    ("API and engine (erdma_core/api, engine, algorithms)", ("erdma_core/api/", "erdma_core/engine/",
+                                                            "erdma_core/algorithms/")),
+    ("matching and framing (transport/base, mailbox, frames, wire)", ("erdma_core/transport/",)),
+    ("erdma-quic", ("erdma_quic/",)),
+    ("system calls, numpy, locks (built-ins)", ("~",)),
+)
+_SOCKETS = ("progress.py", "stream.py", "tcp.py", "sockets.py")
+
+
+def layers(stats: pstats.Stats, iters: int) -> str:
+    """Own time per op of each layer: the core's (API, engine, matching) apart from the transport's."""
+    totals: dict[str, float] = {}
+    for (filename, _, _), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        name = "other Python (threading, queues, ...)"
+        if "erdma_core/transport/" in filename and filename.endswith(_SOCKETS):
+            name = "socket driving (transport/progress, stream, tcp)"
+        else:
+            name = next((n for n, parts in LAYERS if any(p in filename for p in parts)), name)
+        totals[name] = totals.get(name, 0.0) + own
+    whole = sum(totals.values()) or 1.0
+    rows = [f"  {name:<64} {t / iters * 1e6:8.1f} us/op {t / whole:6.1%}"
+            for name, t in sorted(totals.items(), key=lambda kv: -kv[1])]
+    return "own time by layer, per op:\n" + "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="4K")
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--transport", choices=["tcp", "quic"], default="tcp")
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank_job:
@@ -72,8 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "erdma_core.cli", "run", "-n", str(args.ranks), "--no-prefix", "--",
            sys.executable, "-m", "benchmarks.profile_small", "--rank-job", "--iters", str(args.iters),
            "--size", args.size, "--top", str(args.top)]
-    print(f"python -m benchmarks.profile_small --ranks {args.ranks} --size {args.size} --iters {args.iters}")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    print(f"python -m benchmarks.profile_small --ranks {args.ranks} --size {args.size} --iters {args.iters} "
+          f"--transport {args.transport}")
+    env = dict(os.environ)
+    if args.transport == "quic":
+        from .launch import SYSTEMS
+
+        env |= SYSTEMS["erdma-quic"][1]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     print(r.stdout.rstrip())
     return r.returncode
 

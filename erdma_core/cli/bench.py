@@ -175,21 +175,27 @@ def _predict(rows: list[dict[str, Any]], nbytes: int) -> float:
     return t2 + per_byte * (nbytes - n2)
 
 
+SMALL = 64 << 10  # sizes up to this take ``small_iters`` iterations: their times are short and noisy
+
+
 def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int,
-          max_seconds: float | None = None) -> list[dict[str, Any]]:
-    """Time ``op`` at each size; with ``max_seconds``, stop before a size whose loop would take longer than
-    that, predicted from the sizes before (from the max over ranks: every rank stops alike)."""
+          max_seconds: float | None = None, small_iters: int | None = None) -> list[dict[str, Any]]:
+    """Time ``op`` at each size (``small_iters`` iterations up to 64 KiB when given, like OSU's
+    micro-benchmarks, else ``iters``); with ``max_seconds``, stop before a size whose loop would take
+    longer than that, predicted from the sizes before (from the max over ranks: every rank stops alike)."""
     rows = []
     p = backend.size
+    shown = 0.0
     for nbytes in sizes:
-        if max_seconds is not None and rows and _predict(rows, nbytes) * (warmup + iters) > max_seconds:
+        n_iters = small_iters if small_iters and nbytes <= SMALL else iters
+        if max_seconds is not None and rows and _predict(rows, nbytes) * (warmup + n_iters) > max_seconds:
             break
         count = max(1, nbytes // dtype.itemsize)
         template, inp, expected = _buffers(op, count, backend.rank, p, dtype)
         out = template.copy()
         t_out, t_in = backend.wrap(out), backend.wrap(inp)
         wrong, elapsed = 0, 0.0
-        for i in range(warmup + iters):
+        for i in range(warmup + n_iters):
             np.copyto(out, template)
             start = time.perf_counter()
             backend.op(op, t_out, t_in)
@@ -197,10 +203,11 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
             wrong += int(np.count_nonzero(out != expected))
             if i >= warmup:
                 elapsed += took
-            if backend.rank == 0:
-                sys.stderr.write(f"\r[bench] {backend.name} {op} {human(nbytes)} {i + 1}/{warmup + iters}   ")
+            if backend.rank == 0 and time.perf_counter() - shown > 0.5:  # now and then: a write skews the ranks
+                shown = time.perf_counter()
+                sys.stderr.write(f"\r[bench] {backend.name} {op} {human(nbytes)} {i + 1}/{warmup + n_iters}   ")
                 sys.stderr.flush()
-        t = backend.max_over_ranks(elapsed / iters)
+        t = backend.max_over_ranks(elapsed / n_iters)
         algbw = count * dtype.itemsize / t / 1e9
         rows.append({"backend": backend.name, "size": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                      "op": op, "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * BUS_FACTOR[op](p),
@@ -237,6 +244,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="4K,1M,64M", help="comma list of message sizes in bytes, e.g. 4K,1M,64M")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "int32", "int64"])
     ap.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    ap.add_argument("--small-iters", type=int, default=None,
+                    help="timed iterations for sizes up to 64 KiB (default: --iters)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations before them")
     ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
     ap.add_argument("--backend", choices=sorted(BACKENDS), default="erdma",
@@ -272,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for cls in [BACKENDS[args.backend]] + ([_Gloo] if args.compare == "gloo" else []):
         backend = cls(args.algorithm)
-        rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup, args.max_seconds)
+        rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup, args.max_seconds, args.small_iters)
         if backend.rank == 0:
             print(table(rows), flush=True)
         results.append(rows)
