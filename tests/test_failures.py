@@ -77,6 +77,26 @@ def test_mismatch_is_detected_on_every_rank(erdma_world, case, needle):
     assert all(isinstance(e, MismatchError | AbortedError) for e in later)
 
 
+def fault_on_rank_0(pg):
+    if pg.rank() == 0:
+        from erdma_core.engine import reduce_ops
+
+        def broken(*args, **kwargs):
+            raise ValueError("injected fault")
+
+        reduce_ops.reduce_into = broken  # what a bug in a reduction would do
+    pg.allreduce(np.ones(1024, np.float32))
+
+
+def test_a_fault_on_one_rank_aborts_its_peers_at_once(erdma_world):
+    """Before: the faulty rank raised, and its peers waited for it until their collective timeout."""
+    outcomes = erdma_world(3, SLOW_TIMEOUT, timeout=20).outcomes(fault_on_rank_0)
+    assert isinstance(outcomes[0], ValueError) and "injected fault" in str(outcomes[0])
+    for err in outcomes[1:]:
+        assert isinstance(err, AbortedError), err
+        assert "rank 0: allreduce (group 0, seq 1) failed there: ValueError: injected fault" in str(err), str(err)
+
+
 def one_rank_late(pg):
     if pg.rank() == 1:
         time.sleep(3)

@@ -11,7 +11,7 @@ import concurrent.futures as cf
 import itertools
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,7 +19,8 @@ from ..algorithms.schedule import Spec
 from ..engine import dtypes, executor, reduce_ops
 from ..engine.buffers import Buffer, as_buffer
 from ..engine.ops import OPS, buffer_sizes
-from ..engine.plans import Plan, plan
+from ..engine.plans import plan
+from ..engine.program import Program, compile_plan
 from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
 from ..errors import PluginError
@@ -29,6 +30,12 @@ from .serial import Serial
 from .work import Work
 
 _EMPTY = np.empty(0, np.uint8)
+
+
+class _Compiled(NamedTuple):
+    program: Program
+    op: executor.Op | None  # the op's fields every call shares (None: a group of one, nothing to run)
+    work: int | None  # elements of the 'work' buffer (None: the schedule does not use one)
 
 
 class ProcessGroup:
@@ -43,11 +50,13 @@ class ProcessGroup:
         # point-to-point: receives are posted at call time and waited for here; sends keep their order
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
         self._sender = Serial(f"erdma-pg{group_id}-tx")
-        self._plans: dict[tuple[Any, ...], tuple[str, Spec, Plan]] = {}
+        self._plans: dict[tuple[Any, ...], _Compiled] = {}
+        self._chunk_bytes: int = rt.config["collectives.chunk_bytes"]
         self._lock = threading.Lock()
         # scratch (one collective of the group at a time uses it, on whichever thread runs it): slots 0 and 1 for
         # reducing receives, 2 for a schedule's 'work' buffer
         self._arenas = [np.empty(0, np.uint8) for _ in range(3)]
+        self._views: dict[tuple[int, int, np.dtype], np.ndarray] = {}  # (slot, count, dtype) -> view of an arena
 
     def rank(self) -> int:
         return self._rank
@@ -79,40 +88,36 @@ class ProcessGroup:
         return name
 
     def _collective(self, name: str, count: int, buffers: dict[str, np.ndarray], dtype: str,
-                    reduce_op: ReduceOp | None, after: Callable[[], None], async_op: bool,
+                    reduce_op: ReduceOp | None, after: Callable[[], None] | None, async_op: bool,
                     algorithm: str | None = None, key: Hashable | None = None, **spec_fields: Any) -> Work | None:
-        """Validate and plan one collective in the caller's thread, then run it on the group's worker."""
+        """Plan one collective in the caller's thread (bad input raises here), then run it in issue order."""
         seq = next(self._seq)
-        itemsize = buffers["out"].itemsize
-        key = (name, count, itemsize, algorithm, *spec_fields.values())
-        cached = self._plans.get(key)
-        if cached is None:
-            cached = self._plans[key] = self._plan(name, count, itemsize, algorithm, spec_fields)
-        algo, spec, checked = cached
-        chunk = max(1, self.rt.config["collectives.chunk_bytes"] // itemsize)
+        ckey = (name, count, dtype, reduce_op, algorithm, *spec_fields.values())
+        compiled = self._plans.get(ckey)
+        if compiled is None:
+            compiled = self._plans[ckey] = self._compile(name, count, dtype, buffers["out"].itemsize, reduce_op,
+                                                         algorithm, spec_fields)
         codecs = self.rt.codecs
         if codecs.lossy and key is None:
             key = _memory_key(buffers["out"], dtype)
-        buffers.setdefault("in", _EMPTY)
+        if "in" not in buffers:
+            buffers["in"] = _EMPTY
+        transport, group = self.rt.transport, self.group_id
 
         def run() -> None:
-            if self.size() > 1:
-                op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
-                                 dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
-                                 seq=seq, reduce_op=reduce_op, timeout=self.rt.timeout, chunk_elems=chunk,
-                                 ranks=self.ranks, rank=self.rt.rank, key=key)
-                if checked.uses_work:
-                    work_count = buffer_sizes(spec)["work"]
-                    buffers["work"] = self._scratch(work_count, buffers["out"].dtype, 2)
-                self.rt.transport.begin(self.group_id, seq)
-                executor.run(checked, buffers, self.rt.transport, op, self._scratch, codecs)
-            after()
+            if compiled.op is not None:
+                if compiled.work is not None:
+                    buffers["work"] = self._scratch(compiled.work, buffers["out"].dtype, 2)
+                transport.begin(group, seq)
+                executor.run(compiled.program, buffers, transport, compiled.op.again(seq, key), self._scratch, codecs)
+            if after is not None:
+                after()
 
         return self._submit(name, run, async_op)
 
-    def _plan(self, name: str, count: int, itemsize: int, algorithm: str | None,
-              spec_fields: dict[str, Any]) -> tuple[str, Spec, Plan]:
-        """The algorithm, spec and checked plan of a collective: worked out once per (op, size, group)."""
+    def _compile(self, name: str, count: int, dtype: str, itemsize: int, reduce_op: ReduceOp | None,
+                 algorithm: str | None, spec_fields: dict[str, Any]) -> _Compiled:
+        """The checked plan of a collective, compiled for this group: worked out once per (op, size, dtype)."""
         algo = self._algorithm(name, count * itemsize, algorithm)
         component, options = self.rt.algorithm(name, algo)
         spec = Spec(name, self._rank, self.size(), count, options=options, **spec_fields)
@@ -123,13 +128,27 @@ class ProcessGroup:
             raise
         if len(self._plans) >= 1024:
             self._plans.clear()
-        return algo, spec, checked
+        program = compile_plan(checked, self.ranks, self._chunk_bytes // itemsize, itemsize)
+        op = None
+        if self.size() > 1:
+            op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
+                             dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
+                             seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=self.ranks,
+                             rank=self.rt.rank)
+        return _Compiled(program, op, buffer_sizes(spec)["work"] if checked.uses_work else None)
 
     def _scratch(self, count: int, dtype: np.dtype, slot: int) -> np.ndarray:
-        nbytes = count * dtype.itemsize
-        if self._arenas[slot].nbytes < nbytes:
-            self._arenas[slot] = np.empty(nbytes, np.uint8)
-        return self._arenas[slot][:nbytes].view(dtype)
+        key = (slot, count, dtype)
+        view = self._views.get(key)
+        if view is None:
+            nbytes = count * dtype.itemsize
+            if self._arenas[slot].nbytes < nbytes:
+                self._arenas[slot] = np.empty(nbytes, np.uint8)
+                self._views.clear()  # views of the old arena
+            if len(self._views) >= 64:
+                self._views.clear()
+            view = self._views[key] = self._arenas[slot][:nbytes].view(dtype)
+        return view
 
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self.size():
@@ -149,7 +168,9 @@ class ProcessGroup:
             reduce_ops.finish(buf.array, rop, buf.dtype, self.size())
             buf.commit()
 
-        return self._collective("allreduce", buf.array.size, {"out": buf.array}, buf.dtype, rop, after, async_op,
+        needed = rop is ReduceOp.AVG or buf.copied
+        return self._collective("allreduce", buf.array.size, {"out": buf.array}, buf.dtype, rop,
+                                after if needed else None, async_op,
                                 algorithm, key)
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
@@ -289,7 +310,7 @@ class ProcessGroup:
         t = self.rt.transport
         op = executor.Op(name=kind, opcode=code, dtype=buf.dtype, dtype_code=header.dtype, numel=buf.array.size,
                          job=self.rt.job, group=self.group_id, seq=tag, reduce_op=None, timeout=self.rt.timeout,
-                         chunk_elems=1, ranks=self.ranks, rank=self.rt.rank)
+                         ranks=self.ranks, rank=self.rt.rank)
         if kind == "recv":
             req = t.irecv(g, header, as_bytes(buf.array))  # posted now: matches sends in any order
 

@@ -19,6 +19,11 @@ class Buffer:
     def __init__(self, array: np.ndarray, dtype: str, commit: Callable[[], None] | None = None) -> None:
         self.array, self.dtype, self._commit = array, dtype, commit
 
+    @property
+    def copied(self) -> bool:
+        """The array is a copy of the user's tensor: ``commit()`` writes it back."""
+        return self._commit is not None
+
     def commit(self) -> None:
         if self._commit is not None:
             self._commit()
@@ -39,7 +44,12 @@ def _torch_view(t: Any) -> tuple[np.ndarray, str]:
 
 def as_buffer(obj: Any, what: str = "tensor", *, writable: bool = True) -> Buffer:
     """Wrap ``obj`` as a flat Buffer of a supported dtype, or raise TypeError naming what is wrong."""
-    if type(obj).__module__.startswith("torch"):
+    if type(obj) is np.ndarray:
+        arr = obj
+        name = dtypes.name_for_numpy(arr.dtype)
+        if name == "bfloat16":  # ml_dtypes' bfloat16: move its bits
+            arr = arr.view(np.uint16)
+    elif type(obj).__module__.startswith("torch"):
         arr, name = _torch_view(obj)
     elif isinstance(obj, np.ndarray):
         arr = obj
@@ -56,10 +66,11 @@ def as_buffer(obj: Any, what: str = "tensor", *, writable: bool = True) -> Buffe
             raise TypeError(f"{what}: expected a numpy array, a torch CPU tensor, a DLPack producer or a "
                             f"buffer-protocol object, got {type(obj).__name__}") from None
         name = dtypes.name_for_numpy(arr.dtype)
-    if writable and not arr.flags.writeable:
+    flags = arr.flags
+    if writable and not flags.writeable:
         raise ValueError(f"{what}: the buffer is read-only, but this op writes its result into it")
-    if arr.flags.c_contiguous:
-        return Buffer(arr.reshape(-1), name)
+    if flags.c_contiguous:
+        return Buffer(arr if arr.ndim == 1 else arr.reshape(-1), name)
     flat = np.ascontiguousarray(arr).reshape(-1)
 
     def commit() -> None:

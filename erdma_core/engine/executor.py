@@ -1,121 +1,140 @@
-"""Runs a rank's plan on a transport: the only place where algorithms meet the network.
+"""Runs a rank's program (its plan compiled for the group and the size, ``program.py``) on a transport: the
+only place where algorithms meet the network.
 
 Per step: local copies, then every receive is posted (reducing receives land in scratch memory), then the
 sends go out chunk by chunk; between chunks, receives that have landed are reduced in schedule order, so
-reduction overlaps the transfer. Messages larger than ``chunk_elems`` are split; both sides split the same
-way, so chunk k of a slice meets chunk k. With a compressor (``codecs``), a chunk of at least ``min_bytes``
-leaves encoded and is decoded where it lands, before any reduction.
+reduction overlaps the transfer. Messages larger than the chunk size were split when the program was
+compiled; both sides split the same way, so chunk k of a slice meets chunk k. With a compressor
+(``codecs``), a chunk of at least ``min_bytes`` leaves encoded and is decoded where it lands, before any
+reduction.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import NamedTuple
 
-import attrs
 import numpy as np
 
-from ..algorithms.schedule import Step, Xfer
 from ..compression import Site
-from ..errors import CollectiveError, CollectiveTimeoutError, ErdmaError, ProtocolError
+from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, ErdmaError, ProtocolError
 from ..transport.base import Transport
 from ..transport.mailbox import Request, as_bytes
-from ..transport.wire import DATA, RAW, Header
+from ..transport.wire import DATA, RAW, Header, make_header
 from . import reduce_ops
 from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
-from .plans import Plan
+from .program import Msg, Program, Stage
 from .reduce_ops import ReduceOp
 
 ScratchFor = Callable[[int, np.dtype, int], np.ndarray]
 _NO_CODECS = Codecs(None, 0, lambda cid: None)
 
 
-@attrs.define(kw_only=True)
-class Op:
-    """One collective's identity on the wire, its limits and, for error feedback, the caller's buffer
-    identity (``key``; None: no stable identity)."""
-
+class _OpFields(NamedTuple):
     name: str
+    algorithm: str
     opcode: int
     dtype: str
     dtype_code: int
     numel: int
     job: int
     group: int
-    seq: int
     reduce_op: ReduceOp | None
     timeout: float
-    chunk_elems: int
     ranks: Sequence[int]
     rank: int
-    algorithm: str = ""
-    key: Hashable | None = None
-    deadline: float = attrs.field(init=False)
+    seq: int
+    key: Hashable | None
+    deadline: float
 
-    def __attrs_post_init__(self) -> None:
-        self.deadline = time.monotonic() + self.timeout
-        self.chunk_elems = max(1, self.chunk_elems)
+
+class Op(_OpFields):
+    """One collective's identity on the wire, its limits and, for error feedback, the caller's buffer
+    identity (``key``; None: no stable identity). Built with keywords; ``again`` makes the next call's from
+    a cached one (a new sequence number, key and deadline) for the price of a tuple."""
+
+    __slots__ = ()
+
+    def __new__(cls, *, name: str, opcode: int, dtype: str, dtype_code: int, numel: int, job: int, group: int,
+                seq: int, reduce_op: ReduceOp | None, timeout: float, ranks: Sequence[int],
+                rank: int, algorithm: str = "", key: Hashable | None = None) -> Op:
+        return _new(cls, (name, algorithm, opcode, dtype, dtype_code, numel, job, group, reduce_op, timeout,
+                          ranks, rank, seq, key, time.monotonic() + timeout))
+
+    def again(self, seq: int, key: Hashable | None) -> Op:
+        return _new(Op, (*self[:_PER_CALL], seq, key, time.monotonic() + self.timeout))
 
     def header(self, tag: int, count: int, nbytes: int, codec: int = RAW, meta: int = 0) -> Header:
-        return Header(kind=DATA, job=self.job, dtype=self.dtype_code, opcode=self.opcode,
-                      redop=self.reduce_op.code if self.reduce_op else 0, group=self.group, seq=self.seq, tag=tag,
-                      codec=codec, meta=meta, numel=self.numel, count=count, nbytes=nbytes)
+        return make_header((DATA, self.job, self.dtype_code, self.opcode, self.reduce_op.code if self.reduce_op else 0,
+                            self.group, tag, self.seq, codec, meta, self.numel, count, nbytes))
 
 
-def _chunks(x: Xfer, chunk: int) -> list[tuple[int, int]]:
-    if x.count <= chunk:
-        return [(x.offset, x.count)]
-    return [(o, min(chunk, x.offset + x.count - o)) for o in range(x.offset, x.offset + x.count, chunk)]
+_new = tuple.__new__
+_PER_CALL = _OpFields._fields.index("seq")  # fields from 'seq' on change with every call
+_Pending = tuple[Request, Msg, "np.ndarray | None"]
 
 
-def run(plan: Plan, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
+def run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
         scratch_for: ScratchFor | None = None, codecs: Codecs = _NO_CODECS) -> None:
-    """Execute ``plan``; raise a CollectiveError naming this rank, the op and the peer on failure.
+    """Execute ``program``; raise a CollectiveError naming this rank, the op and the peer on failure.
 
     ``scratch_for(count, dtype, slot)`` lends the memory reducing receives land in (slots 0 and 1, used by
     alternate steps). The next step's receives are posted before this step's sends whenever the plan says
     that is safe, so a fast neighbour's data lands in place instead of being buffered.
     """
-    counters: tuple[dict[int, int], dict[int, int]] = ({}, {})  # messages sent to / received from each rank
-    itemsize = buffers["out"].itemsize
+    try:
+        _run(program, buffers, transport, op, scratch_for, codecs)
+    except ErdmaError:
+        raise  # aborted where it was raised
+    except Exception as exc:  # a fault on this rank: its peers must not wait for it until their timeout
+        transport.abort(AbortedError(f"rank {op.rank}: {op.name} (group {op.group}, seq {op.seq}) failed there: "
+                                     f"{type(exc).__name__}: {exc}", rank=op.rank, op=op.name))
+        raise
+
+
+def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
+         scratch_for: ScratchFor | None, codecs: Codecs) -> None:
     fwd = Forwarding() if codecs.lossy else None
-    steps, early = plan.steps, plan.early
+    raw = codecs.sender is None
+    stages = program.stages
+    last = len(stages) - 1
+    seq, deadline, numel = op.seq, op.deadline, op.numel
+    head = (DATA, op.job, op.dtype_code, op.opcode, op.reduce_op.code if op.reduce_op else 0, op.group)
     posted: list[_Pending] | None = None
-    for i, step in enumerate(steps):
-        for c in step.copies:
+    for i, st in enumerate(stages):
+        for c in st.copies:
             buffers[c.dst][c.dst_offset:c.dst_offset + c.count] = buffers[c.src][c.src_offset:c.src_offset + c.count]
             if fwd is not None:
                 fwd.copied(c.src, c.src_offset, c.dst, c.dst_offset, c.count)
         exchanged: list[tuple[int, str, int, int]] = []
-        if fwd is not None and step.copies and step.sends:
-            exchanged = _encode_copies(step, i, buffers, op, codecs, fwd)
-        pending = posted if posted is not None else _post(step, i % 2, buffers, transport, op, counters[1],
-                                                          itemsize, scratch_for)
+        if fwd is not None and st.sends_copied:
+            exchanged = _encode_copies(st, i, buffers, op, codecs, fwd)
+        pending = posted if posted is not None else _post(st, i & 1, buffers, transport, op, head, scratch_for)
         posted = None
-        if i + 1 < len(steps) and early[i + 1]:
-            posted = _post(steps[i + 1], (i + 1) % 2, buffers, transport, op, counters[1], itemsize, scratch_for)
+        if i < last and stages[i + 1].early:
+            posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         done = 0
-        for x in step.sends:
-            g = op.ranks[x.peer]
-            for off, cnt in _chunks(x, op.chunk_elems):
-                tag = counters[0].get(g, 0)
-                counters[0][g] = tag + 1
-                codec, meta, payload = _outgoing(codecs, fwd, op, i, x.buf, buffers[x.buf], off, cnt)
-                req = transport.isend(g, op.header(tag, cnt, len(payload), codec, meta), payload, op.deadline)
-                finish(req, x.peer, op, transport, "sending to")
-                while done < len(pending) and pending[done][0].done():
-                    _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
-                    done += 1
+        for m in st.sends:
+            if raw:
+                payload = as_bytes(buffers[m.buf][m.offset:m.offset + m.count])
+                header = make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
+            else:
+                codec, meta, payload = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
+                header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
+            req = transport.isend(m.to, header, payload, deadline)
+            if not req.done() or req.error is not None:
+                finish(req, m.peer, op, transport, "sending to")
+            while done < len(pending) and pending[done][0].done():
+                _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
+                done += 1
         for item in pending[done:]:
             _land(item, buffers, op, transport, codecs, fwd, exchanged)
 
 
-_Pending = tuple[Request, Xfer, int, int, "np.ndarray | None"]
-
-
-def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, buf: str, arr: np.ndarray, off: int,
-              cnt: int) -> Outgoing:
-    """What goes on the wire for ``arr[off:off+cnt]``: raw, forwarded as it came, or encoded afresh."""
+def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg, arr: np.ndarray) -> Outgoing:
+    """What goes on the wire for message ``m`` of ``arr``: raw, forwarded as it came, or encoded afresh."""
+    buf, off, cnt = m.buf, m.offset, m.count
     view = arr[off:off + cnt]
     if codecs.sender is None or view.nbytes < codecs.min_bytes:
         if fwd is not None and buf != "in":
@@ -140,7 +159,7 @@ def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, buf: st
     return out
 
 
-def _encode_copies(step: Step, i: int, buffers: Mapping[str, np.ndarray], op: Op, codecs: Codecs,
+def _encode_copies(st: Stage, i: int, buffers: Mapping[str, np.ndarray], op: Op, codecs: Codecs,
                    fwd: Forwarding) -> list[tuple[int, str, int, int]]:
     """Lossy compressor: a step that sends a copy (``Copy('out', ..., 'work', ...)``, then send 'work') encodes
     it now, before any receive of the step lands, and the copy's source takes the decoded values too. A rank
@@ -148,67 +167,67 @@ def _encode_copies(step: Step, i: int, buffers: Mapping[str, np.ndarray], op: Op
     peer received; the sends below forward these bytes. Returns the source ranges so exchanged, with the
     peer: ``(peer, buffer, start, end)``."""
     exchanged = []
-    for x in step.sends:
-        for c in step.copies:
-            if c.dst != x.buf or c.src == "in":
+    for m in st.sends:
+        off, cnt = m.offset, m.count
+        for c in st.copies:
+            if c.dst != m.buf or c.src == "in" or not (c.dst_offset <= off and off + cnt <= c.dst_offset + c.count):
                 continue
-            for off, cnt in _chunks(x, op.chunk_elems):
-                if not (c.dst_offset <= off and off + cnt <= c.dst_offset + c.count):
-                    continue
-                src = c.src_offset + off - c.dst_offset
-                exchanged.append((x.peer, c.src, src, src + cnt))
-                if fwd.lookup(x.buf, off, off + cnt) is OWN:
-                    out = _outgoing(codecs, fwd, op, i, x.buf, buffers[x.buf], off, cnt)
-                    buffers[c.src][src:src + cnt] = buffers[x.buf][off:off + cnt]
-                    fwd.record(c.src, src, src + cnt, out if out[0] != RAW else None)
+            src = c.src_offset + off - c.dst_offset
+            exchanged.append((m.peer, c.src, src, src + cnt))
+            if fwd.lookup(m.buf, off, off + cnt) is OWN:
+                out = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
+                buffers[c.src][src:src + cnt] = buffers[m.buf][off:off + cnt]
+                fwd.record(c.src, src, src + cnt, out if out[0] != RAW else None)
     return exchanged
 
 
-def _post(step: Step, slot: int, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
-          received: dict[int, int], itemsize: int, scratch_for: ScratchFor | None) -> list[_Pending]:
-    dtype = buffers["out"].dtype
-    need = sum(x.count for x in step.recvs if x.reduce)
-    scratch = scratch_for(need, dtype, slot) if scratch_for else np.empty(need, dtype)
-    used, pending = 0, []
-    for x in step.recvs:
-        g = op.ranks[x.peer]
-        for off, cnt in _chunks(x, op.chunk_elems):
-            if x.reduce:
-                land = scratch[used:used + cnt]
-                used += cnt
-            else:
-                land = buffers[x.buf][off:off + cnt]
-            tag = received.get(g, 0)
-            received[g] = tag + 1
-            req = transport.irecv(g, op.header(tag, cnt, cnt * itemsize), as_bytes(land))
-            pending.append((req, x, off, cnt, land if x.reduce else None))
+def _post(st: Stage, slot: int, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
+          head: tuple[int, ...], scratch_for: ScratchFor | None) -> list[_Pending]:
+    if not st.recvs:
+        return []
+    out = buffers["out"]
+    scratch = out[:0]  # reducing receives of no elements land in nothing
+    if st.scratch:
+        scratch = scratch_for(st.scratch, out.dtype, slot) if scratch_for else np.empty(st.scratch, out.dtype)
+    seq, numel = op.seq, op.numel
+    pending = []
+    for m in st.recvs:
+        if m.reduce:
+            land = scratch[m.scratch:m.scratch + m.count]
+        else:
+            land = buffers[m.buf][m.offset:m.offset + m.count]
+        req = transport.irecv(m.to, make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes)),
+                              as_bytes(land))
+        pending.append((req, m, land if m.reduce else None))
     return pending
 
 
 def _land(item: _Pending, buffers: Mapping[str, np.ndarray], op: Op, transport: Transport, codecs: Codecs,
           fwd: Forwarding | None, exchanged: Sequence[tuple[int, str, int, int]] = ()) -> None:
-    req, x, off, cnt, scratch = item
-    finish(req, x.peer, op, transport, "waiting for")
-    target = scratch if scratch is not None else buffers[x.buf][off:off + cnt]
+    req, m, scratch = item
+    if not req.done() or req.error is not None:
+        finish(req, m.peer, op, transport, "waiting for")
+    off, cnt = m.offset, m.count
     if req.encoded is not None:
         header, payload = req.encoded
-        decode(codecs, header, payload, target, op, transport, x.peer)
+        decode(codecs, header, payload, scratch if scratch is not None else buffers[m.buf][off:off + cnt], op,
+               transport, m.peer)
         if fwd is not None and scratch is None:
-            fwd.record(x.buf, off, off + cnt, (header.codec, header.meta, payload))
+            fwd.record(m.buf, off, off + cnt, (header.codec, header.meta, payload))
     elif fwd is not None and scratch is None:
-        fwd.record(x.buf, off, off + cnt, None)
+        fwd.record(m.buf, off, off + cnt, None)
     if scratch is not None:
         assert op.reduce_op is not None
-        reduce_ops.reduce_into(buffers[x.buf][off:off + cnt], scratch, op.reduce_op, op.dtype)
+        reduce_ops.reduce_into(buffers[m.buf][off:off + cnt], scratch, op.reduce_op, op.dtype)
         if fwd is not None:
             # the elements are this rank's own now, unless it exchanged them with this peer in this step: then
             # the peer holds the same sum, and a later send of it must go raw (an encoder's state differs
             # from rank to rank, so two ranks encoding the same values need not agree)
-            same = any(p == x.peer and b == x.buf and lo <= off and off + cnt <= hi for p, b, lo, hi in exchanged)
+            same = any(p == m.peer and b == m.buf and lo <= off and off + cnt <= hi for p, b, lo, hi in exchanged)
             if same:
-                fwd.record(x.buf, off, off + cnt, None)
+                fwd.record(m.buf, off, off + cnt, None)
             else:
-                fwd.forget(x.buf, off, off + cnt)
+                fwd.forget(m.buf, off, off + cnt)
 
 
 def decode(codecs: Codecs, header: Header, payload: memoryview, out: np.ndarray, op: Op, transport: Transport,

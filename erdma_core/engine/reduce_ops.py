@@ -16,6 +16,8 @@ class ReduceOp(enum.Enum):
     MAX = "max"
     AVG = "avg"
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash is a Python call per lookup
+
     @property
     def code(self) -> int:
         """The op's code in a frame header's ``redop`` field (0: none); never renumbered."""

@@ -26,6 +26,9 @@ TCP_OPTIONS = {
     "nodelay": Option(bool, True, "set TCP_NODELAY"),
     "keepalive": Option(bool, True, "set SO_KEEPALIVE (10 s idle, 3 probes 5 s apart)"),
     "socket_buffer_bytes": Option(int, 4 << 20, "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's", minimum=0),
+    "spin_us": Option(int, 200, "microseconds a rank waiting for a message polls its sockets (yielding the core "
+                      "between polls) before it sleeps; a sleeping rank is woken by the kernel, which costs more "
+                      "than a small message; 0: sleep at once", minimum=0),
     "local_sockets": Option(bool, True, "ranks on the same host and network namespace connect over a Unix-domain "
                             "socket instead of TCP"),
 }

@@ -12,6 +12,7 @@ from .wire import ABORT, BYE, DATA, FRAME, Header, abort_error
 
 _STAGE = 1 << 16  # bytes read at a time between large payloads
 _DIRECT = 1 << 15  # a payload with at least this much left is read straight into its place
+_HEAD = FRAME.size
 
 
 class FrameInbox:
@@ -63,10 +64,11 @@ class StreamReader:
     (``sock.recv_into``) and reports how many bytes arrived with ``advance(n)``. Headers and small payloads
     are read into a staging buffer, several frames at a time when they came together (one system call
     instead of two per message); a large payload whose receive is already posted is read straight into the
-    receiver's memory. ``between_frames`` tells a clean end of stream from one cut in the middle of a
-    frame. Malformed headers raise ProtocolError."""
+    receiver's memory. After a large frame only the next header is read at first, so that a stream of large
+    frames (the chunks of a big message) is never copied through the stage. ``between_frames`` tells a
+    clean end of stream from one cut in the middle of a frame. Malformed headers raise ProtocolError."""
 
-    __slots__ = ("_done", "_have", "_left", "_stage", "_start", "_sv", "_target", "_token", "inbox")
+    __slots__ = ("_big", "_done", "_have", "_left", "_stage", "_start", "_sv", "_target", "_token", "inbox")
 
     def __init__(self, inbox: FrameInbox) -> None:
         self.inbox = inbox
@@ -76,6 +78,7 @@ class StreamReader:
         self._token: object = None  # the frame whose payload is being read
         self._target: memoryview | None = None  # where its payload goes (None: dropped)
         self._left = self._done = 0
+        self._big = False  # the last frame was large: read the next header alone
 
     @property
     def between_frames(self) -> bool:
@@ -89,6 +92,8 @@ class StreamReader:
         if self._start:
             self._stage[:self._have] = self._stage[self._start:self._start + self._have]
             self._start = 0
+        if self._big and self._token is None and self._have < _HEAD:
+            return self._sv[self._have:_HEAD]
         return self._sv[self._have:]
 
     def advance(self, n: int) -> None:
@@ -110,15 +115,21 @@ class StreamReader:
                 if self._left:
                     return
                 self._land()
-            elif self._have >= FRAME.size:
-                h = Header.parse(self._sv[self._start:self._start + FRAME.size])
-                self._consume(FRAME.size)
+            elif self._have >= _HEAD:
+                start = self._start
+                h = Header.parse(self._sv[start:start + _HEAD])
                 buf, token = self.inbox.frame(h)
-                if h.nbytes == 0:
+                nbytes = h.nbytes
+                self._big = nbytes >= _DIRECT
+                if self._have - _HEAD >= nbytes:  # the whole frame is staged (small frames): land it now
+                    if nbytes and buf is not None:
+                        buf[:nbytes] = self._sv[start + _HEAD:start + _HEAD + nbytes]
+                    self._consume(_HEAD + nbytes)
                     self.inbox.landed(token)
                     continue
-                self._token, self._left, self._done = token, h.nbytes, 0
-                self._target = buf[:h.nbytes] if buf is not None else None
+                self._consume(_HEAD)
+                self._token, self._left, self._done = token, nbytes, 0
+                self._target = buf[:nbytes] if buf is not None else None
             else:
                 return
 

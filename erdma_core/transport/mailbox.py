@@ -101,8 +101,9 @@ def describe(h: Header) -> str:
 
 def check_match(rank: int, peer: int, expected: Header, got: Header) -> MismatchError | ProtocolError | None:
     """``expected``: the receive's header (raw: ``nbytes`` is its memory); ``got``: the arriving frame's."""
-    fields = ("opcode", "redop", "dtype", "numel", "count")
-    if not all(getattr(expected, f) == getattr(got, f) for f in fields):
+    if got[2:5] == expected[2:5] and got[10:13] == expected[10:13] and got.codec == RAW:
+        return None  # the common case: dtype, opcode, redop, numel, count and nbytes agree, raw payload
+    if not (got[2:5] == expected[2:5] and got[10:12] == expected[10:12]):  # dtype, opcode, redop; numel, count
         op = ops.name_of(expected.opcode)
         return MismatchError(f"rank {rank}: {op} mismatch between ranks {rank} and {peer}: rank {rank} called "
                              f"{describe(expected)}, rank {peer} called {describe(got)}", rank=rank, op=op)
@@ -134,6 +135,8 @@ class Mailbox:
         """A collective ``seq`` starts in ``group``: frames of older sequences are stale from now on."""
         with self._lock:
             self._floor[group] = seq
+            if not self._unexpected:
+                return
             for key in [k for k in self._unexpected if k[1][0] == group and k[1][1] < seq]:
                 del self._unexpected[key]
                 self.rejected += 1
@@ -144,7 +147,7 @@ class Mailbox:
             if self.aborted is not None:
                 req.complete(self.aborted)
                 return req
-            key = (peer, meta.key)
+            key = (peer, (meta.group, meta.seq, meta.tag))
             if key in self._posted:
                 raise ProtocolError(f"rank {self.rank}: a receive from rank {peer} with key {meta.key} is already posted")
             early = self._unexpected.get(key)
@@ -167,7 +170,7 @@ class Mailbox:
             raise ProtocolError(f"rank {self.rank}: frame from rank {peer} carries job {h.job:#x}, "
                                 f"this job is {self.job32:#x}")
         with self._lock:
-            key = (peer, h.key)
+            key = (peer, (h.group, h.seq, h.tag))
             if not h.group & P2P_GROUP_BIT and h.seq < self._floor.get(h.group, 0):
                 self.rejected += 1
                 return None, None  # stale collective: read and drop

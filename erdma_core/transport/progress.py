@@ -3,9 +3,11 @@
 A thread that waits for a request drives the sockets itself (``Progress.wait``): it writes what is queued,
 reads what has arrived (straight into the receiver's memory, through each channel's ``StreamReader``) and
 completes requests, its own among them, so a blocking collective never waits for another thread to wake it.
-Only one thread drives at a time; another one that waits meanwhile lets the driver complete its request. A
-frame is written at once by the thread that posts it when the socket takes it (small frames always do); what
-does not fit waits for a driver. A background thread drives only when nobody has for a while, so data that
+It polls without sleeping for the first ``spin`` seconds of a wait (TCP's ``spin_us``), since a small
+message answered within microseconds costs less than being put to sleep and woken by the kernel. Only one
+thread drives at a time; another one that waits meanwhile lets the driver complete its request. A frame is
+written at once by the thread that posts it when the socket takes it (small frames always do); what does
+not fit waits for a driver. A background thread drives only when nobody has for a while, so data that
 arrives between collectives is still read (a peer's send completes; an ABORT is heard); while collectives
 run it sleeps, so that it is not woken by every message too.
 """
@@ -24,8 +26,10 @@ from ..errors import PeerLostError, ProtocolError
 from .frames import StreamReader
 from .mailbox import Request
 
-POLL = 0.2  # seconds a driver sleeps in select before it looks at its deadline again
+POLL = 0.2  # seconds a driver sleeps in poll before it looks at its deadline again
 QUIET = 0.05  # seconds without a driver before the background thread watches the sockets itself
+_READABLE = select.POLLIN | select.POLLHUP | select.POLLERR | select.POLLNVAL
+_WRITABLE = select.POLLOUT
 
 
 class _Out:
@@ -37,25 +41,40 @@ class _Out:
         self.views, self.req, self.started = views, req, False
 
 
+def _after(views: list[memoryview], n: int) -> list[memoryview]:
+    """What is left of ``views`` once their first ``n`` bytes are written."""
+    while n and views:
+        if n >= views[0].nbytes:
+            n -= views.pop(0).nbytes
+        else:
+            views[0] = views[0][n:]
+            n = 0
+    return [v for v in views if v.nbytes]
+
+
 class Channel:
     """One connected socket to ``peer``: frames out in order, frames in through ``reader``."""
 
-    __slots__ = ("dead", "lock", "out", "peer", "reader", "sock")
+    __slots__ = ("dead", "fd", "lock", "out", "peer", "reader", "sock", "watch_out")
 
     def __init__(self, peer: int, sock: socket.socket, reader: StreamReader) -> None:
         self.peer, self.sock, self.reader = peer, sock, reader
         sock.setblocking(False)
+        self.fd = sock.fileno()
         self.out: deque[_Out] = deque()
         self.lock = threading.RLock()
         self.dead = False
+        self.watch_out = False  # the driver's poll watches it for room to write (frames wait for it)
 
 
 class Progress:
     def __init__(self, channels: list[Channel], lost: Callable[[int, str, bool], BaseException | None],
-                 name: str) -> None:
+                 name: str, spin: float = 0.0) -> None:
         """``lost(peer, why, cleanly)``: a channel ended (``cleanly``: after the peer's BYE and all it
-        announced); returns the error its queued frames fail with (None: nothing to report)."""
+        announced); returns the error its queued frames fail with (None: nothing to report). ``spin``:
+        seconds a waiting thread polls before it sleeps."""
         self.channels = channels
+        self.spin = spin
         self._lost = lost
         self._drive = threading.Lock()
         self._driving = False
@@ -64,29 +83,55 @@ class Progress:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        # the driver's poll set (the background thread, which runs without the drive lock, uses select)
+        self._poller = select.poll()
+        self._by_fd = {ch.fd: ch for ch in channels}
+        for ch in channels:
+            self._poller.register(ch.fd, _READABLE)
+        self._poller.register(self._wake_r, select.POLLIN)
         self._background = threading.Thread(target=self._run_background, name=name, daemon=True)
         self._background.start()
 
     # ---- sending ---------------------------------------------------------------------------------------
-    def send(self, ch: Channel, views: list[memoryview], req: Request | None, urgent: bool = False) -> None:
-        """Queue a frame (its pieces in order); ``req`` completes once it is all written. Written at once
-        as far as the socket takes it."""
+    def send(self, ch: Channel, head: bytes, payload: memoryview, req: Request | None, urgent: bool = False) -> None:
+        """Send a frame (``head``, then ``payload``); ``req`` completes once it is all written. Written at
+        once as far as the socket takes it (small frames always are: the common case, with no queueing);
+        the rest waits in the channel's queue for a driver."""
+        failed = None
         with ch.lock:
             if ch.dead:
                 if req is not None:
                     req.complete(PeerLostError(f"rank {ch.peer}'s connection is closed", peer=ch.peer))
                 return
-            item = _Out([v for v in views if len(v)], req)
-            if urgent and ch.out:
-                ch.out.insert(1 if ch.out[0].started else 0, item)
+            if not ch.out:
+                try:
+                    n = ch.sock.sendmsg((head, payload))  # header and payload in one call, neither copied
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                except OSError as exc:
+                    n, failed = 0, f"sending failed: {exc}"
+                if failed is None:
+                    if n == len(head) + payload.nbytes:
+                        if req is not None:
+                            req.complete()
+                        return
+                    item = _Out(_after([memoryview(head), payload], n), req)
+                    item.started = n > 0
+                    ch.out.append(item)
             else:
-                ch.out.append(item)
-            failed = self._flush(ch) if ch.out[0] is item else None
-            left = bool(ch.out)
+                item = _Out([v for v in (memoryview(head), payload) if v.nbytes], req)
+                if urgent:
+                    ch.out.insert(1 if ch.out[0].started else 0, item)
+                else:
+                    ch.out.append(item)
+            watch = failed is None and not ch.watch_out
+            if watch:
+                ch.watch_out = True
+                self._watch(ch, _READABLE | _WRITABLE)
         if failed is not None:
             self._end(ch, failed)
-        elif left and self._driving:
-            self._wake()  # the driver's select does not watch this socket for writing yet
+        elif watch and self._driving:
+            self._wake()  # a driver already polling does not watch this socket for writing yet
 
     def _flush(self, ch: Channel) -> str | None:
         """Write queued frames until the socket is full (call with ``ch.lock`` held). Returns why the
@@ -102,17 +147,20 @@ class Progress:
                 except OSError as exc:
                     return f"sending failed: {exc}"
                 item.started = True
-                views = item.views
-                while n and views:
-                    if n >= len(views[0]):
-                        n -= len(views.pop(0))
-                    else:
-                        views[0] = views[0][n:]
-                        n = 0
+                item.views = _after(item.views, n)
             ch.out.popleft()
             if item.req is not None:
                 item.req.complete()
+        if ch.watch_out:
+            ch.watch_out = False
+            self._watch(ch, _READABLE)
         return None
+
+    def _watch(self, ch: Channel, events: int) -> None:
+        try:
+            self._poller.modify(ch.fd, events)
+        except (OSError, KeyError, ValueError):  # closed meanwhile
+            pass
 
     def fail_queued(self, error: BaseException) -> None:
         """Fail every queued frame not yet started (the rank is aborting; an ABORT may follow them)."""
@@ -127,15 +175,24 @@ class Progress:
 
     # ---- driving ---------------------------------------------------------------------------------------
     def wait(self, req: Request, deadline: float) -> bool:
-        """Drive the sockets until ``req`` is done (True; raises its error) or ``deadline`` passes (False)."""
+        """Drive the sockets until ``req`` is done (True; raises its error) or ``deadline`` passes (False).
+        For the first ``spin`` seconds the sockets are polled without sleeping (yielding the core to any
+        other runnable thread between polls): a thread that sleeps must be woken by the kernel when its
+        data comes, which costs more than a small message itself."""
+        spin_until = time.monotonic() + self.spin
         while not req.done():
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 break
             if self._drive.acquire(blocking=False):
                 self._driving = True
                 try:
-                    self._round(min(left, POLL), req)
+                    if now < spin_until:
+                        if not self._round(0, req):
+                            os.sched_yield()
+                    else:
+                        self._round(min(left, POLL) * 1000.0, req)
                 finally:
                     self._driving = False
                     self._last_driven = time.monotonic()
@@ -144,30 +201,28 @@ class Progress:
                 req.settled(min(left, 0.002))  # another thread is driving and completes it
         return req.wait(deadline)
 
-    def _round(self, timeout: float, req: Request | None) -> None:
-        """One turn: wait up to ``timeout`` for a socket to be ready (less once ``req`` is done), then read
-        and write what is ready. Holds the drive lock."""
-        live = [ch for ch in self.channels if not ch.dead]
+    def _round(self, timeout_ms: float, req: Request | None) -> bool:
+        """One turn: wait up to ``timeout_ms`` for a socket to be ready (not at all once ``req`` is done),
+        then read and write what is ready; True if anything was. Holds the drive lock."""
         if req is not None and req.done():
-            return
-        reading = [ch.sock for ch in live] + [self._wake_r]
-        writing = [ch.sock for ch in live if ch.out]
+            return True
         try:
-            readable, writable, _ = select.select(reading, writing, [], timeout)
+            ready = self._poller.poll(timeout_ms)
         except (OSError, ValueError):  # a socket closed under us: the next turn sees it dead
-            return
-        by_sock = {ch.sock: ch for ch in live}
-        for sock in writable:
-            ch = by_sock[sock]
-            with ch.lock:
-                failed = self._flush(ch)
-            if failed is not None:
-                self._end(ch, failed)
-        for sock in readable:
-            if sock == self._wake_r:
+            return False
+        for fd, events in ready:
+            ch = self._by_fd.get(fd)
+            if ch is None:
                 self._drain_wake()
-            else:
-                self._read(by_sock[sock])
+                continue
+            if events & _WRITABLE:
+                with ch.lock:
+                    failed = self._flush(ch)
+                if failed is not None:
+                    self._end(ch, failed)
+            if events & _READABLE:
+                self._read(ch)
+        return bool(ready)
 
     def _read(self, ch: Channel) -> None:
         reader = ch.reader
@@ -185,7 +240,7 @@ class Progress:
                     return
                 reader.advance(k)
                 if k < len(buf):
-                    return  # the socket had no more (the next select says when it has)
+                    return  # the socket had no more (the next poll says when it has)
         except ProtocolError as exc:
             self._end(ch, f"it broke the protocol: {exc}")
         except OSError as exc:
@@ -195,6 +250,10 @@ class Progress:
         if ch.dead:
             return
         ch.dead = True
+        try:
+            self._poller.unregister(ch.fd)
+        except (KeyError, ValueError):
+            pass
         error = self._lost(ch.peer, why, cleanly)
         with ch.lock:
             queued, ch.out = list(ch.out), deque()

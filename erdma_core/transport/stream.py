@@ -29,10 +29,11 @@ class SocketTransport(MessageTransport):
     """Subclasses implement ``listen(ctx) -> [(listening socket, address peers dial), ...]`` (one or more;
     peers try the addresses in order) and ``dial(address, deadline) -> connected socket`` (retrying until
     ``deadline``; ``sockets.retrying`` helps), or None when that address cannot be reached from here (another
-    host's Unix socket), and may override ``tune(sock)``. ``key`` names the store entries that publish the
-    addresses (no spaces in them)."""
+    host's Unix socket), and may override ``tune(sock)`` and set ``spin``. ``key`` names the store entries
+    that publish the addresses (no spaces in them)."""
 
     key = "stream"
+    spin = 0.0  # seconds a thread waiting for a message polls before it sleeps (see ``Progress.wait``)
 
     def __init__(self) -> None:
         super().__init__()
@@ -71,7 +72,8 @@ class SocketTransport(MessageTransport):
         if missing:
             raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect within "
                                          f"{ctx.connect_timeout:.1f}s", rank=self.rank, op="connect")
-        self._progress = Progress(list(self.channels.values()), self._channel_ended, f"erdma-io-{self.rank}")
+        self._progress = Progress(list(self.channels.values()), self._channel_ended, f"erdma-io-{self.rank}",
+                                  self.spin)
 
     def _dial_peer(self, peer: int, addrs: list[str], deadline: float) -> socket.socket:
         sock, addr = None, " ".join(addrs)
@@ -148,7 +150,7 @@ class SocketTransport(MessageTransport):
         if ch is None or self._progress is None:
             req.complete(ErdmaError(f"rank {self.rank}: no connection to rank {peer}"))
             return
-        self._progress.send(ch, [memoryview(header.pack()), payload], req, urgent)
+        self._progress.send(ch, header.pack(), payload, req, urgent)
 
     def wait(self, req: Request, deadline: float) -> bool:
         if self._progress is None:

@@ -38,6 +38,7 @@ class TcpTransport(SocketTransport):
     def __init__(self, config: Any, section: dict[str, Any]) -> None:
         super().__init__()
         self.opts = section
+        self.spin = section["spin_us"] / 1e6
 
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         bind_host, advertised = addresses.choose(self.opts["bind_address"], self.opts["interface"],

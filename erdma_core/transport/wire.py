@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import NamedTuple
 
 import attrs
 
@@ -99,41 +100,51 @@ class Hello:
         return cls(status=status, job=job, rank=rank, world=world)
 
 
-@attrs.define(kw_only=True)
-class Header:
-    """One frame header (treat as immutable; not frozen because one is built per message and frozen attrs
-    classes cost half again as much). ``key`` (group, seq, tag) matches a message to its receive."""
-
+class _Fields(NamedTuple):
     kind: int
     job: int
-    dtype: int = 0
-    opcode: int = 0
-    redop: int = 0
-    group: int = 0
-    tag: int = 0
-    seq: int = 0
-    codec: int = RAW
-    meta: int = 0
-    numel: int = 0
-    count: int = 0
-    nbytes: int = 0
+    dtype: int
+    opcode: int
+    redop: int
+    group: int
+    tag: int
+    seq: int
+    codec: int
+    meta: int
+    numel: int
+    count: int
+    nbytes: int
+
+
+class Header(_Fields):
+    """One frame header: a tuple, the cheapest Python object to build once per message and parse once per
+    frame. Built with keywords (``make_header`` takes the fields in order, for the hot path). ``key``
+    (group, seq, tag) matches a message to its receive."""
+
+    __slots__ = ()
+
+    def __new__(cls, *, kind: int, job: int, dtype: int = 0, opcode: int = 0, redop: int = 0, group: int = 0,
+                tag: int = 0, seq: int = 0, codec: int = RAW, meta: int = 0, numel: int = 0, count: int = 0,
+                nbytes: int = 0) -> Header:
+        return _new(cls, (kind, job, dtype, opcode, redop, group, tag, seq, codec, meta, numel, count, nbytes))
 
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.group, self.seq, self.tag)
 
     def pack(self) -> bytes:
-        return FRAME.pack(FRAME_MAGIC, self.kind, self.dtype, self.opcode, self.redop, self.job & 0xFFFFFFFF,
-                          self.group, self.tag, self.seq, self.codec, self.meta, self.numel, self.count, self.nbytes)
+        kind, job, dtype, opcode, redop, group, tag, seq, codec, meta, numel, count, nbytes = self
+        return _pack(FRAME_MAGIC, kind, dtype, opcode, redop, job & 0xFFFFFFFF, group, tag, seq, codec, meta, numel,
+                     count, nbytes)
 
     @classmethod
     def parse(cls, data: bytes | memoryview) -> Header:
         if len(data) != FRAME.size:
             raise ProtocolError(f"short frame header: {len(data)} of {FRAME.size} bytes")
-        magic, kind, dtype, opcode, redop, job, group, tag, seq, codec, meta, numel, count, nbytes = FRAME.unpack(data)
+        magic, kind, dtype, opcode, redop, job, group, tag, seq, codec, meta, numel, count, nbytes = _unpack(data)
         if magic != FRAME_MAGIC:
             raise ProtocolError(f"bad frame magic {bytes(magic)!r}")
-        if kind not in (DATA, ABORT, BYE):
+        if kind != DATA and kind != ABORT and kind != BYE:
             raise ProtocolError(f"unknown frame kind {kind}")
         if nbytes > MAX_PAYLOAD:
             raise ProtocolError(f"frame payload of {nbytes} bytes exceeds {MAX_PAYLOAD}")
@@ -141,8 +152,16 @@ class Header:
             raise ProtocolError(f"frame says {meta} bytes of codec metadata in a {nbytes}-byte payload")
         if kind != DATA and nbytes > MAX_CONTROL_BYTES:
             raise ProtocolError(f"control frame (kind {kind}) of {nbytes} bytes exceeds {MAX_CONTROL_BYTES}")
-        return cls(kind=kind, dtype=dtype, opcode=opcode, redop=redop, job=job, group=group, tag=tag, seq=seq,
-                   codec=codec, meta=meta, numel=numel, count=count, nbytes=nbytes)
+        return _new(cls, (kind, job, dtype, opcode, redop, group, tag, seq, codec, meta, numel, count, nbytes))
+
+
+def make_header(fields: tuple[int, ...]) -> Header:
+    """A header from its 13 fields in declaration order (kind, job, dtype, opcode, redop, group, tag, seq,
+    codec, meta, numel, count, nbytes)."""
+    return _new(Header, fields)
+
+
+_pack, _unpack, _new = FRAME.pack, FRAME.unpack, tuple.__new__
 
 
 def control(kind: int, job: int, *, seq: int = 0, nbytes: int = 0) -> Header:

@@ -1,0 +1,81 @@
+"""The socket driver on its own (``transport/progress.py``), over a socket pair: frames written at once or
+finished by a waiting thread, byte for byte and in order; ``spin`` decides how long a waiter polls before it
+sleeps."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+
+from erdma_core.transport.frames import FrameInbox, StreamReader
+from erdma_core.transport.mailbox import Mailbox, Request
+from erdma_core.transport.progress import Channel, Progress
+
+
+def driver(spin: float) -> tuple[Progress, socket.socket]:
+    mine, theirs = socket.socketpair()
+    mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+    ch = Channel(1, mine, StreamReader(FrameInbox(0, 1, Mailbox(0, 7))))
+    return Progress([ch], lambda peer, why, cleanly: None, "test-io", spin), theirs
+
+
+def rounds(progress: Progress) -> list[float]:
+    """The poll timeouts (ms) of the driver's rounds while it waits 0.2 s for a request that never completes."""
+    seen: list[float] = []
+    inner = progress._round
+
+    def spy(timeout_ms: float, req: Request | None) -> bool:
+        seen.append(timeout_ms)
+        return inner(timeout_ms, req)
+
+    progress._round = spy  # type: ignore[method-assign]
+    assert progress.wait(Request(), time.monotonic() + 0.2) is False
+    return seen
+
+
+def test_a_waiter_polls_without_sleeping_only_for_its_spin():
+    for spin in (0.0, 0.05):
+        progress, theirs = driver(spin)
+        try:
+            seen = rounds(progress)
+        finally:
+            progress.stop()
+            theirs.close()
+        polls = [t for t in seen if t == 0]
+        if spin == 0:
+            assert polls == [] and seen and seen[0] > 0, seen
+        else:
+            # it polled, then slept in poll: first the zero timeouts, then only sleeping rounds
+            assert len(polls) >= 2 and seen[:len(polls)] == polls and all(t > 0 for t in seen[len(polls):]), seen
+
+
+def test_frames_too_big_for_the_socket_are_finished_by_the_waiter_in_order():
+    progress, theirs = driver(0.0)
+    ch = progress.channels[0]
+    heads = [bytes([i]) * 60 for i in range(3)]
+    payloads = [np.arange(n, dtype=np.uint8) for n in (100, 3 << 20, 5 << 20)]
+    got = bytearray()
+    total = sum(len(h) + p.nbytes for h, p in zip(heads, payloads, strict=True))
+
+    def read() -> None:
+        while len(got) < total:
+            got.extend(theirs.recv(1 << 20))
+
+    reader = threading.Thread(target=read)
+    try:
+        reqs = [Request() for _ in heads]
+        for h, p, r in zip(heads, payloads, reqs, strict=True):
+            progress.send(ch, h, memoryview(p), r)
+        assert reqs[0].done()  # a small frame on an empty queue is written at once
+        assert not reqs[2].done()  # 8 MiB do not fit the socket's buffers while nobody reads: queued
+        reader.start()
+        for r in reqs:
+            assert progress.wait(r, time.monotonic() + 30)
+        reader.join(30)
+    finally:
+        progress.stop()
+        theirs.close()
+    assert bytes(got) == b"".join(h + p.tobytes() for h, p in zip(heads, payloads, strict=True))
