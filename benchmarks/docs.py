@@ -74,10 +74,11 @@ def build(src: Path, dest: Path) -> str:
     if profile.exists():
         md += ["", "## Where a 4 KiB allreduce's time goes", "",
                "Two ranks on loopback, blocking 4 KiB allreduces (`python -m benchmarks.profile_small`): wall "
-               "time, CPU and context switches per op on each rank, then rank 0 under cProfile: each layer's own "
-               "time per op, then the functions with the most. A blocking collective runs on the caller's thread, "
-               "which also reads and writes the sockets, so the profile of that one thread holds the whole path; "
-               "`poll` includes waiting for the peer.", "", "```", *profile.read_text().splitlines(), "```"]
+               "time, CPU and context switches per op on each rank, then rank 0 under cProfile counting that thread's "
+               "CPU time (waiting for the peer or the GIL is not charged): each layer's own time per op, then the "
+               "functions with the most. A blocking collective runs on the caller's thread, which also reads and "
+               "writes the sockets, so the profile of that one thread holds the whole path.", "", "```",
+               *profile.read_text().splitlines(), "```"]
     if quic.exists():
         md += ["", "The same over erdma-quic (`--transport quic`). Its connections run on an asyncio thread of "
                "their own, outside this profile; the core's layers (API and engine, matching and framing) "

@@ -1,6 +1,6 @@
 """Where a small allreduce's time goes: 2 ranks on loopback run N blocking 4 KiB allreduces; each rank
-reports wall time, user and system CPU and context switches per op, and rank 0's cProfile (its own thread:
-a blocking collective runs there) gives each layer's share of that thread's time and lists the functions
+reports wall time, user and system CPU and context switches per op, and rank 0's cProfile of its own thread's
+CPU time (a blocking collective runs there) gives each layer's share of it and lists the functions
 with the most time of their own. ``--transport quic`` runs the same over erdma-quic, whose I/O runs on an
 event-loop thread of its own: the core's layers should cost the same per op on both.
 
@@ -40,7 +40,7 @@ def _rank(iters: int, size: int, top: int) -> None:
             f"us; context switches per op: {(r1.ru_nvcsw - r0.ru_nvcsw) / iters:.2f} voluntary, "
             f"{(r1.ru_nivcsw - r0.ru_nivcsw) / iters:.2f} involuntary")
     pg.barrier()
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)  # CPU time of this thread: waiting for the GIL or a peer is not charged
     if pg.rank() == 0:
         prof.enable()
     for _ in range(iters):
@@ -55,7 +55,8 @@ def _rank(iters: int, size: int, top: int) -> None:
         stats = pstats.Stats(prof, stream=out)
         stats.sort_stats("tottime").print_stats(top)
         body = out.getvalue()
-        print("rank 0 under cProfile (which slows every Python call, so the shares matter more than the times):")
+        print("rank 0 under cProfile, counting its thread's CPU time (the profiler slows every Python call, so the shares "
+              "matter more than the times):")
         print(layers(stats, iters))
         print(body[body.index("ncalls"):].rstrip(), flush=True)
     pg.destroy()
