@@ -30,6 +30,43 @@ def test_allreduce_schedules(p, name, n):
 
 
 @pytest.mark.parametrize("p", range(1, 10))
+@pytest.mark.parametrize("name", ["ring", "recursive_doubling"])
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_allgather_schedules(p, name, n):
+    bufs = [{"in": np.arange(n) + 100 * r, "out": np.full(n * p, -1)} for r in range(p)]
+    simulate("allgather", name, [Spec("allgather", r, p, n) for r in range(p)], bufs)
+    want = np.concatenate([np.arange(n) + 100 * q for q in range(p)])
+    for b in bufs:
+        assert (b["out"] == want).all(), (b["out"], want)
+
+
+@pytest.mark.parametrize("p", range(1, 10))
+@pytest.mark.parametrize("name", ["ring", "recursive_halving"])
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_reduce_scatter_schedules(p, name, n):
+    ins = [np.arange(n * p) * (r + 1) + r for r in range(p)]
+    bufs = [{"in": ins[r], "out": np.full(n, -1)} for r in range(p)]
+    simulate("reduce_scatter", name, [Spec("reduce_scatter", r, p, n) for r in range(p)], bufs)
+    total = sum(ins)
+    for r, b in enumerate(bufs):
+        assert (b["out"] == total[r * n:(r + 1) * n]).all(), (r, b["out"])
+
+
+def test_small_allgather_and_reduce_scatter_take_the_fewest_steps():
+    """auto: log2(p) exchanges while the whole buffer is at most tiny_message_bytes, the ring above."""
+    from erdma_core import load_config
+
+    conf = load_config({})
+    choose = builtin.erdma_choose_algorithm
+    assert choose(op="allgather", nbytes=16384, world_size=4, config=conf) == "recursive_doubling"
+    assert choose(op="allgather", nbytes=16385, world_size=4, config=conf) == "ring"
+    assert choose(op="reduce_scatter", nbytes=8192, world_size=8, config=conf) == "recursive_halving"
+    assert choose(op="reduce_scatter", nbytes=8193, world_size=8, config=conf) == "ring"
+    steps = ALGOS[("allgather", "recursive_doubling")](Spec("allgather", 0, 8, 4))
+    assert sum(1 for s in steps if s.sends) == 3  # against the ring's 7
+
+
+@pytest.mark.parametrize("p", range(1, 10))
 def test_rooted_and_barrier_schedules(p):
     for root in range(p):
         bufs = [{"out": np.full(3, r)} for r in range(p)]

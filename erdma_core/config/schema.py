@@ -18,8 +18,10 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
         for op in COLLECTIVES
     }
     collectives |= {
-        "tiny_message_bytes": Option(int, 65536, "allreduce inputs up to this size use recursive_doubling "
-                                     "(when allreduce = 'auto')", minimum=0),
+        "tiny_message_bytes": Option(int, 65536, "allreduce inputs up to this size use recursive_doubling, "
+                                     "allgather and reduce_scatter whose whole buffer (p blocks) is up to this "
+                                     "size recursive_doubling and recursive_halving (when the op is 'auto')",
+                                     minimum=0),
         "small_message_bytes": Option(int, 1 << 20, "allreduce inputs up to this size (and above "
                                       "tiny_message_bytes) use halving_doubling, larger ones ring (when allreduce "
                                       "= 'auto')", minimum=0),

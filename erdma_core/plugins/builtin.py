@@ -75,7 +75,11 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
     register("broadcast", "tree", tree.broadcast, description="binomial tree")
     register("reduce", "tree", tree.reduce, description="binomial tree")
     register("allgather", "ring", ring.allgather, description="ring")
+    register("allgather", "recursive_doubling", recursive_doubling.allgather,
+             description="log2(p) exchanges, doubling: fewest steps, for small messages")
     register("reduce_scatter", "ring", ring.reduce_scatter, description="ring")
+    register("reduce_scatter", "recursive_halving", recursive_doubling.reduce_scatter,
+             description="log2(p) exchanges, halving: fewest steps, for small messages")
     register("gather", "direct", direct.gather, description="root receives from every rank")
     register("scatter", "direct", direct.scatter, description="root sends to every rank")
     register("alltoall", "pairwise", alltoall.pairwise, description="p-1 steps of pairwise exchange")
@@ -105,5 +109,10 @@ def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -
         return "recursive_doubling"
     if op == "allreduce" and nbytes <= config["collectives.small_message_bytes"]:
         return "halving_doubling"
+    small = nbytes * world_size <= config["collectives.tiny_message_bytes"]  # the whole buffer: p blocks
+    if op == "allgather" and small:
+        return "recursive_doubling"
+    if op == "reduce_scatter" and small:
+        return "recursive_halving"
     info = OPS.get(op)
     return info.default if info is not None else None
