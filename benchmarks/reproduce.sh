@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates docs/benchmarks.md (tables, plots, emulator ceiling, alpha-beta check) from scratch: about
-# 50 minutes on the 2-core development machine. Run it through `make bench` (root: the lab builds network
+# 100 minutes on the 2-core development machine. Run it through `make bench` (root: the lab builds network
 # namespaces). QUICK=1 runs a small subset (a few minutes) to check the pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
