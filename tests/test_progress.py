@@ -65,3 +65,12 @@ def test_a_collective_issued_from_a_completion_callback_does_not_deadlock(erdma_
     """Before: the callback ran on the group's single worker thread and waited for that same thread."""
     for errors, a, b, c in erdma_world(3, {"timeouts.collective": 30.0}).run(collective_in_a_callback):
         assert errors == [] and (a, b, c) == (3.0, 6.0, 9.0)
+
+
+def spin_of(pg):
+    return pg.rt.transport._progress.spin
+
+
+def test_spin_us_reaches_the_socket_driver(erdma_shared_world):
+    """``transport.tcp.spin_us`` is what the driver spins for (test_progress_driver shows what spinning does)."""
+    assert erdma_shared_world(2, {"transport.tcp.spin_us": 750}).run(spin_of) == [750 / 1e6] * 2

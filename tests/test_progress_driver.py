@@ -60,11 +60,16 @@ def test_frames_too_big_for_the_socket_are_finished_by_the_waiter_in_order():
     got = bytearray()
     total = sum(len(h) + p.nbytes for h, p in zip(heads, payloads, strict=True))
 
+    theirs.settimeout(30)
+
     def read() -> None:
         while len(got) < total:
-            got.extend(theirs.recv(1 << 20))
+            chunk = theirs.recv(1 << 20)
+            if not chunk:
+                return
+            got.extend(chunk)
 
-    reader = threading.Thread(target=read)
+    reader = threading.Thread(target=read, daemon=True)
     try:
         reqs = [Request() for _ in heads]
         for h, p, r in zip(heads, payloads, reqs, strict=True):
@@ -75,6 +80,7 @@ def test_frames_too_big_for_the_socket_are_finished_by_the_waiter_in_order():
         for r in reqs:
             assert progress.wait(r, time.monotonic() + 30)
         reader.join(30)
+        assert not reader.is_alive()
     finally:
         progress.stop()
         theirs.close()

@@ -168,7 +168,7 @@ class ProcessGroup:
             reduce_ops.finish(buf.array, rop, buf.dtype, self.size())
             buf.commit()
 
-        needed = rop is ReduceOp.AVG or buf.copied
+        needed = reduce_ops.needs_finish(rop) or buf.copied
         return self._collective("allreduce", buf.array.size, {"out": buf.array}, buf.dtype, rop,
                                 after if needed else None, async_op,
                                 algorithm, key)

@@ -65,10 +65,6 @@ class Op(_OpFields):
     def again(self, seq: int, key: Hashable | None) -> Op:
         return _new(Op, (*self[:_PER_CALL], seq, key, time.monotonic() + self.timeout))
 
-    def header(self, tag: int, count: int, nbytes: int, codec: int = RAW, meta: int = 0) -> Header:
-        return make_header((DATA, self.job, self.dtype_code, self.opcode, self.reduce_op.code if self.reduce_op else 0,
-                            self.group, tag, self.seq, codec, meta, self.numel, count, nbytes))
-
 
 _new = tuple.__new__
 _PER_CALL = _OpFields._fields.index("seq")  # fields from 'seq' on change with every call

@@ -42,7 +42,6 @@ class Stage(NamedTuple):
 
 class Program(NamedTuple):
     stages: tuple[Stage, ...]
-    uses_work: bool
 
 
 def chunks(offset: int, count: int, chunk: int) -> list[tuple[int, int]]:
@@ -77,4 +76,4 @@ def compile_plan(plan: Plan, ranks: Sequence[int], chunk_elems: int, itemsize: i
         recvs, scratch = msgs(step.recvs, received, True)
         sends, _ = msgs(step.sends, sent, False)
         stages.append(Stage(step.copies, recvs, sends, scratch, early, bool(step.copies and step.sends)))
-    return Program(tuple(stages), plan.uses_work)
+    return Program(tuple(stages))

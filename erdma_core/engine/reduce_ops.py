@@ -63,9 +63,14 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, dtype: str) -> N
         ufunc(dst, src, out=dst)
 
 
+def needs_finish(op: ReduceOp) -> bool:
+    """``op`` has a once-per-result step (``finish``)."""
+    return op is ReduceOp.AVG
+
+
 def finish(buf: np.ndarray, op: ReduceOp, dtype: str, world: int) -> None:
     """Apply the once-per-result step of ``op`` (AVG's division by the world size)."""
-    if op is not ReduceOp.AVG:
+    if not needs_finish(op):
         return
     if dtype == "bfloat16":
         dtypes.f32_to_bf16(dtypes.bf16_to_f32(buf) / np.float32(world), buf)

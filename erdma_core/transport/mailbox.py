@@ -16,7 +16,7 @@ import numpy as np
 
 from ..engine import dtypes, ops, reduce_ops
 from ..errors import MismatchError, ProtocolError
-from .wire import P2P_GROUP_BIT, RAW, Header
+from .wire import OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
 
 
 def encoded_limit(raw_bytes: int) -> int:
@@ -101,9 +101,10 @@ def describe(h: Header) -> str:
 
 def check_match(rank: int, peer: int, expected: Header, got: Header) -> MismatchError | ProtocolError | None:
     """``expected``: the receive's header (raw: ``nbytes`` is its memory); ``got``: the arriving frame's."""
-    if got[2:5] == expected[2:5] and got[10:13] == expected[10:13] and got.codec == RAW:
-        return None  # the common case: dtype, opcode, redop, numel, count and nbytes agree, raw payload
-    if not (got[2:5] == expected[2:5] and got[10:12] == expected[10:12]):  # dtype, opcode, redop; numel, count
+    same_op = got[OP_FIELDS] == expected[OP_FIELDS] and got[SIZE_FIELDS] == expected[SIZE_FIELDS]
+    if same_op and got.nbytes == expected.nbytes and got.codec == RAW:
+        return None  # the common case: the same op and size, raw payload
+    if not same_op:
         op = ops.name_of(expected.opcode)
         return MismatchError(f"rank {rank}: {op} mismatch between ranks {rank} and {peer}: rank {rank} called "
                              f"{describe(expected)}, rank {peer} called {describe(got)}", rank=rank, op=op)

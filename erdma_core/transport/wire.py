@@ -116,6 +116,10 @@ class _Fields(NamedTuple):
     nbytes: int
 
 
+OP_FIELDS = slice(_Fields._fields.index("dtype"), _Fields._fields.index("redop") + 1)  # dtype, opcode, redop
+SIZE_FIELDS = slice(_Fields._fields.index("numel"), _Fields._fields.index("count") + 1)  # numel, count
+
+
 class Header(_Fields):
     """One frame header: a tuple, the cheapest Python object to build once per message and parse once per
     frame. Built with keywords (``make_header`` takes the fields in order, for the hot path). ``key``
