@@ -1,6 +1,6 @@
-"""Who runs a collective: a blocking call on the caller's own thread; async calls on the group's worker, in
-issue order; a collective issued from a completion callback on the worker runs there, instead of waiting
-for the worker forever (DDP's communication hooks, e.g. PowerSGD, do exactly this)."""
+"""Who runs a collective: a blocking call on the caller's own thread; async calls on the group's runner
+threads, one at a time in issue order; a completion callback may issue collectives and wait for them,
+even behind others queued before (DDP's communication hooks, e.g. PowerSGD, do exactly this)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,33 @@ def collective_in_a_callback(pg):
 def test_a_collective_issued_from_a_completion_callback_does_not_deadlock(erdma_world):
     """Before: the callback ran on the group's single worker thread and waited for that same thread."""
     for errors, a, b, c in erdma_world(3, {"timeouts.collective": 30.0}).run(collective_in_a_callback):
+        assert errors == [] and (a, b, c) == (3.0, 6.0, 9.0)
+
+
+def callback_behind_a_queued_collective(pg):
+    a, b, c = np.ones(1 << 20), np.ones(10) * 2, np.ones(10) * 3
+    done = threading.Event()
+    errors = []
+
+    def hook(_fut):
+        try:
+            pg.allreduce(c, async_op=True).wait()  # no timeout of its own: it must still end
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        done.set()
+
+    first = pg.allreduce(a, async_op=True)
+    first.get_future().add_done_callback(hook)
+    second = pg.allreduce(b, async_op=True)  # queued behind the first, ahead of the callback's
+    assert done.wait(30), "a callback waiting for a collective queued behind another deadlocked"
+    second.wait(30)
+    return errors, a[0], b[0], c[0]
+
+
+def test_a_callback_waits_for_a_collective_queued_behind_another(erdma_world):
+    """Before: the thread that finished the first collective ran its callback while the second waited for
+    that same thread, and the callback's collective waited for the second."""
+    for errors, a, b, c in erdma_world(3, {"timeouts.collective": 30.0}).run(callback_behind_a_queued_collective):
         assert errors == [] and (a, b, c) == (3.0, 6.0, 9.0)
 
 

@@ -85,3 +85,25 @@ def test_frames_too_big_for_the_socket_are_finished_by_the_waiter_in_order():
         progress.stop()
         theirs.close()
     assert bytes(got) == b"".join(h + p.tobytes() for h, p in zip(heads, payloads, strict=True))
+
+
+def test_a_send_that_fails_at_once_fails_its_request():
+    """The posting thread's own write finds the peer gone (EPIPE): the request fails with PeerLostError at
+    once. (It was left pending, so the collective waited out its whole timeout: seen as a rank that did not
+    answer in 1 of 4 runs of the SIGKILL test on three ranks.)"""
+    from erdma_core.errors import PeerLostError
+
+    progress, theirs = driver(0.0)
+    ch = progress.channels[0]
+    theirs.shutdown(socket.SHUT_RD)  # writing to it fails; nothing to read, so no other thread sees it end first
+    req = Request()
+    try:
+        progress.send(ch, b"h" * 60, memoryview(np.zeros(100, np.uint8)), req)
+        assert req.done() and isinstance(req.error, PeerLostError), req.error
+        assert "rank 1's connection closed: sending failed" in str(req.error)
+        later = Request()
+        progress.send(ch, b"h" * 60, memoryview(np.zeros(100, np.uint8)), later)
+        assert later.done() and isinstance(later.error, PeerLostError)
+    finally:
+        progress.stop()
+        theirs.close()

@@ -2,7 +2,7 @@
 
 Calls are validated in the caller's thread (bad input raises at once) and run in issue order (``Serial``): a
 blocking call on the caller's own thread when nothing is queued ahead of it, an ``async_op=True`` call on the
-group's worker thread, which returns the ``Work`` instead of waiting for it.
+group's runner threads, which returns the ``Work`` instead of waiting for it.
 """
 
 from __future__ import annotations

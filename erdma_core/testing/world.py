@@ -10,11 +10,13 @@ rank's outcome; every wait is bounded by ``timeout``.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +33,8 @@ class RankFailure(AssertionError):
 
 def _worker(rank: int, size: int, url: str, config: Mapping[str, Any] | None, conn: Any) -> None:
     import erdma_core
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # World._collect asks a silent rank where it is
 
     try:
         pg = erdma_core.init(dict(config or {}), rank=rank, world_size=size, init_method=url)
@@ -103,7 +107,10 @@ class World:
         for rank, conn in enumerate(self.conns):
             try:
                 if not conn.poll(timeout):
-                    errors[rank] = f"no answer within {timeout}s"
+                    errors[rank] = f"no answer within {timeout}s (its threads' stacks: stderr)"
+                    if self.procs[rank].is_alive():
+                        os.kill(self.procs[rank].pid, signal.SIGUSR1)
+                        time.sleep(0.5)
                     continue
                 status, value, tb = conn.recv()
             except (EOFError, OSError):

@@ -129,7 +129,9 @@ class Progress:
                 ch.watch_out = True
                 self._watch(ch, _READABLE | _WRITABLE)
         if failed is not None:
-            self._end(ch, failed)
+            error = self._end(ch, failed)
+            if req is not None:  # never queued: _end did not see it
+                req.complete(error)
         elif watch and self._driving:
             self._wake()  # a driver already polling does not watch this socket for writing yet
 
@@ -246,20 +248,23 @@ class Progress:
         except OSError as exc:
             self._end(ch, str(exc))
 
-    def _end(self, ch: Channel, why: str, cleanly: bool = False) -> None:
+    def _end(self, ch: Channel, why: str, cleanly: bool = False) -> BaseException:
+        """The connection to ``ch.peer`` is over: fail what waits to be sent on it. Returns the error."""
+        error = PeerLostError(f"rank {ch.peer}'s connection closed: {why}", peer=ch.peer)
         if ch.dead:
-            return
+            return error
         ch.dead = True
         try:
             self._poller.unregister(ch.fd)
         except (KeyError, ValueError):
             pass
-        error = self._lost(ch.peer, why, cleanly)
+        error = self._lost(ch.peer, why, cleanly) or error
         with ch.lock:
             queued, ch.out = list(ch.out), deque()
         for item in queued:
             if item.req is not None:
-                item.req.complete(error or PeerLostError(f"rank {ch.peer}'s connection closed", peer=ch.peer))
+                item.req.complete(error)
+        return error
 
     # ---- the background thread -------------------------------------------------------------------------
     def _run_background(self) -> None:
