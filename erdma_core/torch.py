@@ -29,15 +29,17 @@ from .api.join import init_with_store, load_config
 from .errors import CollectiveTimeoutError
 
 BACKEND = "erdma"
-_REDUCE = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
+DEVICES = ("cpu", "cuda")  # cuda tensors are staged through host memory when the transport cannot move them
+_REDUCE = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "BAND": "band",
+           "BOR": "bor", "BXOR": "bxor"}
 
 
 def _reduce_op(opts: Any) -> str:
-    for torch_name, ours in _REDUCE.items():
-        if opts.reduceOp == getattr(dist.ReduceOp, torch_name):
-            return ours
-    raise ValueError(f"ReduceOp {opts.reduceOp} is not supported by the erdma backend; "
-                     f"supported: {', '.join(_REDUCE)}")
+    red = opts.reduceOp
+    name = getattr(red, "op", red).name  # a ReduceOp object carries its RedOpType in .op
+    if name not in _REDUCE:
+        raise ValueError(f"ReduceOp.{name} is not supported by the erdma backend; supported: {', '.join(_REDUCE)}")
+    return _REDUCE[name]
 
 
 class TorchStore:
@@ -191,9 +193,21 @@ class ErdmaProcessGroup(dist.ProcessGroup):
             conf = load_config(None, **{"timeouts.collective": timeout.total_seconds()})
         self.pg = init_with_store(TorchStore(store, os.environ.get("MASTER_ADDR")), rank, size, conf)
         self._local = threading.local()  # the staging of the op being issued on this thread
+        for device in DEVICES:  # torch keeps no backends for a Python group: name the devices it serves
+            self._register_backend(torch.device(device), dist.ProcessGroup.BackendType.CUSTOM, None)
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _get_backend(self, device: torch.device) -> ErdmaProcessGroup:
+        """This group is its own backend for every device it serves (torch's callers, such as DCP's
+        ``async_save`` and ``_set_pg_timeout``, ask for the CPU one)."""
+        if torch.device(device).type not in DEVICES:
+            raise RuntimeError(f"the erdma backend serves devices {', '.join(DEVICES)}, not {device}")
+        return self
+
+    # What torch asks of a backend object before using features erdma does not offer.
+    supports_splitting = supports_coalescing = supports_time_estimate = supports_shrinking = False
 
     # torch keeps a group's name in its backends; this ProcessGroup has none (it is its own backend), so
     # the name torch gives it lives here (``destroy_process_group(subgroup)`` reads it back).
@@ -309,7 +323,7 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Er
 def register() -> None:
     """Register the "erdma" backend with torch.distributed (idempotent)."""
     if BACKEND not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(BACKEND, _create, devices=list(DEVICES))
 
 
 register()

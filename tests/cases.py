@@ -9,7 +9,8 @@ import numpy as np
 
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
-OPS = ["sum", "prod", "min", "max", "avg"]
+OPS = ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
+BITWISE = {"band", "bor", "bxor"}
 SIZES = [1, 7, 5003]
 
 
@@ -53,8 +54,11 @@ def reduce_ref(inputs: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
     """The reduction of exact values, then stored in ``dtype`` (ints wrap as the dtype does)."""
     stack = np.stack(inputs)
     if dtype == "bool":
-        out = {"sum": stack.any(0), "prod": stack.all(0), "min": stack.all(0), "max": stack.any(0)}[op]
-        return out
+        return {"sum": stack.any(0), "prod": stack.all(0), "min": stack.all(0), "max": stack.any(0),
+                "band": stack.all(0), "bor": stack.any(0), "bxor": stack.sum(0) % 2 == 1}[op]
+    if op in BITWISE:  # on int64 values: the low bits of a bitwise result are the bitwise result of low bits
+        ufunc = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+        return ufunc.reduce(stack.astype(np.int64), axis=0).astype(storage(dtype))
     if op in ("sum", "avg"):
         exact = stack.sum(0)
     elif op == "prod":
@@ -67,8 +71,16 @@ def reduce_ref(inputs: list[np.ndarray], op: str, dtype: str) -> np.ndarray:
     return result
 
 
+def applies(op: str, dtype: str) -> bool:
+    """Whether ``op`` is defined on ``dtype`` (no AVG of booleans, no bitwise ops on floating point)."""
+    return not ((op == "avg" and dtype == "bool") or (op in BITWISE and dtype in FLOATS))
+
+
 def avg_ref(summed: np.ndarray, dtype: str, world: int) -> np.ndarray:
-    """AVG's contract: the sum in ``dtype``, divided once by the world size, rounded to ``dtype``."""
+    """AVG's contract: the sum in ``dtype``, divided once by the world size, rounded to ``dtype``; integers
+    truncate toward zero (as NCCL's integer average does), computed here one Python int at a time."""
+    if dtype not in FLOATS:
+        return np.array([int(v) // world if v >= 0 else -(-int(v) // world) for v in summed], summed.dtype)
     if dtype == "bfloat16":
         import torch
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cases import DTYPES, FLOATS, OPS, SIZES, decode, digest, make, reduce_ref, same, storage
+from cases import DTYPES, OPS, SIZES, applies, decode, digest, make, reduce_ref, same, storage
 
 WORLDS = [2, 3, 4, 8]
 CONFIG = {"collectives.chunk_bytes": 4096, "timeouts.collective": 60.0}  # small chunks: exercise splitting
@@ -16,7 +16,7 @@ def allreduce_cases(pg, algorithm):
     p, bad, digests = pg.size(), [], []
     for dtype in DTYPES:
         for op in OPS:
-            if op == "avg" and dtype not in FLOATS:
+            if not applies(op, dtype):
                 continue
             for n in SIZES:
                 arr = make(pg.rank(), n, dtype, op)
@@ -59,7 +59,7 @@ def rooted_cases(pg):
                 pg.broadcast(_wrap(arr, dtype), src=root)
                 if not same(arr, make(root, n, dtype)):
                     bad.append(f"broadcast {dtype} root={root} n={n}")
-                for op in ("sum", "max", "prod"):
+                for op in [o for o in ("sum", "max", "prod", "bor") if applies(o, dtype)]:
                     arr = make(r, n, dtype, op)
                     before = arr.copy()
                     pg.reduce(_wrap(arr, dtype), dst=root, op=op)
@@ -93,7 +93,7 @@ def gather_like_cases(pg):
             pg.allgather([_wrap(x, dtype) for x in parts], _wrap(make(r, n, dtype), dtype))
             if not same(np.concatenate(parts), want):
                 bad.append(f"allgather(list) {dtype} n={n}")
-            for op in ("sum", "min", "prod"):
+            for op in [o for o in ("sum", "min", "prod", "avg", "bxor") if applies(o, dtype)]:
                 out = np.zeros(n, st)
                 pg.reduce_scatter(_wrap(out, dtype), _wrap(make(r, n * p, dtype, op), dtype), op=op)
                 full = reduce_ref([decode(make(q, n * p, dtype, op), dtype) for q in range(p)], op, dtype)

@@ -157,7 +157,7 @@ def test_handshake_same_job_connects(tmp_path):
 def bad_inputs(pg):
     errors = []
     checks = [
-        lambda: pg.allreduce(np.ones(3, np.int32), op="avg"),
+        lambda: pg.allreduce(np.ones(3, np.bool_), op="avg"),
         lambda: pg.allreduce(np.ones(3, np.complex64)),
         lambda: pg.allreduce(np.ones(3, np.float32), op="median"),
         lambda: pg.allreduce(np.frombuffer(b"\0" * 12, np.float32)),
@@ -167,6 +167,7 @@ def bad_inputs(pg):
         lambda: pg.alltoall(np.zeros(4), np.zeros(4), input_split_sizes=[1, 2]),
         lambda: pg.allreduce("not a tensor"),
         lambda: pg.allreduce(np.ones(3, np.float32), algorithm="rnig"),
+        lambda: pg.reduce_scatter(np.ones(1, np.float16), np.ones(1, np.float16), op="bxor"),
     ]
     for check in checks:
         try:
@@ -179,9 +180,10 @@ def bad_inputs(pg):
 
 def test_bad_input_errors_name_the_problem(erdma_world):
     errs = erdma_world(1).run(bad_inputs)[0]
-    assert errs[0] == ("TypeError", "ReduceOp.AVG needs a floating dtype, got int32")
+    assert errs[0] == ("TypeError", "ReduceOp.AVG needs a numeric dtype, got bool")
     assert errs[1][0] == "TypeError" and "unsupported dtype 'complex64'" in errs[1][1] and "bfloat16" in errs[1][1]
-    assert errs[2] == ("ValueError", "unknown reduce op 'median'; valid choices: SUM, PROD, MIN, MAX, AVG")
+    assert errs[2] == ("ValueError", "unknown reduce op 'median'; valid choices: SUM, PROD, MIN, MAX, AVG, BAND, BOR, "
+                                   "BXOR")
     assert errs[3][0] == "ValueError" and "read-only" in errs[3][1]
     assert errs[4] == ("ValueError", "src=5 is not a rank of this group (size 1)")
     assert errs[5][0] == "ValueError" and "output has 5 elements; world size 1 x input 3 = 3" in errs[5][1]
@@ -190,3 +192,5 @@ def test_bad_input_errors_name_the_problem(erdma_world):
     assert errs[8][0] == "TypeError" and "got str" in errs[8][1]
     assert errs[9][0] == "PluginError" and "Unknown allreduce algorithm 'rnig'" in errs[9][1] \
         and "did you mean 'ring'" in errs[9][1]
+    assert errs[10] == ("TypeError", "ReduceOp.BXOR needs an integer or bool dtype (int8, int16, int32, int64, uint8, "
+                                     "bool), got float16")

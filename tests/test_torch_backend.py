@@ -9,29 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from launchers import GLOO_TEARDOWN_ABORT, erdma_run, gloo_reference, torchrun, train
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def erdma_run(n, *cmd, timeout=300):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
-    return subprocess.run([sys.executable, "-m", "erdma_core.cli", "run", "-n", str(n), "--", sys.executable, *cmd],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-
-
-GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
-def gloo_reference(n, *cmd):
-    """The Gloo reference run. torch 2.13's Gloo sometimes aborts a rank while tearing down, after training
-    and saving (measured on this machine: 1-3 runs in 10, with or without a barrier before
-    destroy_process_group; never in the eRDMA runs). Only that exact abort, after the result file was written,
-    earns one more try; eRDMA runs are never retried."""
-    r = erdma_run(n, *cmd)
-    if r.returncode != 0 and GLOO_TEARDOWN_ABORT in r.stderr and "steps/s=" in r.stdout:
-        r = erdma_run(n, *cmd)
-    return r
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -68,33 +49,17 @@ def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
         assert torch.equal(params["gloo"][key], params["erdma"][key]), key
 
 
-def torchrun(n, *cmd, timeout=300):
-    from erdma_core.cli.launcher import free_port
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-                           "--master-port", str(free_port()), *cmd], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 # Four ranks: a gradient element is a sum of four floats, and Gloo and eRDMA add them in different orders
 # (ring/halving-doubling segments start at different ranks), so single steps differ by an ulp or so and
 # 200 SGD steps with momentum carry that forward. The stated tolerance: every parameter within
 # rtol=1e-4, atol=1e-5 of Gloo's (measured largest difference: see the issue note), and training identical
 # whichever launcher starts eRDMA.
 def test_ddp_on_four_ranks_matches_gloo_under_both_launchers(tmp_path):
-    script = str(ROOT / "examples" / "train_ddp.py")
-    runs = {
-        "gloo": lambda out: gloo_reference(4, script, "--backend", "gloo", "--steps", "200", "--out", out),
-        "erdma-run": lambda out: erdma_run(4, script, "--backend", "erdma", "--steps", "200", "--out", out),
-        "erdma-torchrun": lambda out: torchrun(4, script, "--backend", "erdma", "--steps", "200", "--out", out),
-    }
-    params = {}
-    for name, launch in runs.items():
-        out = tmp_path / f"{name}.pt"
-        r = launch(str(out))
-        assert r.returncode == 0, (name, r.stderr[-3000:])
-        params[name] = torch.load(out)
+    params = train(tmp_path, 4, {
+        "gloo": (gloo_reference, ["--backend", "gloo", "--steps", "200"]),
+        "erdma-run": (erdma_run, ["--backend", "erdma", "--steps", "200"]),
+        "erdma-torchrun": (torchrun, ["--backend", "erdma", "--steps", "200"]),
+    })
     for key, ref in params["gloo"].items():
         torch.testing.assert_close(params["erdma-run"][key], ref, rtol=1e-4, atol=1e-5)
         assert torch.equal(params["erdma-run"][key], params["erdma-torchrun"][key]), key

@@ -30,7 +30,8 @@ def test_codes():
         "alltoall": 8, "barrier": 9, "send": 10}
     assert COLLECTIVES == ("allreduce", "broadcast", "reduce", "allgather", "gather", "scatter", "reduce_scatter",
                            "alltoall", "barrier")
-    assert {op.name: op.code for op in ReduceOp} == {"SUM": 1, "PROD": 2, "MIN": 3, "MAX": 4, "AVG": 5}
+    assert {op.name: op.code for op in ReduceOp} == {"SUM": 1, "PROD": 2, "MIN": 3, "MAX": 4, "AVG": 5, "BAND": 6,
+                                                     "BOR": 7, "BXOR": 8}
     assert {n: dtypes.code_of(n) for n in dtypes.NAMES} == {
         "float16": 1, "bfloat16": 2, "float32": 3, "float64": 4, "int8": 5, "int16": 6, "int32": 7, "int64": 8,
         "uint8": 9, "bool": 10}

@@ -15,6 +15,9 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
     AVG = "avg"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash is a Python call per lookup
 
@@ -24,7 +27,8 @@ class ReduceOp(enum.Enum):
         return _CODES[self]
 
 
-_CODES = {ReduceOp.SUM: 1, ReduceOp.PROD: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4, ReduceOp.AVG: 5}
+_CODES = {ReduceOp.SUM: 1, ReduceOp.PROD: 2, ReduceOp.MIN: 3, ReduceOp.MAX: 4, ReduceOp.AVG: 5, ReduceOp.BAND: 6,
+          ReduceOp.BOR: 7, ReduceOp.BXOR: 8}
 NAMES = {code: op.name for op, code in _CODES.items()}
 
 
@@ -34,7 +38,11 @@ _UFUNC = {
     ReduceOp.PROD: np.multiply,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
+BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 
 
 def parse(op: ReduceOp | str) -> ReduceOp:
@@ -48,8 +56,12 @@ def parse(op: ReduceOp | str) -> ReduceOp:
 
 
 def check(op: ReduceOp, dtype: str) -> None:
-    if op is ReduceOp.AVG and dtype not in dtypes.FLOATING:
-        raise TypeError(f"ReduceOp.AVG needs a floating dtype, got {dtype}")
+    """Refuse a pairing with no meaning: AVG of booleans, bitwise ops on floating point."""
+    if op is ReduceOp.AVG and dtype == "bool":
+        raise TypeError("ReduceOp.AVG needs a numeric dtype, got bool")
+    if op in BITWISE and dtype in dtypes.FLOATING:
+        ints = ", ".join(n for n in dtypes.NAMES if n not in dtypes.FLOATING)
+        raise TypeError(f"ReduceOp.{op.name} needs an integer or bool dtype ({ints}), got {dtype}")
 
 
 def reduce_into(dst: np.ndarray, src: np.ndarray, op: ReduceOp, dtype: str) -> None:
@@ -69,10 +81,14 @@ def needs_finish(op: ReduceOp) -> bool:
 
 
 def finish(buf: np.ndarray, op: ReduceOp, dtype: str, world: int) -> None:
-    """Apply the once-per-result step of ``op`` (AVG's division by the world size)."""
+    """Apply the once-per-result step of ``op``: AVG divides the sum (in ``dtype``) by the world size once,
+    rounding floats to ``dtype`` and truncating integers toward zero, as NCCL's integer average does."""
     if not needs_finish(op):
         return
     if dtype == "bfloat16":
         dtypes.f32_to_bf16(dtypes.bf16_to_f32(buf) / np.float32(world), buf)
-    else:
+    elif dtype in dtypes.FLOATING:
         np.true_divide(buf, world, out=buf, casting="unsafe")
+    else:  # exact: the nearest multiple of world toward zero, divided (no float rounding of large int64)
+        n = buf.dtype.type(world)
+        np.floor_divide(buf - np.fmod(buf, n), n, out=buf)
