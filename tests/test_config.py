@@ -101,6 +101,12 @@ def test_bad_file_values(tmp_path, toml, message):
     ("ERDMA_TIMEOUT", "abc", "config key 'timeouts.collective': value 'abc' is not a valid float"),
     ("ERDMA_TRANSPORT_TCP_NODELAY", "maybe", "value 'maybe' is not a boolean; valid: true, false, 1, 0"),
     ("ERDMA_TRANSPORT", "dpdk", "valid choices: tcp; it is provided by `pip install erdma-dpdk`"),
+    ("ERDMA_TIMEOUT", "nan", "config key 'timeouts.collective': value nan is not a finite number"),
+    ("ERDMA_TIMEOUTS_CONNECT", "inf", "config key 'timeouts.connect': value inf is not a finite number"),
+    ("ERDMA_TIMEOUT", "1e300", "config key 'timeouts.collective': value 1e+300 is above the maximum 604800.0"),
+    ("ERDMA_TRANSPORT_TCP_PORT", "70000", "config key 'transport.tcp.port': value 70000 is above the maximum 65535"),
+    ("ERDMA_TRANSPORT_TCP_SOCKET_BUFFER_BYTES", "99999999999",
+     "config key 'transport.tcp.socket_buffer_bytes': value 99999999999 is above the maximum 1073741824"),
     ("ERDMA_TRANSPROT", "tcp", "environment variable ERDMA_TRANSPROT='tcp' is not a config key and no installed "
                                "plugin declares it; config keys follow ERDMA_<SECTION>_<KEY> (did you mean "
                                "'ERDMA_TRANSPORT'?)"),
@@ -180,3 +186,17 @@ def test_bad_values_name_where_they_came_from(tmp_path, monkeypatch):
         load_config()
     assert str(info.value).startswith("environment variable ERDMA_TRANSPORT_TCP_PORT: config key "
                                       "'transport.tcp.port': value -3 is below the minimum 0")
+
+
+@pytest.mark.parametrize("value,message", [
+    ("999.1.1.1", "config key 'transport.tcp.bind_address': value '999.1.1.1' does not resolve to an IPv4 address"),
+    ("192.0.2.7", "config key 'transport.tcp.bind_address': value '192.0.2.7' (192.0.2.7) is not an address of this "
+                  "host (Cannot assign requested address)"),
+])
+def test_a_bind_address_must_resolve_to_an_address_of_this_host(value, message):
+    from erdma_core.transport.addresses import choose
+
+    with pytest.raises(ConfigError) as info:
+        choose(value, "", None)
+    assert str(info.value).startswith(message)
+    assert choose("127.0.0.1", "", None) == ("127.0.0.1", "127.0.0.1")

@@ -119,6 +119,13 @@ def test_selected_component_that_fails_is_a_hard_error(fake_site):
             "cannot open shared object file") in r.stderr
 
 
+def test_an_allow_list_naming_no_installed_plugin_is_an_error(fake_site):
+    r = py(fake_site, 'from erdma_core.plugins import components; components()', ERDMA_PLUGINS="fake,fkae")
+    assert r.returncode != 0
+    assert "PluginError: ERDMA_PLUGINS='fake,fkae' names 'fkae', which no installed plugin is; installed plugins: " \
+        "broken, " in r.stderr and "(did you mean 'fake'?)" in r.stderr
+
+
 def test_allow_list_block_list_and_trace(fake_site):
     r = py(fake_site, 'from erdma_core.plugins import components; print(sorted(p.name for p in components().plugins))',
            ERDMA_PLUGINS="fake")

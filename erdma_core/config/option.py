@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ class Option:
     doc: str
     choices: Sequence[Any] | Callable[[], Sequence[Any]] | None = None
     minimum: float | None = None
+    maximum: float | None = None
     hint: Callable[[str], str] | None = None  # extra advice for a bad value (e.g. which pip install)
 
     def valid_choices(self) -> list[Any] | None:
@@ -40,8 +42,12 @@ class Option:
             raise ConfigError(
                 f"config key {key!r}: value {value!r} is a {type(value).__name__}, expected {self.type.__name__}"
             )
+        if self.type is float and not math.isfinite(value):
+            raise ConfigError(f"config key {key!r}: value {value!r} is not a finite number")
         if self.minimum is not None and value < self.minimum:
             raise ConfigError(f"config key {key!r}: value {value!r} is below the minimum {self.minimum!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"config key {key!r}: value {value!r} is above the maximum {self.maximum!r}")
         choices = self.valid_choices()
         if choices is not None and value not in choices:
             raise ConfigError(

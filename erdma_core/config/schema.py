@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from .option import Option
 
+MAX_TIMEOUT = 7 * 24 * 3600.0  # a week: longer waits are a mistake (and overflow the clocks they are added to)
+
 
 def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]]) -> dict[str, dict[str, Option]]:
     """Return ``{section: {key: Option}}`` for the core, with choices drawn from what is registered."""
@@ -40,8 +42,10 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
         },
         "collectives": collectives,
         "timeouts": {
-            "collective": Option(float, 300.0, "seconds any blocking collective may take", minimum=0.001),
-            "connect": Option(float, 60.0, "seconds for discovery and connection set-up", minimum=0.001),
+            "collective": Option(float, 300.0, "seconds any blocking collective may take", minimum=0.001,
+                                 maximum=MAX_TIMEOUT),
+            "connect": Option(float, 60.0, "seconds for discovery and connection set-up", minimum=0.001,
+                              maximum=MAX_TIMEOUT),
         },
         "security": {
             "job_token": Option(str, "", "shared secret; peers presenting another token are rejected "

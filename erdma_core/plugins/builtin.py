@@ -22,13 +22,14 @@ TCP_OPTIONS = {
     "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the discovery "
                            "host (127.0.0.1 on loopback)"),
     "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
-    "port": Option(int, 0, "port to listen on; 0 picks a free one", minimum=0),
+    "port": Option(int, 0, "port to listen on; 0 picks a free one", minimum=0, maximum=65535),
     "nodelay": Option(bool, True, "set TCP_NODELAY"),
     "keepalive": Option(bool, True, "set SO_KEEPALIVE (10 s idle, 3 probes 5 s apart)"),
-    "socket_buffer_bytes": Option(int, 4 << 20, "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's", minimum=0),
+    "socket_buffer_bytes": Option(int, 4 << 20, "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's", minimum=0,
+                                  maximum=1 << 30),
     "spin_us": Option(int, 200, "microseconds a rank waiting for a message polls its sockets (yielding the core "
                       "between polls) before it sleeps; a sleeping rank is woken by the kernel, which costs more "
-                      "than a small message; 0: sleep at once", minimum=0),
+                      "than a small message; 0: sleep at once", minimum=0, maximum=1_000_000),
     "local_sockets": Option(bool, True, "ranks on the same host and network namespace connect over a Unix-domain "
                             "socket instead of TCP"),
 }

@@ -162,6 +162,11 @@ def build_plugin_manager() -> Components:
 
     ExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)  # stevedore's, filled once per process
     names = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    unknown = sorted((allow or set()) - set(names))  # a plugin asked for and missing (disabling one is harmless)
+    if unknown:
+        raise PluginError(f"ERDMA_PLUGINS={os.environ['ERDMA_PLUGINS']!r} names {', '.join(map(repr, unknown))}, which "
+                          f"no installed plugin is; installed plugins: {', '.join(names) or 'none'}"
+                          + did_you_mean(unknown[0], names))
     wanted = [n for n in names if (allow is None or n in allow) and n not in deny]
     for skipped in sorted(set(names) - set(wanted)):
         log.info("erdma plugin %r skipped by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS", skipped)

@@ -37,13 +37,30 @@ def route_source(towards: str) -> str:
         return "127.0.0.1"
 
 
+def local_address(host: str) -> str:
+    """``host`` (the value of ``transport.tcp.bind_address``), checked: it resolves to an IPv4 address of this
+    host. Returns it unchanged."""
+    key = f"config key 'transport.tcp.bind_address': value {host!r}"
+    try:
+        addr = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"{key} does not resolve to an IPv4 address ({exc})") from None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((addr, 0))
+        except OSError as exc:
+            raise ConfigError(f"{key} ({addr}) is not an address of this host ({exc.strerror}); leave it empty "
+                              "for the address that routes to the discovery host") from None
+    return host
+
+
 def choose(bind_address: str, interface: str, towards: str | None) -> tuple[str, str]:
     """Return ``(bind host, advertised host)`` from the config and the discovery host."""
     if interface:
         host = interface_ipv4(interface)
         return host, host
     if bind_address and bind_address not in ("0.0.0.0", "::"):
-        return bind_address, bind_address
+        return local_address(bind_address), bind_address
     advertised = route_source(towards) if towards else "127.0.0.1"
     return (bind_address or advertised), advertised
 

@@ -16,7 +16,7 @@ CONGESTION = ("bbr", "cubic", "reno")
 OPTIONS = {
     "bind_address": Option(str, "", "address to listen on; empty: the address that routes to the discovery host"),
     "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
-    "port": Option(int, 0, "UDP port; 0 picks a free one", minimum=0),
+    "port": Option(int, 0, "UDP port; 0 picks a free one", minimum=0, maximum=65535),
     "ca_cert": Option(str, "", "cluster CA certificate (PEM) made by `erdma keys init`; empty: "
                       "$ERDMA_KEYS_DIR or ~/.config/erdma/keys/ca.pem when present"),
     "ca_key": Option(str, "", "the CA's private key; every rank signs its own certificate with it"),
