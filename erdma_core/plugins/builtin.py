@@ -92,7 +92,7 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
 PS_OPTIONS = {"servers": Option(int, 1, "how many ranks serve shards (rank i serves shard i)", minimum=1)}
 ENVIRONMENT = {
     "ERDMA_CONFIG": "path of the config file (default: ./erdma.toml when present)",
-    "ERDMA_PLUGINS": "comma list: load only these external plugins",
+    "ERDMA_PLUGINS": "comma list: load only these external plugins (a name no installed plugin has is an error)",
     "ERDMA_DISABLE_PLUGINS": "comma list: do not load these plugins",
     "ERDMA_TRACE_PLUGINS": "1: log every hook call to stderr",
 }
