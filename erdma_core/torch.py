@@ -200,8 +200,8 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         return BACKEND
 
     def _get_backend(self, device: torch.device) -> ErdmaProcessGroup:
-        """This group is its own backend for every device it serves (torch's callers, such as DCP's
-        ``async_save`` and ``_set_pg_timeout``, ask for the CPU one)."""
+        """This group is its own backend for every device it serves (DCP's ``async_save`` checks that the
+        group serves "cpu"; torch's helpers such as ``_set_pg_timeout`` then ask for that device's backend)."""
         if torch.device(device).type not in DEVICES:
             raise RuntimeError(f"the erdma backend serves devices {', '.join(DEVICES)}, not {device}")
         return self
