@@ -11,6 +11,7 @@ from .api.work import Work
 from .engine.reduce_ops import ReduceOp
 from .errors import (
     AbortedError,
+    AuthenticationError,
     CollectiveError,
     CollectiveTimeoutError,
     ConfigError,
@@ -24,7 +25,7 @@ from .plugins.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 __all__ = [
-    "AbortedError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError", "MismatchError",
-    "PeerLostError", "PluginError", "ProcessGroup", "ProtocolError", "ReduceOp", "Work", "default_group",
+    "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
+    "MismatchError", "PeerLostError", "PluginError", "ProcessGroup", "ProtocolError", "ReduceOp", "Work", "default_group",
     "hookimpl", "init", "load_config", "new_group",
 ]

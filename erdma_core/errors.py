@@ -53,3 +53,8 @@ class ProtocolError(ErdmaError):
 
 class AbortedError(CollectiveError):
     """The process group was aborted by an earlier failure; the message carries the first cause."""
+
+
+class AuthenticationError(ErdmaError):
+    """A peer or the store could not prove it knows the job's secret (``security.secret``), or this rank could
+    not prove it to them: most often the ranks were started with different secrets."""

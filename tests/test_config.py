@@ -70,7 +70,8 @@ def test_every_key_has_a_unique_env_name():
     ("ERDMA_COMPRESSION", "none", "compression.name", "none"),
     ("ERDMA_TIMEOUT", "7", "timeouts.collective", 7.0),
     ("ERDMA_TRANSPORT_TCP_KEEPALIVE", "off", "transport.tcp.keepalive", False),
-    ("ERDMA_SECURITY_JOB_TOKEN", "s3cret", "security.job_token", "s3cret"),
+    ("ERDMA_SECURITY_SECRET", "s3cret", "security.secret", "s3cret"),
+    ("ERDMA_SECRET", "s3cret", "security.secret", "s3cret"),
 ])
 def test_env_overrides(monkeypatch, var, value, key, expected):
     monkeypatch.setenv(var, value)

@@ -15,10 +15,10 @@ import pytest
 
 from erdma_core import (
     AbortedError,
+    AuthenticationError,
     CollectiveTimeoutError,
     MismatchError,
     PeerLostError,
-    ProtocolError,
 )
 
 SLOW_TIMEOUT = {"timeouts.collective": 60.0}
@@ -138,8 +138,10 @@ def test_handshake_rejects_another_job(tmp_path):
         t.start()
     for t in threads:
         t.join(20)
-    assert isinstance(results[1], ProtocolError) and "rejected the connection" in str(results[1])
+    assert isinstance(results[1], AuthenticationError)
+    assert "rank 0 refused the connection: it belongs to another job" in str(results[1])
     assert isinstance(results[0], CollectiveTimeoutError) and "ranks [1] did not connect" in str(results[0])
+    assert "claimed rank 1: it belongs to another job" in str(results[0])
 
 
 def test_handshake_same_job_connects(tmp_path):

@@ -4,6 +4,7 @@ up traversal and transport, and returns the default ``ProcessGroup``."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 from collections.abc import Mapping
@@ -15,8 +16,9 @@ import attrs
 from .. import config as cfg
 from ..engine.codecs import Codecs
 from ..engine.runtime import Runtime
-from ..errors import ConfigError, ErdmaError
+from ..errors import AuthenticationError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
+from ..transport import auth
 from ..transport.base import TransportContext
 from .process_group import ProcessGroup
 
@@ -80,7 +82,9 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     comps = components()
     connect_timeout = conf["timeouts.connect"]
     try:
-        job = _agree_job(store, rank, world_size, conf["security.job_token"], connect_timeout)
+        secret = conf["security.secret"].encode()
+        auth.require(secret, conf["security.require_secret"])
+        job = _agree_job(store, rank, world_size, secret, connect_timeout)
         traversal = comps.create("traversal", conf["traversal.name"], conf, conf.section(
             f"traversal.{conf['traversal.name']}"))
         name = conf["transport.name"]
@@ -89,7 +93,9 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         udp = getattr(traversal, "udp_socket", None)
         transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
                                            connect_timeout=connect_timeout, advertise=traversal.advertise,
-                                           udp_socket=udp() if callable(udp) else None))
+                                           udp_socket=udp() if callable(udp) else None, secret=secret,
+                                           max_early_bytes=conf["security.max_early_bytes"]))
+        _check_unique(store, job, rank)
     except BaseException:
         store.close()
         raise
@@ -120,20 +126,45 @@ def _codecs(comps: Components, conf: cfg.Config) -> Codecs:
     return Codecs(sender, conf["compression.min_bytes"], lookup)
 
 
-def _agree_job(store: Any, rank: int, world_size: int, token: str, timeout: float) -> int:
-    """All ranks agree on a 64-bit job id and on the world size, through the store."""
-    if token:
-        job = int.from_bytes(hashlib.sha256(token.encode()).digest()[:8], "little")
-    else:
-        job = secrets.randbits(64)
+def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: float) -> int:
+    """All ranks agree on a 64-bit job id (rank 0 draws it) and on the world size, through the store. Rank 0
+    signs what it publishes with the secret, so that a rank started with another secret says so even over a
+    store that does not authenticate (torch's, a shared folder)."""
     if rank == 0:
-        store.set("erdma/job", f"{job}:{world_size}".encode())
-    got_job, got_world = (int(x) for x in store.get("erdma/job", timeout).decode().split(":"))
-    if got_world != world_size:
-        raise ErdmaError(f"rank {rank}: world_size {world_size} disagrees with rank 0's {got_world}")
-    if token and got_job != job:
-        raise ErdmaError(f"rank {rank}: security.job_token differs from rank 0's; refusing to join")
-    return got_job
+        job = secrets.randbits(64)
+        store.set("erdma/job", f"{job}:{world_size}:{_sign(secret, job, world_size)}".encode())
+    raw = store.get("erdma/job", timeout).decode()
+    try:
+        got_job, got_world, mac = raw.split(":")
+        job, got = int(got_job), int(got_world)
+    except ValueError:
+        raise ErdmaError(f"rank {rank}: the store's erdma/job entry {raw[:80]!r} is not rank 0's") from None
+    if not hmac.compare_digest(mac, _sign(secret, job, got)):
+        raise AuthenticationError(f"rank {rank}: rank 0's job entry is not signed with this rank's security.secret "
+                                  "(the ranks were started with different secrets)")
+    if got != world_size:
+        raise ConfigError(f"rank {rank}: world_size {world_size} disagrees with rank 0's {got}")
+    if store.add(_joined(job, rank), 1) > 1:  # per job id: a store used again for a new job starts afresh
+        raise ConfigError(_duplicate(rank))
+    return job
+
+
+def _joined(job: int, rank: int) -> str:
+    return f"erdma/joined/{job:016x}/{rank}"
+
+
+def _sign(secret: bytes, job: int, world: int) -> str:
+    return hmac.new(secret, f"erdma job {job}:{world}".encode(), hashlib.sha256).hexdigest()
+
+
+def _duplicate(rank: int) -> str:
+    return f"rank {rank}: another process already joined this job as rank {rank} (duplicate rank)"
+
+
+def _check_unique(store: Any, job: int, rank: int) -> None:
+    """After set-up: a second process that joined with this rank meanwhile makes the first one fail too."""
+    if store.add(_joined(job, rank), 0) > 1:
+        raise ConfigError(_duplicate(rank))
 
 
 def default_group() -> ProcessGroup:

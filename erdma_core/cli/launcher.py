@@ -1,10 +1,12 @@
-"""``erdma run``: start N local ranks with the env:// variables torchrun sets; one failing rank ends all."""
+"""``erdma run``: start N local ranks with the env:// variables torchrun sets, and a secret for the job
+(``ERDMA_SECRET``, unless one is set); one failing rank ends all."""
 
 from __future__ import annotations
 
 import codecs
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -54,6 +56,10 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
             "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "PYTHONUNBUFFERED": "1"}
     if config:
         base["ERDMA_CONFIG"] = os.path.abspath(config)
+    if not base.get("ERDMA_SECRET") and not base.get("ERDMA_SECURITY_SECRET"):
+        # a secret per job, known only to its ranks: every connection they accept must prove it (a secret
+        # set in the config file is overridden: the ranks are all started here, with this one)
+        base["ERDMA_SECRET"] = secrets.token_hex(32)
     if nprocs > 1 and "OMP_NUM_THREADS" not in base:
         # as torchrun does: N ranks each running a full-width intra-op pool oversubscribe the cores
         base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))

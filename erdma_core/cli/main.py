@@ -92,8 +92,8 @@ def _config_show(args: argparse.Namespace) -> int:
 
     conf = load_config(args.config)
     width = max(len(k) for k, _, _ in conf.items())
-    for key, value, source in conf.items():
-        print(f"{key:<{width}} = {value!r:<24} # {source}")
+    for key, _, source in conf.items():
+        print(f"{key:<{width}} = {conf.shown(key):<24} # {source}")
     return 0
 
 

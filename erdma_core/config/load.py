@@ -28,6 +28,7 @@ SHORTHANDS = {
     "ERDMA_TRAVERSAL": "traversal.name",
     "ERDMA_TIMEOUT": "timeouts.collective",
     "ERDMA_INIT_METHOD": "discovery.init_method",
+    "ERDMA_SECRET": "security.secret",
 }
 DEFAULT_FILE = "erdma.toml"
 log = logging.getLogger("erdma.config")
@@ -57,6 +58,13 @@ class Config:
     def section(self, name: str) -> dict[str, Any]:
         prefix = name + "."
         return {k[len(prefix):]: v for k, v in self._values.items() if k.startswith(prefix) and "." not in k[len(prefix):]}
+
+    def shown(self, key: str) -> str:
+        """How ``key``'s value is printed: a secret option's value is never shown, only whether it is set."""
+        section, _, name = key.rpartition(".")
+        opt = self.schema.get(section, {}).get(name)
+        value = self._values[key]
+        return ("'<set>'" if value else "''") if opt is not None and opt.secret else repr(value)
 
     def items(self) -> list[tuple[str, Any, str]]:
         return [(k, self._values[k], self.sources[k]) for k in sorted(self._values)]

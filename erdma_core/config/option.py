@@ -26,6 +26,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     hint: Callable[[str], str] | None = None  # extra advice for a bad value (e.g. which pip install)
+    secret: bool = False  # never printed (``erdma config show`` says only whether it is set)
 
     def valid_choices(self) -> list[Any] | None:
         if self.choices is None:

@@ -48,7 +48,13 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                               maximum=MAX_TIMEOUT),
         },
         "security": {
-            "job_token": Option(str, "", "shared secret; peers presenting another token are rejected "
-                                "(empty: a random id chosen by rank 0 per job)"),
+            "secret": Option(str, "", "the job's shared secret: every connection a rank accepts (store and "
+                             "transport) must prove it knows it; the same on every rank (`erdma run` makes one "
+                             "per job). Empty: connections prove nothing, and a rank listening on a non-loopback "
+                             "address warns", secret=True),
+            "require_secret": Option(bool, False, "refuse to start without security.secret"),
+            "max_early_bytes": Option(int, 1 << 30, "bytes a rank holds per peer for messages that arrived "
+                                      "before their receive was posted; a peer that sends more is an error",
+                                      minimum=1 << 16, maximum=1 << 40),
         },
     }

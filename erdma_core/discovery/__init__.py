@@ -20,7 +20,8 @@ def tcp_store(url: str, rank: int, world_size: int, timeout: float, config: Any)
     parsed = urlparse(url)
     if not parsed.hostname or not parsed.port:
         raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a host and a port: tcp://HOST:PORT")
-    return TCPStore(parsed.hostname, parsed.port, is_server=rank == 0, timeout=timeout)
+    secret = config["security.secret"].encode() if config is not None else b""
+    return TCPStore(parsed.hostname, parsed.port, is_server=rank == 0, timeout=timeout, secret=secret)
 
 
 def env_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:

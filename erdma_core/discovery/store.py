@@ -1,11 +1,13 @@
 """Discovery stores: the ``Store`` interface, ``TCPStore`` (served by one rank) and ``FileStore`` (a shared folder).
 
-Every call takes a timeout; ``get`` waits for the key to appear. Values are bytes.
+Every call takes a timeout; ``get`` waits for the key to appear. Values are bytes. The TCP store answers only
+connections that proved the job's secret, and bounds every request before reading it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 import socketserver
@@ -15,12 +17,21 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from ..errors import CollectiveTimeoutError, ErdmaError
+from ..config.schema import MAX_TIMEOUT
+from ..errors import AuthenticationError, CollectiveTimeoutError, ErdmaError, ProtocolError
+from ..transport import auth
 from ..transport.sockets import dial, recv_exact
+
+log = logging.getLogger("erdma.discovery")
 
 _SET, _GET, _ADD = 1, 2, 3
 _REQ = struct.Struct("<BdII")  # op, timeout, key length, value length
-_RESP = struct.Struct("<BI")  # status (0 ok, 1 timeout), value length
+_RESP = struct.Struct("<BI")  # status (0 ok, 1 timeout, 2 refused), value length
+MAX_KEY = 4096  # bytes of a key
+MAX_VALUE = 16 << 20  # bytes of a value
+MAX_CLIENTS = 256  # proven connections at once (ranks, torch's helpers)
+MAX_UNPROVEN = 128  # connections still in their handshake; more are closed at once (a client tries again)
+HANDSHAKE_S = 5.0  # seconds a new connection has to prove the secret
 
 
 class Store(Protocol):
@@ -44,13 +55,31 @@ def _timeout(key: str, timeout: float, where: str) -> CollectiveTimeoutError:
                                   f"(are all ranks started with the same init_method and world size?)")
 
 
+def parse_request(head: bytes) -> tuple[int, float, int, int]:
+    """``(op, timeout, key length, value length)`` of a store request header; ProtocolError when any is out
+    of bounds (checked before anything is read or allocated)."""
+    op, timeout, klen, vlen = _REQ.unpack(head)
+    if op not in (_SET, _GET, _ADD):
+        raise ProtocolError(f"unknown store op {op}")
+    if not 0.0 <= timeout <= MAX_TIMEOUT:  # also refuses nan
+        raise ProtocolError(f"store request timeout {timeout!r} is not in [0, {MAX_TIMEOUT:.0f}] seconds")
+    if klen > MAX_KEY:
+        raise ProtocolError(f"store key of {klen} bytes exceeds {MAX_KEY}")
+    if vlen > (MAX_VALUE if op == _SET else 32):
+        raise ProtocolError(f"store value of {vlen} bytes exceeds {MAX_VALUE if op == _SET else 32}")
+    return op, timeout, klen, vlen
+
+
 class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int]) -> None:
+    def __init__(self, addr: tuple[str, int], key: bytes) -> None:
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
+        self.key = key
+        self.clients = threading.BoundedSemaphore(MAX_CLIENTS)
+        self.unproven = threading.BoundedSemaphore(MAX_UNPROVEN)
         super().__init__(addr, _Handler)
 
 
@@ -58,63 +87,136 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         srv: _Server = self.server  # type: ignore[assignment]
         sock: socket.socket = self.request
+        addr = self.client_address
+        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "?"
         try:
-            while True:
-                op, timeout, klen, vlen = _REQ.unpack(recv_exact(sock, _REQ.size))
-                key = recv_exact(sock, klen).decode()
-                value = recv_exact(sock, vlen)
-                status, out = 0, b""
-                with srv.cond:
-                    if op == _SET:
-                        srv.data[key] = value
-                        srv.cond.notify_all()
-                    elif op == _ADD:
+            if not srv.unproven.acquire(blocking=False):
+                log.warning("store: refused a connection from %s: %d handshakes under way", where, MAX_UNPROVEN)
+                return
+            try:
+                sock.settimeout(HANDSHAKE_S)
+                proven = self._prove(srv, sock, where)
+            finally:
+                srv.unproven.release()
+            if not proven:
+                return
+            if not srv.clients.acquire(blocking=False):
+                log.warning("store: refused a connection from %s: %d connections already", where, MAX_CLIENTS)
+                return
+            try:
+                sock.settimeout(None)
+                self._serve(srv, sock)
+            finally:
+                srv.clients.release()
+        except (ConnectionError, OSError, struct.error) as exc:
+            log.debug("store: connection from %s ended: %s", where, exc)
+        except ProtocolError as exc:
+            log.warning("store: dropped the connection from %s: %s", where, exc)
+
+    @staticmethod
+    def _prove(srv: _Server, sock: socket.socket, where: str) -> bool:
+        hs = auth.StoreServer(srv.key)
+        sock.sendall(hs.on_hello(recv_exact(sock, auth.STORE_HELLO.size)))
+        ok = hs.on_proof(recv_exact(sock, auth.MAC))
+        sock.sendall(bytes([0 if ok else 1]))
+        if not ok:
+            log.warning("store: refused %s: it could not prove the job's secret", where)
+        return ok
+
+    @staticmethod
+    def _serve(srv: _Server, sock: socket.socket) -> None:
+        while True:
+            op, timeout, klen, vlen = parse_request(recv_exact(sock, _REQ.size))
+            key = recv_exact(sock, klen).decode(errors="replace")
+            value = recv_exact(sock, vlen)
+            status, out = 0, b""
+            with srv.cond:
+                if op == _SET:
+                    srv.data[key] = value
+                    srv.cond.notify_all()
+                elif op == _ADD:
+                    try:
                         n = int(srv.data.get(key, b"0")) + int(value)
-                        srv.data[key] = str(n).encode()
-                        out = srv.data[key]
+                    except ValueError:
+                        status = 2
+                    else:
+                        srv.data[key] = out = str(n).encode()
                         srv.cond.notify_all()
-                    elif op == _GET:
-                        if srv.cond.wait_for(lambda k=key: k in srv.data, timeout=timeout):
-                            out = srv.data[key]
-                        else:
-                            status = 1
-                sock.sendall(_RESP.pack(status, len(out)) + out)
-        except (ConnectionError, OSError, struct.error):
-            return
+                elif srv.cond.wait_for(lambda k=key: k in srv.data, timeout=timeout):
+                    out = srv.data[key]
+                else:
+                    status = 1
+            sock.sendall(_RESP.pack(status, len(out)) + out)
 
 
 class TCPStore:
-    """A store served by the rank with ``is_server``; clients retry connecting until ``timeout``."""
+    """A store served by the rank with ``is_server``; clients retry connecting until ``timeout``. Every
+    connection proves it knows ``secret`` (both ways: ``auth.StoreClient``) before any request."""
 
-    def __init__(self, host: str, port: int, *, is_server: bool, timeout: float) -> None:
+    def __init__(self, host: str, port: int, *, is_server: bool, timeout: float, secret: bytes = b"") -> None:
         self.host, self.port = host, port
+        self._key = auth.store_key(secret)
         self._server: _Server | None = None
         if is_server:
-            self._server = _Server((_bindable(host), port))
+            bind = _bindable(host)
+            auth.warn_if_exposed(bind or "0.0.0.0", secret, "the discovery store")
+            try:
+                self._server = _Server((bind, port), self._key)
+            except OSError as exc:
+                raise ErdmaError(f"discovery: rank 0 cannot serve the store on {host}:{port}: {exc} (is another "
+                                 "rank 0 of this job running, or another program on that port?)") from None
             self.port = self._server.server_address[1]
             threading.Thread(target=self._server.serve_forever, name="erdma-store", daemon=True).start()
         self._lock = threading.Lock()
         self._sock = self._dial(timeout)
 
     def _dial(self, timeout: float) -> socket.socket:
-        try:
-            sock = dial(self.host, self.port, time.monotonic() + timeout)
-        except OSError as exc:
-            raise CollectiveTimeoutError(f"discovery: cannot reach the store at {self.host}:{self.port} "
-                                         f"within {timeout:.1f}s: {exc}") from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        deadline = time.monotonic() + timeout
+        where = f"{self.host}:{self.port}"
+        while True:
+            try:
+                sock = dial(self.host, self.port, deadline)
+            except OSError as exc:
+                raise CollectiveTimeoutError(f"discovery: cannot reach the store at {where} within {timeout:.1f}s: "
+                                             f"{exc}") from None
+            try:
+                sock.settimeout(max(0.1, min(HANDSHAKE_S, deadline - time.monotonic())))
+                hs = auth.StoreClient(self._key, where)
+                sock.sendall(hs.first())
+                sock.sendall(hs.on_challenge(recv_exact(sock, auth.NONCE + auth.MAC)))
+                if recv_exact(sock, 1) != b"\0":
+                    raise AuthenticationError(f"the store at {where} refused this rank: it does not know the "
+                                              "job's secret (security.secret differs from rank 0's)")
+            except (OSError, ConnectionError) as exc:  # dropped mid-handshake (a crowded store): try again
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(f"discovery: the store at {where} did not complete the "
+                                                 f"handshake within {timeout:.1f}s: {exc}") from None
+                time.sleep(0.05)
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
 
     def _call(self, op: int, key: str, value: bytes, timeout: float) -> tuple[int, bytes]:
         k = key.encode()
+        if len(k) > MAX_KEY or len(value) > MAX_VALUE:
+            raise ErdmaError(f"discovery: store key {key[:60]!r} ({len(k)} bytes) or its value ({len(value)} bytes) "
+                             f"exceeds the store's limits ({MAX_KEY} and {MAX_VALUE} bytes)")
         with self._lock:
             self._sock.settimeout(timeout + 5.0)
             try:
                 self._sock.sendall(_REQ.pack(op, timeout, len(k), len(value)) + k + value)
                 status, n = _RESP.unpack(recv_exact(self._sock, _RESP.size))
-                return status, recv_exact(self._sock, n)
+                out = recv_exact(self._sock, n)
             except (OSError, ConnectionError) as exc:
                 raise ErdmaError(f"discovery store at {self.host}:{self.port} failed: {exc}") from exc
+        if status == 2:
+            raise ErdmaError(f"discovery: the store refused {key!r}: it does not hold a number")
+        return status, out
 
     def set(self, key: str, value: bytes) -> None:
         self._call(_SET, key, value, 1.0)

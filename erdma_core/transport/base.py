@@ -16,7 +16,7 @@ import attrs
 from ..discovery.store import Store
 from ..errors import PeerLostError
 from .frames import FrameInbox
-from .mailbox import Mailbox, Request
+from .mailbox import DEFAULT_EARLY_BYTES, Mailbox, Request
 from .wire import ABORT, BYE, DATA, Header, abort_body, control
 
 log = logging.getLogger("erdma.transport")
@@ -34,6 +34,8 @@ class TransportContext:
     connect_timeout: float
     advertise: Callable[[str, int], tuple[str, int]] | None = None  # traversal: the address peers should dial
     udp_socket: Any = None  # a bound UDP socket handed over by the traversal (``Traversal.udp_socket``), or None
+    secret: bytes = b""  # the job's secret (``security.secret``): every connection accepted must prove it
+    max_early_bytes: int = DEFAULT_EARLY_BYTES  # per peer, for frames ahead of their receives (the mailbox's)
 
 
 class Transport(Protocol):
@@ -148,7 +150,7 @@ class MessageTransport:
     # ---- the Transport calls ------------------------------------------------------------------------------
     def connect(self, ctx: TransportContext) -> None:
         self.rank, self.world_size, self.job = ctx.rank, ctx.world_size, ctx.job
-        self.mailbox = Mailbox(ctx.rank, ctx.job)
+        self.mailbox = Mailbox(ctx.rank, ctx.job, ctx.max_early_bytes)
         peers = [p for p in range(ctx.world_size) if p != ctx.rank]
         self._inboxes = {p: FrameInbox(ctx.rank, p, self.mailbox) for p in peers}
         self._sent = dict.fromkeys(peers, 0)

@@ -117,12 +117,20 @@ def check_match(rank: int, peer: int, expected: Header, got: Header) -> Mismatch
     return None
 
 
-class Mailbox:
-    """Thread-safe matching of (peer, group, seq, tag) keys; rejects stale and foreign frames."""
+DEFAULT_EARLY_BYTES = 1 << 30
 
-    def __init__(self, rank: int, job: int) -> None:
+
+class Mailbox:
+    """Thread-safe matching of (peer, group, seq, tag) keys; rejects stale and foreign frames. A frame that
+    arrives before its receive is held in memory of its own, at most ``early_bytes`` per peer
+    (``security.max_early_bytes``): a peer that claims more is breaking the protocol, and nothing is
+    allocated for it."""
+
+    def __init__(self, rank: int, job: int, early_bytes: int = DEFAULT_EARLY_BYTES) -> None:
         self.rank = rank
         self.job32 = job & 0xFFFFFFFF
+        self.early_limit = early_bytes
+        self._early_bytes: dict[int, int] = {}  # peer -> bytes held for frames that came before their receive
         self._lock = threading.Lock()
         self._posted: dict[tuple[int, tuple[int, int, int]], _Posted] = {}
         self._unexpected: dict[tuple[int, tuple[int, int, int]], _Early] = {}
@@ -139,7 +147,7 @@ class Mailbox:
             if not self._unexpected:
                 return
             for key in [k for k in self._unexpected if k[1][0] == group and k[1][1] < seq]:
-                del self._unexpected[key]
+                self._release(key[0], self._unexpected.pop(key))
                 self.rejected += 1
 
     def post_recv(self, peer: int, meta: Header, out: memoryview) -> Request:
@@ -161,7 +169,7 @@ class Mailbox:
             if not early.landed:  # its payload is still being read: on_payload will deliver
                 early.waiter = _Posted(meta, out, req)
                 return req
-            del self._unexpected[key]
+            self._release(peer, self._unexpected.pop(key))
         _deliver(self.rank, peer, _Posted(meta, out, req), early)
         return req
 
@@ -177,6 +185,12 @@ class Mailbox:
                 return None, None  # stale collective: read and drop
             posted = self._posted.pop(key, None)
             if posted is None:
+                held = self._early_bytes.get(peer, 0) + h.nbytes
+                if held > self.early_limit:
+                    raise ProtocolError(f"rank {self.rank}: rank {peer} sent {held} bytes ahead of their receives "
+                                        f"({describe(h)}, {h.nbytes} bytes); at most {self.early_limit} are held "
+                                        "(security.max_early_bytes)")
+                self._early_bytes[peer] = held
                 early = _Early(h, bytearray(h.nbytes))
                 self._unexpected[key] = early
                 return memoryview(early.data), ("early", key, early)
@@ -204,8 +218,13 @@ class Mailbox:
             b.landed = True
             if b.waiter is None:
                 return
-            self._unexpected.pop(a, None)
+            if self._unexpected.pop(a, None) is not None:
+                self._release(a[0], b)
         _deliver(self.rank, a[0], b.waiter, b)
+
+    def _release(self, peer: int, early: _Early) -> None:
+        """An early frame left the mailbox (delivered or dropped): its bytes no longer count (lock held)."""
+        self._early_bytes[peer] -= early.header.nbytes
 
     def peer_gone(self, peer: int, error: BaseException) -> None:
         """``peer`` closed in good order: fail what still waits for data from it, and later receives from it."""
@@ -225,6 +244,7 @@ class Mailbox:
             posted, self._posted = self._posted, {}
             early, self._unexpected = self._unexpected, {}
             inflight, self._inflight = self._inflight, {}
+            self._early_bytes.clear()
         for req in inflight.values():
             req.complete(self.aborted)
         for p in posted.values():

@@ -1,6 +1,7 @@
 """``SocketTransport``: a message transport over connected stream sockets (TCP, Unix), one per pair of
 ranks. A subclass says how to listen and how to dial; this module does the rest: higher ranks dial lower
-ranks, and a HELLO carrying the job id and both ranks is checked before a connection is used. Bytes then
+ranks, and a connection is used only once the dialler has proved it knows the job's secret and which rank
+it is (``auth``: a mutual challenge-response; ``accept``: many handshakes at once, each bounded in time). Bytes then
 move on non-blocking sockets driven by the threads that wait for them (``progress``): no reader threads,
 no hand-off between threads on the way of a small collective.
 """
@@ -8,20 +9,28 @@ no hand-off between threads on the way of a small collective.
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 import time
 
-from ..errors import CollectiveTimeoutError, ErdmaError, ProtocolError
+from ..errors import AuthenticationError, CollectiveTimeoutError, ErdmaError, ProtocolError
+from . import auth
+from .accept import Acceptor
 from .base import MessageTransport, TransportContext
 from .frames import StreamReader
 from .mailbox import Request
 from .progress import Channel, Progress
 from .sockets import recv_exact
-from .wire import HELLO, HELLO_ACCEPTED, HELLO_REJECTED, HELLO_REQUEST, Header, Hello
+from .wire import Header
 
 log = logging.getLogger("erdma.transport")
+
+
+def brief(ranks: list[int], shown: int = 8) -> str:
+    """A list of ranks for a message, cut short when long."""
+    if len(ranks) <= shown:
+        return str(ranks)
+    return f"[{', '.join(map(str, ranks[:shown]))}, ... ({len(ranks)} ranks)]"
 POLL = 1.0  # seconds a socket call may block before deadlines and shutdown are looked at again
 
 
@@ -39,6 +48,7 @@ class SocketTransport(MessageTransport):
         super().__init__()
         self.channels: dict[int, Channel] = {}
         self._progress: Progress | None = None
+        self._key = b""  # the job's transport key (``auth.job_key``)
 
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         raise NotImplementedError
@@ -52,11 +62,14 @@ class SocketTransport(MessageTransport):
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
         listening = self.listen(ctx)
+        for _, address in listening:
+            auth.warn_if_exposed(address.rsplit(":", 1)[0], ctx.secret, f"rank {self.rank}'s {self.name} transport")
         ctx.store.set(f"{self.key}/addr/{self.rank}", " ".join(address for _, address in listening).encode())
         deadline = time.monotonic() + ctx.connect_timeout
-        accepted: dict[int, socket.socket] = {}
-        acceptor = threading.Thread(target=self._accept_all, args=([s for s, _ in listening], accepted, deadline),
-                                    name=f"erdma-accept-{self.rank}", daemon=True)
+        self._key = auth.job_key(ctx.secret, ctx.job)
+        accepting = Acceptor([s for s, _ in listening], deadline, key=self._key, job=self.job, rank=self.rank,
+                             world=self.world_size, tune=self.tune)
+        acceptor = threading.Thread(target=accepting.run, name=f"erdma-accept-{self.rank}", daemon=True)
         acceptor.start()
         try:
             for peer in range(self.rank):
@@ -64,14 +77,22 @@ class SocketTransport(MessageTransport):
                 self._add(peer, self._dial_peer(peer, addrs.split(), deadline))
             acceptor.join(max(0.0, deadline - time.monotonic()) + POLL)
         finally:
+            accepting.stop = True
+            acceptor.join(2 * POLL)
             for listener, _ in listening:
                 listener.close()
-        for peer, sock in accepted.items():
+        for peer, sock in accepting.accepted.items():
             self._add(peer, sock)
-        missing = [p for p in range(self.rank + 1, self.world_size) if p not in accepted]
+        if accepting.duplicates:
+            raise AuthenticationError(f"rank {self.rank}: two processes proved to be rank(s) "
+                                      f"{sorted(accepting.duplicates)} of this job (duplicate rank); "
+                                      "each rank must be started once")
+        missing = [p for p in range(self.rank + 1, self.world_size) if p not in accepting.accepted]
         if missing:
-            raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect within "
-                                         f"{ctx.connect_timeout:.1f}s", rank=self.rank, op="connect")
+            refused = "; ".join(list(accepting.refused)[-3:])
+            raise CollectiveTimeoutError(f"rank {self.rank}: ranks {brief(missing)} did not connect within "
+                                         f"{ctx.connect_timeout:.1f}s" + (f" (refused: {refused})" if refused else ""),
+                                         rank=self.rank, op="connect")
         self._progress = Progress(list(self.channels.values()), self._channel_ended, f"erdma-io-{self.rank}",
                                   self.spin)
 
@@ -88,57 +109,31 @@ class SocketTransport(MessageTransport):
         if sock is None:
             raise CollectiveTimeoutError(f"rank {self.rank}: none of rank {peer}'s addresses ({' '.join(addrs)}) "
                                          "can be reached from here", rank=self.rank, op="connect")
+        hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size)
         try:
             sock.settimeout(max(0.1, deadline - time.monotonic()))
-            sock.sendall(Hello(status=HELLO_REQUEST, job=self.job, rank=self.rank, world=self.world_size).pack())
-            reply = Hello.parse(recv_exact(sock, HELLO.size))
+            sock.sendall(hs.first())
+            head = recv_exact(sock, auth.HELLO.size)
+            proof = hs.on_challenge(head + (recv_exact(sock, auth.MAC) if auth.parse_hello(head)[0] == auth.CHALLENGE
+                                            else b""))
+            if proof is not None:
+                sock.sendall(proof)
+                hs.on_verdict(recv_exact(sock, auth.HELLO.size))
         except (OSError, ConnectionError) as exc:
             sock.close()
-            raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} at {addr} did not answer HELLO: {exc}",
-                                         rank=self.rank, op="connect") from None
-        if reply.status != HELLO_ACCEPTED or reply.rank != peer:
+            if hs.error is not None:
+                raise hs.error from None
+            raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} at {addr} did not complete the HELLO "
+                                         f"handshake: {exc}", rank=self.rank, op="connect") from None
+        except (ProtocolError, AuthenticationError):
             sock.close()
-            raise ProtocolError(f"rank {self.rank}: rank {peer} at {addr} rejected the connection "
-                                f"(job {self.job:#x}; it answered status {reply.status}, rank {reply.rank})")
+            raise
+        if hs.error is not None:
+            sock.close()
+            raise hs.error
         self.tune(sock)
         sock.settimeout(POLL)
         return sock
-
-    def _accept_all(self, listeners: list[socket.socket], accepted: dict[int, socket.socket], deadline: float) -> None:
-        expected = set(range(self.rank + 1, self.world_size))
-        while expected - accepted.keys() and time.monotonic() < deadline and not self.closing:
-            try:
-                ready, _, _ = select.select(listeners, [], [], min(POLL, max(0.01, deadline - time.monotonic())))
-            except (OSError, ValueError):
-                return
-            if not ready:
-                continue
-            try:
-                ready[0].settimeout(POLL)
-                sock, where = ready[0].accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                hello = Hello.parse(recv_exact(sock, HELLO.size))
-                ok = hello.job == self.job and hello.world == self.world_size and hello.rank in expected \
-                    and hello.rank not in accepted
-                sock.sendall(Hello(status=HELLO_ACCEPTED if ok else HELLO_REJECTED, job=self.job, rank=self.rank,
-                                   world=self.world_size).pack())
-                if not ok:
-                    log.warning("rank %d: rejected a connection from %s: job %#x rank %d world %d (this job %#x, "
-                                "world %d)", self.rank, where or "?", hello.job, hello.rank, hello.world, self.job,
-                                self.world_size)
-                    sock.close()
-                    continue
-                self.tune(sock)
-                sock.settimeout(POLL)
-                accepted[hello.rank] = sock
-            except (OSError, ProtocolError, ConnectionError) as exc:
-                log.warning("rank %d: dropped a connection from %s: %s", self.rank, where or "?", exc)
-                sock.close()
 
     def _add(self, peer: int, sock: socket.socket) -> None:
         self.channels[peer] = Channel(peer, sock, StreamReader(self.inbox(peer)))

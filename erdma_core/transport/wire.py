@@ -1,12 +1,14 @@
 """The eRDMA wire format, written down once. All integers little-endian; every code is an explicit number
 that never changes meaning (``tests/test_wire.py`` pins each one).
 
-HELLO (sent by the dialling rank, echoed by the accepting rank with ``status``), 32 bytes::
+HELLO of the QUIC transport (inside mutual TLS; sent by the dialling rank, echoed by the accepting rank
+with ``status``), 32 bytes. The stream transports (TCP, Unix) prove the job's secret with the HELLO of wire
+version 3 written down in ``auth`` (40 bytes, with a 16-byte nonce, followed by 32-byte HMAC proofs)::
 
     magic  4s  b"ERDH"
     version H  WIRE_VERSION
     status  H  0 = request, 1 = accepted, 2 = rejected
-    job     Q  job id (agreed through the discovery store, or a hash of security.job_token)
+    job     Q  job id (drawn by rank 0, agreed through the discovery store)
     rank    I  sender's global rank
     world   I  world size
     spare   Q  0

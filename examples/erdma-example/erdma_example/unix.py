@@ -1,5 +1,5 @@
 """A transport over Unix-domain stream sockets. ``SocketTransport`` (the core's base for stream sockets)
-does the rest: connecting every pair, the HELLO that proves a peer belongs to the job, framing, matching,
+does the rest: connecting every pair, the handshake that proves a peer belongs to the job, framing, matching,
 ABORT, BYE and lost peers. This class says where to listen and how to dial."""
 
 from __future__ import annotations

@@ -166,6 +166,7 @@ class Mesh:
         self.links: dict[int, Link] = {}  # peers that joined
         self.closing = False
         self.bad_datagrams = 0
+        self.refusals: deque[str] = deque(maxlen=8)  # why the latest accepted connections were turned away
         self._now = 0.0
         self._sessions: set[Session] = set()
         self._by_cid: dict[bytes, Session] = {}
@@ -360,8 +361,15 @@ class Mesh:
         return s
 
     def _accept(self, dcid: bytes, addr: Any) -> Session | None:
-        if self.closing or len(self._pending) >= MAX_PENDING or not self._diallers():
+        if self.closing or not self._diallers():
             return None
+        if len(self._pending) >= MAX_PENDING:  # make room: a flood of first flights never locks a rank out
+            oldest = self._pending[0]
+            log.warning("rank %d: %d QUIC handshakes under way; dropped the oldest, from %s", self.s.rank,
+                        MAX_PENDING, oldest.addr)
+            self.refusals.append(f"{oldest.addr[0]}:{oldest.addr[1]}: dropped, {MAX_PENDING} handshakes under way")
+            oldest.terminated = True
+            self._forget(oldest)
         s = Session(None, addr, dialled=False)
         s.pre = Inbound(-1, None, functools.partial(self._on_hello, s))
         s.conn = Connection(configuration=self.configure(False, addr, None, None),
@@ -560,6 +568,8 @@ class Mesh:
     def _refuse(self, s: Session, why: str) -> None:
         who = f"rank {s.rank}" if s.rank is not None else "a peer"
         log.warning("rank %d: refused the QUIC connection of %s at %s: %s", self.s.rank, who, s.addr, why)
+        if not s.dialled:
+            self.refusals.append(f"{who} at {s.addr[0]}:{s.addr[1]}: {why}")
         s.failure = why
         s.conn.close(error_code=REFUSED, reason_phrase=why[:200])
         self._touch(s)
@@ -578,6 +588,8 @@ class Mesh:
             return
         if s.failure is None:
             s.failure = f"refused the connection: {reason}" if ev.error_code == REFUSED else reason
+            if not s.dialled and not s.established:  # the TLS handshake failed here (a certificate, the secret)
+                self.refusals.append(f"a peer at {s.addr[0]}:{s.addr[1]}: {reason}")
         if s.dialled and s.rank is not None and self.links.get(s.rank) is None:
             self._events.append(Refused(s.rank, s.addr, s.failure))
 

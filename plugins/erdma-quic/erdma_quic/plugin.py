@@ -20,7 +20,8 @@ OPTIONS = {
     "ca_cert": Option(str, "", "cluster CA certificate (PEM) made by `erdma keys init`; empty: "
                       "$ERDMA_KEYS_DIR or ~/.config/erdma/keys/ca.pem when present"),
     "ca_key": Option(str, "", "the CA's private key; every rank signs its own certificate with it"),
-    "secret": Option(str, "", "shared secret instead of CA files: each job's CA is derived from it"),
+    "secret": Option(str, "", "shared secret instead of CA files: each job's CA is derived from it (empty: "
+                     "security.secret, the job's secret, when no CA files are named)", secret=True),
     "insecure_dev_mode": Option(bool, False, "INSECURE: no peer authentication (development only; warns)"),
     "cipher": Option(str, "aes128gcm", "preferred TLS 1.3 cipher suite", choices=("aes128gcm", "aes256gcm", "chacha20")),
     "congestion_control": Option(str, "bbr", "congestion controller: bbr (model-based, ignores random loss; "

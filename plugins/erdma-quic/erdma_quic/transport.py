@@ -40,6 +40,15 @@ def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool
                     keepalive_interval=float(opts["keepalive_interval"]), verify=verify)
 
 
+
+def secret_hint(why: str) -> str:
+    """What a failed certificate check most often means between ranks of one job."""
+    words = ("certificate", "issuer", "verify", "signature")
+    if any(w in why.lower() for w in words):
+        return (" (the ranks hold different secrets or CA files: security.secret / transport.quic.secret / "
+                "transport.quic.ca_cert must be the same on every rank)")
+    return ""
+
 class QuicTransport(MessageTransport):
     """Factory signature for the registry: ``QuicTransport(config, section)``."""
 
@@ -63,6 +72,8 @@ class QuicTransport(MessageTransport):
         if o["workers"] and ctx.udp_socket is not None:
             raise ConfigError(f"transport.quic.workers = {o['workers']} needs every worker's own UDP port to be "
                               "reachable, and the traversal handed over a single punched socket; valid here: 0")
+        if not o["secret"] and ctx.secret and not (o["ca_cert"] or o["ca_key"]):
+            o = {**o, "secret": ctx.secret.decode()}  # the job's secret (security.secret) stands for QUIC's own
         creds = tls.load(o, self.rank, self.job)
         bind_host, advertised = addresses.choose(o["bind_address"], o["interface"], getattr(ctx.store, "host", None))
         if ctx.udp_socket is not None:  # handed over by the traversal (a punched hole): keep using its mapping
@@ -129,15 +140,25 @@ class QuicTransport(MessageTransport):
         with self._cond:
             while True:
                 if self._refused:
-                    raise ProtocolError(f"rank {self.rank}: QUIC connection to {next(iter(self._refused.values()))}")
+                    why = next(iter(self._refused.values()))
+                    raise ProtocolError(f"rank {self.rank}: QUIC connection to {why}{secret_hint(why)}")
                 missing = sorted(want - self._joined)
                 if not missing:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    refused = self._refusals()
+                    more = f" (refused: {refused}{secret_hint(refused)})" if refused else ""
                     raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect over QUIC within "
-                                                 f"{timeout:.1f}s", rank=self.rank, op="connect")
+                                                 f"{timeout:.1f}s{more}", rank=self.rank, op="connect")
                 self._cond.wait(min(left, 0.5))
+
+    def _refusals(self) -> str:
+        """The listener's latest refusals, read on the loop thread that records them."""
+        if self.mesh is None or self.endpoint is None:
+            return ""
+        mesh = self.mesh
+        return self.endpoint.run_sync(lambda: "; ".join(list(mesh.refusals)[-3:]))  # type: ignore[no-any-return]
 
     # ---- data path ----------------------------------------------------------------------------------
     def post(self, peer: int, header: Header, payload: memoryview, deadline: float, req: Request,

@@ -42,7 +42,8 @@ def options(**kw: Any) -> dict[str, Any]:
 
 
 def start(rank: int, world: int, store: MemoryStore, job: int, opts: dict[str, Any],
-          timeout: float = 10.0, udp_socket: Any = None) -> tuple[QuicTransport, threading.Thread, list[BaseException]]:
+          timeout: float = 10.0, udp_socket: Any = None,
+          secret: bytes = b"") -> tuple[QuicTransport, threading.Thread, list[BaseException]]:
     """Connect one rank in a thread; ``errors`` receives what ``connect`` raised."""
     t = QuicTransport(None, opts)
     errors: list[BaseException] = []
@@ -50,7 +51,7 @@ def start(rank: int, world: int, store: MemoryStore, job: int, opts: dict[str, A
     def run() -> None:
         try:
             t.connect(TransportContext(rank=rank, world_size=world, store=store, job=job, connect_timeout=timeout,
-                                       udp_socket=udp_socket))
+                                       udp_socket=udp_socket, secret=secret))
         except BaseException as exc:
             errors.append(exc)
     th = threading.Thread(target=run, daemon=True)

@@ -142,6 +142,37 @@ def test_secret_mode_ranks_connect():
             t.close()
 
 
+def test_ranks_with_different_secrets_both_name_the_secret():
+    store = MemoryStore()
+    r0 = start(0, 2, store, JOB, options(secret="one"), timeout=4.0)
+    r1 = start(1, 2, store, JOB, options(secret="two"), timeout=4.0)
+    for _, th, _ in (r0, r1):
+        th.join(15)
+    try:
+        (err0,), (err1,) = r0[2], r1[2]
+        assert isinstance(err1, ProtocolError) and "QUIC connection to rank 0" in str(err1)
+        assert "the ranks hold different secrets or CA files" in str(err1)
+        assert isinstance(err0, CollectiveTimeoutError) and "ranks [1] did not connect over QUIC" in str(err0)
+        assert "refused: " in str(err0) and "the ranks hold different secrets or CA files" in str(err0)
+    finally:
+        for t, _, _ in (r0, r1):
+            t.close()
+
+
+def test_the_jobs_secret_stands_for_quics_own():
+    """With no secret or CA of its own, QUIC derives its CA from security.secret (``ctx.secret``)."""
+    store = MemoryStore()
+    ranks = [start(r, 2, store, JOB, options(), secret=b"the job's") for r in range(2)]
+    for _, th, _ in ranks:
+        th.join(15)
+    try:
+        assert [e for _, _, e in ranks] == [[], []]
+        assert _exchange(ranks[0][0], ranks[1][0])
+    finally:
+        for t, _, _ in ranks:
+            t.close()
+
+
 def test_insecure_dev_mode_says_so(caplog):
     store = MemoryStore()
     caplog.set_level(logging.WARNING, logger="erdma.quic")

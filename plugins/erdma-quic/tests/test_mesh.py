@@ -209,6 +209,28 @@ def test_datagrams_that_open_nothing_hold_no_slot():
     assert r0.mesh.pending_accepts() == 0 and r0.mesh.bad_datagrams == 300
 
 
+def test_a_flood_of_first_flights_never_locks_a_rank_out():
+    """Real QUIC Initials from 200 addresses that never answer fill the listener's handshake table; each new
+    one drops the oldest, so the table stays bounded and a rank that dials afterwards still joins."""
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+    from erdma_quic.tls import ALPN
+
+    r0, r1 = Rank(0, 2, A), Rank(1, 2, B)
+    for i in range(200):
+        flooder = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=[ALPN]))
+        flooder.connect(A, now=0.0)
+        for data, _ in flooder.datagrams_to_send(now=0.0):
+            r0.mesh.receive(data, (f"10.66.{i // 250}.{i % 250}", 5000), 0.0)
+        r0.mesh.datagrams_to_send(0.0)
+    assert r0.mesh.pending_accepts() == 64
+    assert len(r0.mesh.refusals) == 8 and "dropped, 64 handshakes under way" in r0.mesh.refusals[-1]
+    net = Net(r0, r1)
+    r1.mesh.dial(0, A, net.now)
+    assert net.run(lambda: any(isinstance(e, Joined) for e in r1.events), 10.0)
+    assert any(isinstance(e, Joined) and e.peer == 1 for e in r0.events)
+
+
 def test_the_transport_keeps_no_matching_abort_or_bye_of_its_own():
     """They are the core's (MessageTransport), as for TCP; QUIC adds set-up, posting and shutdown."""
     from erdma_quic.transport import QuicTransport
