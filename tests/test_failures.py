@@ -77,6 +77,44 @@ def test_mismatch_is_detected_on_every_rank(erdma_world, case, needle):
     assert all(isinstance(e, MismatchError | AbortedError) for e in later)
 
 
+def roots_disagree(pg, op):
+    """Ranks name different roots (even ranks 0, odd ranks 1), then go on to an allreduce."""
+    root = pg.rank() % 2
+    a = np.full(8, pg.rank(), np.float32)
+    if op == "broadcast":
+        pg.broadcast(a, src=root)
+    elif op == "reduce":
+        pg.reduce(a, dst=root)
+    elif op == "gather":
+        pg.gather(a, [np.zeros(8, np.float32) for _ in range(pg.size())] if pg.rank() == root else None, dst=root)
+    else:
+        pg.scatter(a, [np.ones(8, np.float32)] * pg.size() if pg.rank() == root else None, src=root)
+    pg.allreduce(np.ones(4, np.float32))
+    return a
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("op", ["broadcast", "scatter"])
+def test_roots_that_disagree_fail_every_rank(erdma_world, size, op):
+    """Before: broadcast with src 0 on some ranks and 1 on others returned different results, exit 0."""
+    outcomes = erdma_world(size, SLOW_TIMEOUT, timeout=20).outcomes(roots_disagree, op)
+    for rank, err in enumerate(outcomes):
+        assert isinstance(err, MismatchError), (rank, err)
+        assert "root=" in str(err) or "aborted the job" in str(err), str(err)
+    assert any(("root=0" in str(e) and "root=1" in str(e)) or "that this rank never received" in str(e)
+               for e in outcomes)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("op", ["reduce", "gather"])
+def test_receiving_roots_that_disagree_fail_every_rank(erdma_world, size, op):
+    """Two ranks that each think they are reduce's root both wait, and no message exists that could tell
+    them: they fail at the collective timeout (as with MPI or NCCL, where they hang), never with a result."""
+    outcomes = erdma_world(size, {"timeouts.collective": 3.0}, timeout=20).outcomes(roots_disagree, op)
+    for rank, err in enumerate(outcomes):
+        assert isinstance(err, MismatchError | CollectiveTimeoutError), (rank, err)
+
+
 def fault_on_rank_0(pg):
     if pg.rank() == 0:
         from erdma_core.engine import reduce_ops

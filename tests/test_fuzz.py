@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from erdma_core import AuthenticationError, CollectiveError, ProtocolError
 from erdma_core.discovery import store
-from erdma_core.transport import auth
+from erdma_core.transport import auth, wire
 from erdma_core.transport.frames import FrameInbox, StreamReader
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.wire import ABORT, BYE, DATA, FRAME, FRAME_MAGIC, MAX_CONTROL_BYTES, MAX_PAYLOAD, Header, abort_error
@@ -28,10 +28,11 @@ def _header_fields() -> st.SearchStrategy[bytes]:
     and from the edges that matter."""
     u8, u32, u64 = (st.integers(0, 2**b - 1) for b in (8, 32, 64))
     return st.builds(
-        lambda magic, kind, dtype, opcode, redop, job, group, tag, seq, codec, meta, numel, count, nbytes:
-        FRAME.pack(magic, kind, dtype, opcode, redop, job, group, tag, seq, codec, meta, numel, count, nbytes),
+        lambda magic, kind, dtype, opcode, redop, job, root, group, tag, seq, codec, meta, numel, count, nbytes:
+        FRAME.pack(magic, kind, dtype, opcode, redop, job, root, group, tag, seq, codec, meta, numel, count, nbytes),
         st.sampled_from([FRAME_MAGIC, FRAME_MAGIC, FRAME_MAGIC, b"ERDX"]), st.sampled_from([DATA, ABORT, BYE, 0, 9]) | u8,
-        u8, u8, u8, st.sampled_from([JOB, JOB + 1]) | u32, st.integers(0, 3) | u32, st.integers(0, 3) | u32,
+        u8, u8, u8, st.sampled_from([JOB, JOB + 1]) | u32, st.sampled_from([0, wire.NO_ROOT]) | u32,
+        st.integers(0, 3) | u32, st.integers(0, 3) | u32,
         st.integers(0, 3) | u64, st.sampled_from([0, 0, 1]) | u32, st.integers(0, 64) | u32, u64, u64,
         st.integers(0, 256) | st.sampled_from([LIMIT, LIMIT + 1, MAX_PAYLOAD, MAX_PAYLOAD + 1]) | u64,
     )

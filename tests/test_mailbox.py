@@ -60,16 +60,30 @@ def test_frame_of_another_job_is_rejected():
         box.on_header(1, hdr(job=1))
 
 
-def test_stale_collective_frames_are_dropped_not_mixed_in():
-    box, out = Mailbox(0, JOB), bytearray(4)
+def test_a_frame_no_collective_took_is_a_mismatch_not_mixed_in():
+    """Every message of a collective is received in it; one left over means the ranks ran it differently."""
+    told = []
+    box = Mailbox(0, JOB, on_mismatch=told.append)
     deliver(box, 1, hdr(seq=4), b"old!")  # arrived early for seq 4 ...
-    box.begin(0, 5)                      # ... but this rank has moved on to seq 5
-    assert box.rejected == 1
-    buf, token = box.on_header(1, hdr(seq=3))  # a late frame of an older collective
+    err = box.begin(0, 5)                 # ... but this rank has moved on to seq 5 without taking it
+    assert isinstance(err, MismatchError) and box.rejected == 1
+    assert "rank 1 sent a message of collective #4 of group 0 (allreduce(dtype=float32, numel=1, count=1, " \
+           "op=SUM)) that this rank never received" in str(err)
+    buf, token = box.on_header(1, hdr(seq=3))  # a late frame of an older collective: read, dropped, reported
     assert buf is None and token is None and box.rejected == 2
-    req = box.post_recv(1, hdr(seq=5), memoryview(out))
-    deliver(box, 1, hdr(seq=5), b"new!")
-    assert req.wait(1) and out == b"new!"
+    assert len(told) == 1 and "collective #3" in str(told[0])
+
+
+def test_a_frame_of_the_op_under_way_that_disagrees_fails_its_receives():
+    """A rank that runs seq 5 as another op (or root) than this one: the receive posted for seq 5 from any
+    peer fails at once, naming both, though the frame came from a peer this rank did not expect."""
+    box = Mailbox(0, JOB)
+    box.begin(0, 5)
+    req = box.post_recv(2, hdr(seq=5), memoryview(bytearray(4)))
+    other = hdr(seq=5)._replace(opcode=2, redop=0, root=1)  # rank 1: broadcast from root 1
+    assert box.on_header(1, other) == (None, None)
+    with pytest.raises(MismatchError, match=r"rank 1 called broadcast\(dtype=float32, numel=1, count=1, root=1\)"):
+        req.wait(1)
 
 
 def test_mismatch_fails_the_receive_with_both_descriptions():

@@ -351,3 +351,37 @@ def test_a_job_without_a_secret_warns_when_exposed():
         auth.warn_if_exposed("10.1.2.3", SECRET, "a listener with a secret")
     with pytest.raises(ConfigError, match=r"'security\.secret': empty, and security\.require_secret is true"):
         auth.require(b"", True)
+
+
+def _init(rank: int, world: int, url: str, config: dict, results) -> None:
+    import erdma_core
+
+    try:
+        erdma_core.init(config, rank=rank, world_size=world, init_method=url).destroy()
+        results.put((rank, "joined"))
+    except Exception as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.parametrize("why", ["world", "secret"])
+def test_a_rank_that_cannot_join_stops_the_others_set_up(tmp_path, why):
+    """Rank 1 has another world size (or secret) than rank 0: both fail at once, rank 0 with rank 1's reason,
+    not after the 30 s connect timeout."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    url = f"file://{tmp_path}/store"
+    config = {"timeouts.connect": 30.0, "security.secret": "s"}
+    other = {"world": (3, config), "secret": (2, {**config, "security.secret": "t"})}[why]
+    procs = [ctx.Process(target=_init, args=(0, 2, url, config, results)),
+             ctx.Process(target=_init, args=(1, other[0], url, other[1], results))]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=25) for _ in procs)
+    for p in procs:
+        p.join(10)
+    reason = {"world": "world_size 3 disagrees with rank 0's 2",
+              "secret": "not signed with this rank's security.secret"}[why]
+    assert reason in got[1]
+    assert got[0].startswith("ConfigError: rank 0: set-up stopped: rank 1: ") and reason in got[0]

@@ -9,14 +9,17 @@ from erdma_core import ReduceOp
 from erdma_core.engine import dtypes
 from erdma_core.engine.ops import COLLECTIVES, OPS
 from erdma_core.errors import AbortedError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
-from erdma_core.transport import wire
+from erdma_core.transport import auth, wire
 from erdma_core.transport.wire import FRAME, HELLO, Header, Hello
 
 
 def test_layouts_and_sizes():
-    assert wire.WIRE_VERSION == 2
+    assert wire.WIRE_VERSION == 3
     assert (HELLO.format, HELLO.size) == ("<4sHHQIIQ", 32)
-    assert (FRAME.format, FRAME.size) == ("<4sBBBBIIIQIIQQQ", 60)
+    assert (FRAME.format, FRAME.size) == ("<4sBBBBIIIIQIIQQQ", 64)
+    assert wire.NO_ROOT == 0xFFFFFFFF
+    assert (auth.HELLO.format, auth.HELLO.size, auth.NONCE, auth.MAC) == ("<4sHHQII16s", 40, 16, 32)
+    assert (auth.STORE_HELLO.format, auth.STORE_MAGIC, auth.STORE_VERSION) == ("<4sH16s", b"ERDS", 1)
     assert (wire.HELLO_MAGIC, wire.FRAME_MAGIC) == (b"ERDH", b"ERDF")
     assert (wire.ABORT_BODY.format, wire.MAX_CONTROL_BYTES) == ("<Bi", 65536)
 
@@ -41,12 +44,13 @@ def test_codes():
 
 
 def test_header_round_trip_keeps_every_field():
-    h = Header(kind=wire.DATA, job=0xABCDEF0123, dtype=3, opcode=7, redop=2, group=5 | wire.P2P_GROUP_BIT, tag=9,
-               seq=2**40, codec=0xDEADBEEF, meta=12, numel=99, count=33, nbytes=123)
+    h = Header(kind=wire.DATA, job=0xABCDEF0123, dtype=3, opcode=7, redop=2, root=6, group=5 | wire.P2P_GROUP_BIT,
+               tag=9, seq=2**40, codec=0xDEADBEEF, meta=12, numel=99, count=33, nbytes=123)
     back = Header.parse(h.pack())
-    assert back == Header(kind=wire.DATA, job=0xABCDEF0123 & 0xFFFFFFFF, dtype=3, opcode=7, redop=2,
+    assert back == Header(kind=wire.DATA, job=0xABCDEF0123 & 0xFFFFFFFF, dtype=3, opcode=7, redop=2, root=6,
                           group=5 | wire.P2P_GROUP_BIT, tag=9, seq=2**40, codec=0xDEADBEEF, meta=12, numel=99,
                           count=33, nbytes=123)
+    assert Header(kind=wire.DATA, job=1).root == wire.NO_ROOT
     assert Hello.parse(Hello(status=1, job=7, rank=3, world=8).pack()) == Hello(status=1, job=7, rank=3, world=8)
     with pytest.raises(ProtocolError, match="wire version"):
         Hello.parse(HELLO.pack(b"ERDH", 1, 0, 0, 0, 0, 0))

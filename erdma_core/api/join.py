@@ -19,7 +19,7 @@ from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
 from ..transport import auth
-from ..transport.base import TransportContext
+from ..transport.base import TransportContext, failure_key
 from .process_group import ProcessGroup
 
 _default: ProcessGroup | None = None
@@ -140,10 +140,11 @@ def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: f
     except ValueError:
         raise ErdmaError(f"rank {rank}: the store's erdma/job entry {raw[:80]!r} is not rank 0's") from None
     if not hmac.compare_digest(mac, _sign(secret, job, got)):
-        raise AuthenticationError(f"rank {rank}: rank 0's job entry is not signed with this rank's security.secret "
-                                  "(the ranks were started with different secrets)")
+        raise _tell(store, job, AuthenticationError(
+            f"rank {rank}: rank 0's job entry is not signed with this rank's security.secret (the ranks were "
+            "started with different secrets)"))
     if got != world_size:
-        raise ConfigError(f"rank {rank}: world_size {world_size} disagrees with rank 0's {got}")
+        raise _tell(store, job, ConfigError(f"rank {rank}: world_size {world_size} disagrees with rank 0's {got}"))
     if store.add(_joined(job, rank), 1) > 1:  # per job id: a store used again for a new job starts afresh
         raise ConfigError(_duplicate(rank))
     return job
@@ -151,6 +152,15 @@ def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: f
 
 def _joined(job: int, rank: int) -> str:
     return f"erdma/joined/{job:016x}/{rank}"
+
+
+def _tell(store: Any, job: int, error: Exception) -> Exception:
+    """This rank cannot take part: say so in the store, where the others' set-up looks (``failed_elsewhere``)."""
+    try:
+        store.set(failure_key(job), str(error).encode()[:4096])
+    except Exception:  # the store is best effort here; the error itself is raised anyway
+        pass
+    return error
 
 
 def _sign(secret: bytes, job: int, world: int) -> str:

@@ -25,7 +25,7 @@ from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
 from ..errors import PluginError
 from ..transport.mailbox import as_bytes
-from ..transport.wire import DATA, P2P_GROUP_BIT, Header
+from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from .serial import Serial
 from .work import Work
 
@@ -134,7 +134,7 @@ class ProcessGroup:
             op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
                              dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
                              seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=self.ranks,
-                             rank=self.rt.rank)
+                             rank=self.rt.rank, root=spec_fields.get("root", NO_ROOT))
         return _Compiled(program, op, buffer_sizes(spec)["work"] if checked.uses_work else None)
 
     def _scratch(self, count: int, dtype: np.dtype, slot: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from ..compression import Site
 from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, ErdmaError, ProtocolError
 from ..transport.base import Transport
 from ..transport.mailbox import Request, as_bytes
-from ..transport.wire import DATA, RAW, Header, make_header
+from ..transport.wire import DATA, NO_ROOT, RAW, Header, make_header
 from . import reduce_ops
 from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
 from .program import Msg, Program, Stage
@@ -41,6 +41,7 @@ class _OpFields(NamedTuple):
     job: int
     group: int
     reduce_op: ReduceOp | None
+    root: int  # the root's rank in the group (rooted ops), else wire.NO_ROOT
     timeout: float
     ranks: Sequence[int]
     rank: int
@@ -58,8 +59,8 @@ class Op(_OpFields):
 
     def __new__(cls, *, name: str, opcode: int, dtype: str, dtype_code: int, numel: int, job: int, group: int,
                 seq: int, reduce_op: ReduceOp | None, timeout: float, ranks: Sequence[int],
-                rank: int, algorithm: str = "", key: Hashable | None = None) -> Op:
-        return _new(cls, (name, algorithm, opcode, dtype, dtype_code, numel, job, group, reduce_op, timeout,
+                rank: int, algorithm: str = "", key: Hashable | None = None, root: int = NO_ROOT) -> Op:
+        return _new(cls, (name, algorithm, opcode, dtype, dtype_code, numel, job, group, reduce_op, root, timeout,
                           ranks, rank, seq, key, time.monotonic() + timeout))
 
     def again(self, seq: int, key: Hashable | None) -> Op:
@@ -96,7 +97,7 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
     stages = program.stages
     last = len(stages) - 1
     seq, deadline, numel = op.seq, op.deadline, op.numel
-    head = (DATA, op.job, op.dtype_code, op.opcode, op.reduce_op.code if op.reduce_op else 0, op.group)
+    head = (DATA, op.job, op.dtype_code, op.opcode, op.reduce_op.code if op.reduce_op else 0, op.root, op.group)
     posted: list[_Pending] | None = None
     for i, st in enumerate(stages):
         for c in st.copies:

@@ -22,6 +22,7 @@ import struct
 from collections.abc import Callable
 
 from ..errors import AuthenticationError, ConfigError, ProtocolError
+from .wire import WIRE_VERSION
 
 log = logging.getLogger("erdma.security")
 NONCE = 16
@@ -59,7 +60,6 @@ def check(key: bytes, label: bytes, transcript: bytes, mac: bytes) -> bool:
 
 HELLO = struct.Struct("<4sHHQII16s")
 HELLO_MAGIC = b"ERDH"
-WIRE_VERSION = 3
 # statuses: what the dialler asks, what the acceptor answers
 REQUEST, CHALLENGE, ACCEPTED = 0, 1, 2
 WRONG_JOB, WRONG_WORLD, UNEXPECTED_RANK, DUPLICATE_RANK, BAD_PROOF = 10, 11, 12, 13, 14

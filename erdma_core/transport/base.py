@@ -38,6 +38,20 @@ class TransportContext:
     max_early_bytes: int = DEFAULT_EARLY_BYTES  # per peer, for frames ahead of their receives (the mailbox's)
 
 
+def failure_key(job: int) -> str:
+    """The store key a rank that cannot take part in job ``job`` writes its reason to."""
+    return f"erdma/failed/{job & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def failed_elsewhere(store: Store, job: int) -> str | None:
+    """Why another rank gave up during set-up (a world size or secret that differs), or None. Transports
+    look while they wait for peers, so that the others fail at once instead of at the connect timeout."""
+    try:
+        return store.get(failure_key(job), 0.001).decode(errors="replace")
+    except Exception:  # not there (a timeout), or the store is gone: nothing to report
+        return None
+
+
 class Transport(Protocol):
     """A full mesh of reliable message channels between the ranks of one job.
 
@@ -47,7 +61,9 @@ class Transport(Protocol):
     (the socket transports do; a transport with an I/O thread of its own just waits). A receive matches a
     send by (peer,
     ``header.key``); a receive whose header disagrees with the sender's (opcode, reduce op, dtype, numel,
-    count) fails with ``MismatchError``. A lost peer fails every pending and later request with
+    count, root) fails with ``MismatchError``, and so does ``begin`` when a message of an earlier collective
+    was never received (the ranks ran different collectives, or the same with different roots or sizes, and
+    the peers are told). A lost peer fails every pending and later request with
     ``PeerLostError``. ``abort`` fails everything and tells the peers (they fail with an error carrying the
     reason). ``close`` is idempotent.
 
@@ -150,7 +166,7 @@ class MessageTransport:
     # ---- the Transport calls ------------------------------------------------------------------------------
     def connect(self, ctx: TransportContext) -> None:
         self.rank, self.world_size, self.job = ctx.rank, ctx.world_size, ctx.job
-        self.mailbox = Mailbox(ctx.rank, ctx.job, ctx.max_early_bytes)
+        self.mailbox = Mailbox(ctx.rank, ctx.job, ctx.max_early_bytes, on_mismatch=self._mismatch)
         peers = [p for p in range(ctx.world_size) if p != ctx.rank]
         self._inboxes = {p: FrameInbox(ctx.rank, p, self.mailbox) for p in peers}
         self._sent = dict.fromkeys(peers, 0)
@@ -162,7 +178,17 @@ class MessageTransport:
             raise
 
     def begin(self, group: int, seq: int) -> None:
-        self.mailbox.begin(group, seq)
+        err = self.mailbox.begin(group, seq)
+        if err is not None:
+            self._mismatch(err)
+            raise err
+
+    def _mismatch(self, error: BaseException) -> None:
+        """A peer ran a collective differently (another op, root or size at the same sequence number): every
+        rank fails with the error, now, rather than finishing with different results."""
+        if self.mailbox.aborted is None:
+            log.error("%s", error)
+        self.abort(error, wait=False)
 
     def irecv(self, peer: int, header: Header, out: memoryview) -> Request:
         return self.mailbox.post_recv(peer, header, out)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from ..engine import dtypes, ops, reduce_ops
 from ..errors import MismatchError, ProtocolError
-from .wire import OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
+from .wire import NO_ROOT, OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
 
 
 def encoded_limit(raw_bytes: int) -> int:
@@ -96,7 +97,8 @@ class _Early:
 
 def describe(h: Header) -> str:
     red = f", op={reduce_ops.NAMES.get(h.redop, h.redop)}" if h.redop else ""
-    return f"{ops.name_of(h.opcode)}(dtype={dtypes.name_of(h.dtype)}, numel={h.numel}, count={h.count}{red})"
+    root = f", root={h.root}" if h.root != NO_ROOT else ""
+    return f"{ops.name_of(h.opcode)}(dtype={dtypes.name_of(h.dtype)}, numel={h.numel}, count={h.count}{red}{root})"
 
 
 def check_match(rank: int, peer: int, expected: Header, got: Header) -> MismatchError | ProtocolError | None:
@@ -126,8 +128,13 @@ class Mailbox:
     (``security.max_early_bytes``): a peer that claims more is breaking the protocol, and nothing is
     allocated for it."""
 
-    def __init__(self, rank: int, job: int, early_bytes: int = DEFAULT_EARLY_BYTES) -> None:
+    def __init__(self, rank: int, job: int, early_bytes: int = DEFAULT_EARLY_BYTES,
+                 on_mismatch: Callable[[MismatchError], None] | None = None) -> None:
+        """``on_mismatch(error)``: a peer sent a collective's message this rank can never receive (it ran
+        another collective at that sequence number, or the same with another root or size); the transport
+        aborts the job with it. Without it, the error fails this mailbox only."""
         self.rank = rank
+        self.on_mismatch = on_mismatch
         self.job32 = job & 0xFFFFFFFF
         self.early_limit = early_bytes
         self._early_bytes: dict[int, int] = {}  # peer -> bytes held for frames that came before their receive
@@ -140,15 +147,33 @@ class Mailbox:
         self.aborted: BaseException | None = None
         self.rejected = 0
 
-    def begin(self, group: int, seq: int) -> None:
-        """A collective ``seq`` starts in ``group``: frames of older sequences are stale from now on."""
+    def begin(self, group: int, seq: int) -> MismatchError | None:
+        """A collective ``seq`` starts in ``group``. A frame of an older sequence that no receive took means
+        the ranks disagreed on that collective: returns the error (and later ones count as such too)."""
         with self._lock:
             self._floor[group] = seq
             if not self._unexpected:
-                return
-            for key in [k for k in self._unexpected if k[1][0] == group and k[1][1] < seq]:
-                self._release(key[0], self._unexpected.pop(key))
+                return None
+            stale = [(k[0], self._unexpected.pop(k)) for k in
+                     [k for k in self._unexpected if k[1][0] == group and k[1][1] < seq]]
+            for peer, early in stale:
+                self._release(peer, early)
                 self.rejected += 1
+        if not stale:
+            return None
+        return self._never_received(stale[0][0], stale[0][1].header)
+
+    def _never_received(self, peer: int, h: Header) -> MismatchError:
+        return MismatchError(f"rank {self.rank}: rank {peer} sent a message of collective #{h.seq} of group {h.group} "
+                             f"({describe(h)}) that this rank never received: the ranks called different collectives "
+                             "there, or the same one with different roots, sizes or algorithms",
+                             rank=self.rank, op=ops.name_of(h.opcode))
+
+    def _mismatch(self, error: MismatchError) -> None:
+        if self.on_mismatch is not None:
+            self.on_mismatch(error)
+        else:
+            self.abort(error)
 
     def post_recv(self, peer: int, meta: Header, out: memoryview) -> Request:
         req = Request()
@@ -178,13 +203,21 @@ class Mailbox:
         if h.job & 0xFFFFFFFF != self.job32:
             raise ProtocolError(f"rank {self.rank}: frame from rank {peer} carries job {h.job:#x}, "
                                 f"this job is {self.job32:#x}")
+        clash: _Posted | None = None
         with self._lock:
             key = (peer, (h.group, h.seq, h.tag))
-            if not h.group & P2P_GROUP_BIT and h.seq < self._floor.get(h.group, 0):
+            collective = not h.group & P2P_GROUP_BIT
+            floor = self._floor.get(h.group, 0)
+            stale = collective and h.seq < floor
+            if stale:
                 self.rejected += 1
-                return None, None  # stale collective: read and drop
-            posted = self._posted.pop(key, None)
-            if posted is None:
+            posted = None if stale else self._posted.pop(key, None)
+            if posted is None and collective and h.seq == floor:  # the op under way here: does it agree?
+                clash_key = next((k for k, p in self._posted.items() if k[1][0] == h.group and k[1][1] == h.seq
+                                  and (p.meta[OP_FIELDS] != h[OP_FIELDS] or p.meta.numel != h.numel)), None)
+                if clash_key is not None:
+                    clash = self._posted.pop(clash_key)
+            if posted is None and not stale and clash is None:
                 held = self._early_bytes.get(peer, 0) + h.nbytes
                 if held > self.early_limit:
                     raise ProtocolError(f"rank {self.rank}: rank {peer} sent {held} bytes ahead of their receives "
@@ -194,7 +227,15 @@ class Mailbox:
                 early = _Early(h, bytearray(h.nbytes))
                 self._unexpected[key] = early
                 return memoryview(early.data), ("early", key, early)
-            self._inflight[key] = posted.req  # abort() must still reach it while its payload arrives
+            if posted is not None:
+                self._inflight[key] = posted.req  # abort() must still reach it while its payload arrives
+        if stale:  # a message of a collective this rank has finished: nobody here will ever take it
+            self._mismatch(self._never_received(peer, h))
+            return None, None
+        if clash is not None:  # another rank runs this sequence number as another op, root or size
+            clash.req.complete(check_match(self.rank, peer, clash.meta, h))
+            return None, None
+        assert posted is not None
         err = check_match(self.rank, peer, posted.meta, h)
         if err is not None:
             return None, ("fail", key, err)
@@ -221,6 +262,13 @@ class Mailbox:
             if self._unexpected.pop(a, None) is not None:
                 self._release(a[0], b)
         _deliver(self.rank, a[0], b.waiter, b)
+
+    def waiting_on(self) -> set[int]:
+        """The peers this rank has posted receives for that have not completed (a transport that cannot
+        hear a peer die probes these)."""
+        with self._lock:
+            peers = {k[0] for k in self._posted} | {k[0] for k in self._inflight}
+            return peers | {k[0] for k, e in self._unexpected.items() if e.waiter is not None}
 
     def _release(self, peer: int, early: _Early) -> None:
         """An early frame left the mailbox (delivered or dropped): its bytes no longer count (lock held)."""

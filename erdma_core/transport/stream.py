@@ -13,10 +13,10 @@ import socket
 import threading
 import time
 
-from ..errors import AuthenticationError, CollectiveTimeoutError, ErdmaError, ProtocolError
+from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, ProtocolError
 from . import auth
 from .accept import Acceptor
-from .base import MessageTransport, TransportContext
+from .base import MessageTransport, TransportContext, failed_elsewhere
 from .frames import StreamReader
 from .mailbox import Request
 from .progress import Channel, Progress
@@ -32,6 +32,7 @@ def brief(ranks: list[int], shown: int = 8) -> str:
         return str(ranks)
     return f"[{', '.join(map(str, ranks[:shown]))}, ... ({len(ranks)} ranks)]"
 POLL = 1.0  # seconds a socket call may block before deadlines and shutdown are looked at again
+SETUP_POLL = 0.5  # seconds between looks at the store, during set-up, for a rank that gave up
 
 
 class SocketTransport(MessageTransport):
@@ -73,9 +74,11 @@ class SocketTransport(MessageTransport):
         acceptor.start()
         try:
             for peer in range(self.rank):
-                addrs = ctx.store.get(f"{self.key}/addr/{peer}", max(0.01, deadline - time.monotonic())).decode()
+                addrs = self._address_of(ctx, peer, deadline)
                 self._add(peer, self._dial_peer(peer, addrs.split(), deadline))
-            acceptor.join(max(0.0, deadline - time.monotonic()) + POLL)
+            while acceptor.is_alive() and time.monotonic() < deadline:
+                acceptor.join(SETUP_POLL)
+                self._check_others(ctx)
         finally:
             accepting.stop = True
             acceptor.join(2 * POLL)
@@ -95,6 +98,23 @@ class SocketTransport(MessageTransport):
                                          rank=self.rank, op="connect")
         self._progress = Progress(list(self.channels.values()), self._channel_ended, f"erdma-io-{self.rank}",
                                   self.spin)
+
+    def _address_of(self, ctx: TransportContext, peer: int, deadline: float) -> str:
+        """``peer``'s published addresses, waiting for them (and looking whether a rank gave up meanwhile)."""
+        key = f"{self.key}/addr/{peer}"
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return ctx.store.get(key, max(0.01, min(SETUP_POLL, left))).decode()
+            except CollectiveTimeoutError:
+                self._check_others(ctx)
+                if left <= SETUP_POLL:
+                    raise
+
+    def _check_others(self, ctx: TransportContext) -> None:
+        why = failed_elsewhere(ctx.store, ctx.job)
+        if why is not None:
+            raise ConfigError(f"rank {self.rank}: set-up stopped: {why}")
 
     def _dial_peer(self, peer: int, addrs: list[str], deadline: float) -> socket.socket:
         sock, addr = None, " ".join(addrs)

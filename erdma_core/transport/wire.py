@@ -13,7 +13,7 @@ version 3 written down in ``auth`` (40 bytes, with a 16-byte nonce, followed by 
     world   I  world size
     spare   Q  0
 
-FRAME header, 60 bytes, followed by ``nbytes`` of payload::
+FRAME header, 64 bytes, followed by ``nbytes`` of payload::
 
     magic  4s  b"ERDF"
     kind    B  1 = DATA, 2 = ABORT (payload: ABORT_BODY then the UTF-8 reason), 3 = BYE (closing; ``seq``
@@ -22,6 +22,7 @@ FRAME header, 60 bytes, followed by ``nbytes`` of payload::
     opcode  B  erdma_core.engine.ops code of the collective (0 for ABORT and BYE)
     redop   B  ReduceOp code of the collective (0: none)
     job     I  low 32 bits of the job id
+    root    I  the root rank (in the group) of broadcast, reduce, gather and scatter; NO_ROOT (0xFFFFFFFF) else
     group   I  process-group id (bit 31 set: point-to-point send/recv)
     tag     I  message index inside the collective
     seq     Q  collective sequence number in the group (send/recv: the user tag)
@@ -42,10 +43,11 @@ import attrs
 
 from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 HELLO = struct.Struct("<4sHHQIIQ")
 HELLO_MAGIC = b"ERDH"
-FRAME = struct.Struct("<4sBBBBIIIQIIQQQ")
+FRAME = struct.Struct("<4sBBBBIIIIQIIQQQ")
+NO_ROOT = 0xFFFFFFFF
 FRAME_MAGIC = b"ERDF"
 DATA, ABORT, BYE = 1, 2, 3
 HELLO_REQUEST, HELLO_ACCEPTED, HELLO_REJECTED = 0, 1, 2
@@ -108,6 +110,7 @@ class _Fields(NamedTuple):
     dtype: int
     opcode: int
     redop: int
+    root: int
     group: int
     tag: int
     seq: int
@@ -118,7 +121,7 @@ class _Fields(NamedTuple):
     nbytes: int
 
 
-OP_FIELDS = slice(_Fields._fields.index("dtype"), _Fields._fields.index("redop") + 1)  # dtype, opcode, redop
+OP_FIELDS = slice(_Fields._fields.index("dtype"), _Fields._fields.index("root") + 1)  # dtype, opcode, redop, root
 SIZE_FIELDS = slice(_Fields._fields.index("numel"), _Fields._fields.index("count") + 1)  # numel, count
 
 
@@ -129,25 +132,25 @@ class Header(_Fields):
 
     __slots__ = ()
 
-    def __new__(cls, *, kind: int, job: int, dtype: int = 0, opcode: int = 0, redop: int = 0, group: int = 0,
-                tag: int = 0, seq: int = 0, codec: int = RAW, meta: int = 0, numel: int = 0, count: int = 0,
-                nbytes: int = 0) -> Header:
-        return _new(cls, (kind, job, dtype, opcode, redop, group, tag, seq, codec, meta, numel, count, nbytes))
+    def __new__(cls, *, kind: int, job: int, dtype: int = 0, opcode: int = 0, redop: int = 0, root: int = NO_ROOT,
+                group: int = 0, tag: int = 0, seq: int = 0, codec: int = RAW, meta: int = 0, numel: int = 0,
+                count: int = 0, nbytes: int = 0) -> Header:
+        return _new(cls, (kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count, nbytes))
 
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.group, self.seq, self.tag)
 
     def pack(self) -> bytes:
-        kind, job, dtype, opcode, redop, group, tag, seq, codec, meta, numel, count, nbytes = self
-        return _pack(FRAME_MAGIC, kind, dtype, opcode, redop, job & 0xFFFFFFFF, group, tag, seq, codec, meta, numel,
-                     count, nbytes)
+        kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count, nbytes = self
+        return _pack(FRAME_MAGIC, kind, dtype, opcode, redop, job & 0xFFFFFFFF, root, group, tag, seq, codec, meta,
+                     numel, count, nbytes)
 
     @classmethod
     def parse(cls, data: bytes | memoryview) -> Header:
         if len(data) != FRAME.size:
             raise ProtocolError(f"short frame header: {len(data)} of {FRAME.size} bytes")
-        magic, kind, dtype, opcode, redop, job, group, tag, seq, codec, meta, numel, count, nbytes = _unpack(data)
+        magic, kind, dtype, opcode, redop, job, root, group, tag, seq, codec, meta, numel, count, nbytes = _unpack(data)
         if magic != FRAME_MAGIC:
             raise ProtocolError(f"bad frame magic {bytes(magic)!r}")
         if kind != DATA and kind != ABORT and kind != BYE:
@@ -158,11 +161,11 @@ class Header(_Fields):
             raise ProtocolError(f"frame says {meta} bytes of codec metadata in a {nbytes}-byte payload")
         if kind != DATA and nbytes > MAX_CONTROL_BYTES:
             raise ProtocolError(f"control frame (kind {kind}) of {nbytes} bytes exceeds {MAX_CONTROL_BYTES}")
-        return _new(cls, (kind, job, dtype, opcode, redop, group, tag, seq, codec, meta, numel, count, nbytes))
+        return _new(cls, (kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count, nbytes))
 
 
 def make_header(fields: tuple[int, ...]) -> Header:
-    """A header from its 13 fields in declaration order (kind, job, dtype, opcode, redop, group, tag, seq,
+    """A header from its 14 fields in declaration order (kind, job, dtype, opcode, redop, root, group, tag, seq,
     codec, meta, numel, count, nbytes)."""
     return _new(Header, fields)
 

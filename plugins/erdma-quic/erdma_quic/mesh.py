@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -41,6 +41,7 @@ from .streams import Inbound, hello_stream, numbered
 log = logging.getLogger("erdma.quic")
 REFUSED = 0x0100  # application close code: credentials or HELLO refused
 UNREACHABLE_GRACE = 0.5  # seconds a peer whose port is unreachable has to be heard from again
+PROBE_AFTER = 0.25  # seconds of silence from a peer this rank waits for data from, before it is sent a PING
 REDIAL_DELAY = 0.05  # seconds between a connection's end and the first redial
 REDIAL_RETRY = 0.5  # seconds a redial may go unanswered before another replaces it (a fresh first flight)
 MAX_PENDING = 64  # accepted connections not yet identified
@@ -157,12 +158,15 @@ class Link:
 
 class Mesh:
     def __init__(self, settings: Settings, configure: Configure, identify: Identify,
-                 inbound_for: Callable[[int], Inbound]) -> None:
+                 inbound_for: Callable[[int], Inbound], awaited: Callable[[], Iterable[int]] | None = None) -> None:
         """``configure(client, addr, peer, ticket)`` gives a connection's aioquic configuration;
         ``identify(certificate, chain, allowed_ranks)`` the rank a dialler's certificate proves (or raises
-        ``CredentialError``); ``inbound_for(peer)`` where that peer's streams go."""
+        ``CredentialError``); ``inbound_for(peer)`` where that peer's streams go; ``awaited()`` the peers this
+        rank waits for data from: one silent for ``PROBE_AFTER`` is sent a PING, so that a peer that died
+        while this rank only listened is found by its port's 'unreachable' answer, not at the next keepalive."""
         self.s = settings
-        self.configure, self.identify, self.inbound_for = configure, identify, inbound_for
+        self.configure, self.identify, self.inbound_for, self.awaited = configure, identify, inbound_for, awaited
+        self._probe_at: float | None = None
         self.links: dict[int, Link] = {}  # peers that joined
         self.closing = False
         self.bad_datagrams = 0
@@ -255,6 +259,21 @@ class Mesh:
 
     def start_keepalive(self, now: float) -> None:
         self._keepalive_at = now + self.s.keepalive_interval
+        if self.awaited is not None:
+            self._probe_at = now + PROBE_AFTER
+
+    def _probe(self, now: float) -> None:
+        """PING the awaited peers that have been silent for ``PROBE_AFTER``."""
+        assert self.awaited is not None
+        self._probe_at = now + PROBE_AFTER
+        if self.closing:
+            return
+        for peer in set(self.awaited()):
+            link = self.links.get(peer)
+            s = link.session if link is not None else None
+            if s is not None and not s.terminated and s.ready and now - s.last_rx >= PROBE_AFTER:
+                s.conn.send_ping(1)
+                self._touch(s)
 
     def handle_timer(self, now: float) -> None:
         self._now = now
@@ -280,6 +299,8 @@ class Mesh:
                     link.redial_at = now + REDIAL_RETRY
             if link.give_up_at is not None and link.give_up_at <= now:
                 self._give_up(link)
+        if self._probe_at is not None and self._probe_at <= now:
+            self._probe(now)
         if self._keepalive_at is not None and self._keepalive_at <= now:
             self._keepalive_at = now + self.s.keepalive_interval
             if not self.closing:
@@ -314,6 +335,8 @@ class Mesh:
     def get_timer(self) -> float | None:
         """When ``handle_timer`` is next due (None: nothing is). Called after every input, so kept cheap."""
         best = self._keepalive_at
+        if self._probe_at is not None and (best is None or self._probe_at < best):
+            best = self._probe_at
         for s in self._sessions:
             t = s.timer
             if s.suspect_since is not None:

@@ -5,7 +5,7 @@ Every message travels on unidirectional streams of its own, so a lost packet sta
 belongs to. A message larger than ``part_bytes`` is cut into parts, each on its own stream. A stream carries
 one prefix and then its bytes, and ends (FIN) with them::
 
-    kind    B  1 = HELLO (then the 32-byte wire HELLO), 2 = PART (then the 44-byte wire FRAME header)
+    kind    B  1 = HELLO (then the 32-byte wire HELLO), 2 = PART (then the 64-byte wire FRAME header)
     number  Q  the part's number: 1, 2, 3 ... per direction of a pair of ranks, across its connections
     offset  Q  where this part's bytes start in the message's payload
     length  Q  how many payload bytes follow on this stream

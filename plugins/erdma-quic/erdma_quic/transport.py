@@ -15,11 +15,12 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, ProtocolError
 from erdma_core.transport import addresses
-from erdma_core.transport.base import MessageTransport, TransportContext
+from erdma_core.transport.base import MessageTransport, TransportContext, failed_elsewhere
 from erdma_core.transport.mailbox import Request
 from erdma_core.transport.wire import Header
 
@@ -88,7 +89,7 @@ class QuicTransport(MessageTransport):
         if ctx.advertise is not None:
             host, port = ctx.advertise(host, port)
         self.mesh = Mesh(settings(o, self.rank, self.world_size, self.job, creds.verify), creds.configure,
-                         creds.identify, self._inbound_for)
+                         creds.identify, self._inbound_for, self.mailbox.waiting_on)
         self.endpoint = Endpoint(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
         ctx.store.set(f"quic/addr/{self.rank}", f"{host}:{port}".encode())
         deadline = time.monotonic() + ctx.connect_timeout
@@ -97,7 +98,7 @@ class QuicTransport(MessageTransport):
         for peer in range(self.rank):
             addr = addresses.published(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
             self.endpoint.call(self.mesh.dial, peer, addr, self.endpoint.now)
-        self._wait_all(deadline, ctx.connect_timeout)
+        self._wait_all(deadline, ctx.connect_timeout, lambda: failed_elsewhere(ctx.store, ctx.job))
         if self.lanes is not None:
             self.lanes.connect(ctx, bind_host, listen_host, deadline)
         self.endpoint.call(self.mesh.start_keepalive, self.endpoint.now)
@@ -135,7 +136,8 @@ class QuicTransport(MessageTransport):
             assert self.mesh is not None
             self.mesh.fail(ev.peer, self.peer_lost(ev.peer, ev.why))
 
-    def _wait_all(self, deadline: float, timeout: float) -> None:
+    def _wait_all(self, deadline: float, timeout: float, gave_up: Callable[[], str | None]) -> None:
+        """Until every peer joined; ``gave_up()`` says why another rank stopped its set-up (or None)."""
         want = set(range(self.world_size)) - {self.rank}
         with self._cond:
             while True:
@@ -152,6 +154,13 @@ class QuicTransport(MessageTransport):
                     raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect over QUIC within "
                                                  f"{timeout:.1f}s{more}", rank=self.rank, op="connect")
                 self._cond.wait(min(left, 0.5))
+                self._cond.release()  # the store is asked without the lock the loop thread reports under
+                try:
+                    why = gave_up()
+                finally:
+                    self._cond.acquire()
+                if why is not None:
+                    raise ConfigError(f"rank {self.rank}: set-up stopped: {why}")
 
     def _refusals(self) -> str:
         """The listener's latest refusals, read on the loop thread that records them."""
