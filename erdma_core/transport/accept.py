@@ -73,9 +73,7 @@ class Acceptor:
     def _accept(self, listener: socket.socket) -> None:
         try:
             sock, addr = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
+        except OSError:  # nothing to accept after all (BlockingIOError), or the listener closed
             return
         if len(self._pending) >= MAX_PENDING:
             oldest = min(self._pending, key=lambda s: self._pending[s].deadline)

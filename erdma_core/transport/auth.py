@@ -19,10 +19,11 @@ import ipaddress
 import logging
 import os
 import struct
+import warnings
 from collections.abc import Callable
 
 from ..errors import AuthenticationError, ConfigError, ProtocolError
-from .wire import WIRE_VERSION
+from .wire import HELLO_MAGIC, WIRE_VERSION, unpack_hello
 
 log = logging.getLogger("erdma.security")
 NONCE = 16
@@ -59,7 +60,6 @@ def check(key: bytes, label: bytes, transcript: bytes, mac: bytes) -> bool:
 # ---- the transport handshake (HELLO, wire version 3) --------------------------------------------------------
 
 HELLO = struct.Struct("<4sHHQII16s")
-HELLO_MAGIC = b"ERDH"
 # statuses: what the dialler asks, what the acceptor answers
 REQUEST, CHALLENGE, ACCEPTED = 0, 1, 2
 WRONG_JOB, WRONG_WORLD, UNEXPECTED_RANK, DUPLICATE_RANK, BAD_PROOF = 10, 11, 12, 13, 14
@@ -79,13 +79,7 @@ def pack_hello(status: int, job: int, rank: int, world: int, nonce_: bytes = byt
 
 def parse_hello(data: bytes) -> tuple[int, int, int, int, bytes]:
     """``(status, job, rank, world, nonce)`` of a HELLO; ProtocolError for anything else."""
-    if len(data) != HELLO.size:
-        raise ProtocolError(f"short hello: {len(data)} of {HELLO.size} bytes")
-    magic, version, status, job, rank, world, nonce_ = HELLO.unpack(data)
-    if magic != HELLO_MAGIC:
-        raise ProtocolError(f"bad hello magic {magic!r}; not an eRDMA peer")
-    if version != WIRE_VERSION:
-        raise ProtocolError(f"peer speaks wire version {version}, this rank {WIRE_VERSION}")
+    status, job, rank, world, nonce_ = unpack_hello(HELLO, data)
     return status, job, rank, world, nonce_
 
 
@@ -249,8 +243,6 @@ def warn_if_exposed(host: str, secret: bytes, what: str) -> None:
            "Set the same ERDMA_SECRET on every rank (`erdma run` makes one per job); "
            "security.require_secret = true makes this an error.")
     log.warning("%s", msg)
-    import warnings
-
     warnings.warn(msg, stacklevel=3)
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -94,14 +94,21 @@ class Hello:
 
     @classmethod
     def parse(cls, data: bytes) -> Hello:
-        if len(data) != HELLO.size:
-            raise ProtocolError(f"short hello: {len(data)} of {HELLO.size} bytes")
-        magic, version, status, job, rank, world, _ = HELLO.unpack(data)
-        if magic != HELLO_MAGIC:
-            raise ProtocolError(f"bad hello magic {magic!r}; not an eRDMA peer")
-        if version != WIRE_VERSION:
-            raise ProtocolError(f"peer speaks wire version {version}, this rank {WIRE_VERSION}")
+        status, job, rank, world, _ = unpack_hello(HELLO, data)
         return cls(status=status, job=job, rank=rank, world=world)
+
+
+def unpack_hello(layout: struct.Struct, data: bytes) -> tuple[Any, ...]:
+    """The fields after magic and version of a HELLO laid out as ``layout`` (this module's, or the
+    authenticated one of ``auth``); ProtocolError for a short one, another magic or another wire version."""
+    if len(data) != layout.size:
+        raise ProtocolError(f"short hello: {len(data)} of {layout.size} bytes")
+    magic, version, *rest = layout.unpack(data)
+    if magic != HELLO_MAGIC:
+        raise ProtocolError(f"bad hello magic {magic!r}; not an eRDMA peer")
+    if version != WIRE_VERSION:
+        raise ProtocolError(f"peer speaks wire version {version}, this rank {WIRE_VERSION}")
+    return tuple(rest)
 
 
 class _Fields(NamedTuple):

@@ -129,9 +129,10 @@ def test_shared_secret_derives_one_ca_per_job():
             cred.check_peer(leaf.cert, [], ca_pem, JOB, {1})
 
 
-def test_secret_mode_ranks_connect():
+def _connect_and_exchange(opts: dict, secret: bytes = b"") -> None:
+    """Two ranks with ``opts`` (and the job's ``secret``) connect, and 3 MiB cross intact."""
     store = MemoryStore()
-    ranks = [start(r, 2, store, JOB, options(secret="s3cret")) for r in range(2)]
+    ranks = [start(r, 2, store, JOB, opts, secret=secret) for r in range(2)]
     for _, th, _ in ranks:
         th.join(15)
     try:
@@ -140,6 +141,10 @@ def test_secret_mode_ranks_connect():
     finally:
         for t, _, _ in ranks:
             t.close()
+
+
+def test_secret_mode_ranks_connect():
+    _connect_and_exchange(options(secret="s3cret"))
 
 
 def test_ranks_with_different_secrets_both_name_the_secret():
@@ -161,16 +166,7 @@ def test_ranks_with_different_secrets_both_name_the_secret():
 
 def test_the_jobs_secret_stands_for_quics_own():
     """With no secret or CA of its own, QUIC derives its CA from security.secret (``ctx.secret``)."""
-    store = MemoryStore()
-    ranks = [start(r, 2, store, JOB, options(), secret=b"the job's") for r in range(2)]
-    for _, th, _ in ranks:
-        th.join(15)
-    try:
-        assert [e for _, _, e in ranks] == [[], []]
-        assert _exchange(ranks[0][0], ranks[1][0])
-    finally:
-        for t, _, _ in ranks:
-            t.close()
+    _connect_and_exchange(options(), secret=b"the job's")
 
 
 def test_insecure_dev_mode_says_so(caplog):
