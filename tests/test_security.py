@@ -137,12 +137,13 @@ def test_idle_connections_do_not_keep_ranks_out_of_the_store(served, monkeypatch
 # ---- the transport handshake -----------------------------------------------------------------------------
 
 
-def _rank(rank: int, store, secret: bytes, results: dict, timeout: float = 10.0, job: int = 0x5EC) -> None:
+def _rank(rank: int, store, secret: bytes, results: dict, timeout: float = 10.0, job: int = 0x5EC,
+          tls: bool = False) -> None:
     from erdma_core.plugins.builtin import TCP_OPTIONS
     from erdma_core.transport.base import TransportContext
     from erdma_core.transport.tcp import TcpTransport
 
-    t = TcpTransport(None, {k: o.default for k, o in TCP_OPTIONS.items()} | {"local_sockets": False})
+    t = TcpTransport(None, {k: o.default for k, o in TCP_OPTIONS.items()} | {"local_sockets": False, "tls": tls})
     try:
         t.connect(TransportContext(rank=rank, world_size=2, store=store, job=job, connect_timeout=timeout,
                                    secret=secret))
@@ -385,3 +386,68 @@ def test_a_rank_that_cannot_join_stops_the_others_set_up(tmp_path, why):
               "secret": "not signed with this rank's security.secret"}[why]
     assert reason in got[1]
     assert got[0].startswith("ConfigError: rank 0: set-up stopped: rank 1: ") and reason in got[0]
+
+
+# ---- TLS on the TCP path -------------------------------------------------------------------------------------
+
+
+def tls_allreduce(pg):
+    from erdma_core.transport.tls import TlsSocket
+
+    encrypted = all(isinstance(ch.sock, TlsSocket) for ch in pg.rt.transport.channels.values())
+    out = []
+    for n in (1024, 3 << 20):  # one small frame; 12 MiB in 4 MiB chunks, written in parts
+        a = np.arange(n, dtype=np.float32) * (pg.rank() + 1)
+        pg.allreduce(a)
+        out.append(a)
+    return encrypted, out
+
+
+def test_tls_carries_a_job_bit_for_bit():
+    config = {"transport.tcp.tls": True, "transport.tcp.local_sockets": False, "security.secret": "s"}
+    with World(3, config, timeout=60) as world:
+        results = world.run(tls_allreduce)
+    for encrypted, (small, big) in results:
+        assert encrypted
+        np.testing.assert_array_equal(small, np.arange(1024, dtype=np.float32) * 6)
+        np.testing.assert_array_equal(big, np.arange(3 << 20, dtype=np.float32) * 6)
+
+
+def _relay(listener: socket.socket, upstream: tuple[str, int], seen: list) -> None:
+    """Someone on the path: forwards the authenticated handshake it cannot forge, then ends TLS on both
+    sides with a certificate of its own, to read and change what follows."""
+    import ssl
+
+    from erdma_core.transport import tls as tls_mod
+
+    down, _ = listener.accept()
+    up = socket.create_connection(upstream)
+    for src, dst, n in ((down, up, auth.HELLO.size), (up, down, auth.HELLO.size + auth.MAC),
+                        (down, up, auth.MAC), (up, down, auth.HELLO.size)):
+        dst.sendall(recv_exact(src, n))
+    server_ctx, client_ctx = tls_mod.make_contexts(tls_mod.make_identity())  # a certificate not rank 0's
+    try:
+        down_tls = server_ctx.wrap_socket(down, server_side=True)
+        up_tls = client_ctx.wrap_socket(up)
+        up_tls.sendall(recv_exact(down_tls, auth.MAC))  # the binding proofs, passed on
+        down_tls.sendall(recv_exact(up_tls, auth.MAC))
+        seen.append("in the middle")
+    except (OSError, ConnectionError, ssl.SSLError) as exc:
+        seen.append(exc)
+
+
+def test_tls_refuses_a_relay_that_ends_it_on_both_sides(tmp_path):
+    store, results, seen = FileStore(tmp_path), {}, []
+    r0 = _start(_rank, 0, store, SECRET, results, 10.0, 0x5EC, True)
+    real = _address(store, 0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    relay = _start(_relay, listener, real, seen)
+    store.set("tcp/addr/0", f"127.0.0.1:{listener.getsockname()[1]}".encode())  # the path now goes through it
+    r1 = _start(_rank, 1, store, SECRET, results, 10.0, 0x5EC, True)
+    for th in (r0, r1, relay):
+        th.join(30)
+    listener.close()
+    assert seen == ["in the middle"]  # it did hold both TLS sessions ...
+    assert isinstance(results[1], AuthenticationError) and "something in the middle" in str(results[1])
+    # ... and rank 0 refused the connection (its proof did not match), so it still misses rank 1
+    assert isinstance(results[0], Exception)

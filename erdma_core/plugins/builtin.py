@@ -32,6 +32,9 @@ TCP_OPTIONS = {
                       "than a small message; 0: sleep at once", minimum=0, maximum=1_000_000),
     "local_sockets": Option(bool, True, "ranks on the same host and network namespace connect over a Unix-domain "
                             "socket instead of TCP"),
+    "tls": Option(bool, False, "encrypt every TCP connection with TLS 1.3 (the standard library's ssl), bound to "
+                  "the job's secret; needs the cryptography package (erdma-core[tls]); Unix sockets between ranks "
+                  "of one host stay plaintext"),
 }
 
 

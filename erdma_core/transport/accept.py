@@ -37,6 +37,7 @@ class Acceptor:
         self.listeners, self.deadline = listeners, deadline
         self.key, self.job, self.rank, self.world, self.tune = key, job, rank, world, tune
         self.accepted: dict[int, socket.socket] = {}
+        self.transcripts: dict[int, bytes] = {}  # what each accepted rank's proof covered
         self.refused: deque[str] = deque(maxlen=8)  # the latest reasons, for the set-up error
         self.duplicates: set[int] = set()
         self.stop = False
@@ -118,6 +119,7 @@ class Acceptor:
             return
         self.tune(sock)
         self.accepted[rank] = sock
+        self.transcripts[rank] = p.hs.transcript
 
     def _drop(self, sock: socket.socket, why: str) -> None:
         p = self._pending.pop(sock)

@@ -96,6 +96,7 @@ class Dialling:
         self.key, self.job, self.rank, self.peer, self.world = key, job, rank, peer, world
         self.nonce = nonce_ or nonce()
         self.error: AuthenticationError | None = None
+        self.transcript = b""  # what both proofs covered (TLS binds its session to it)
 
     def first(self) -> bytes:
         return pack_hello(REQUEST, self.job, self.rank, self.world, self.nonce)
@@ -108,7 +109,7 @@ class Dialling:
             return None
         if rank != self.peer:
             raise ProtocolError(f"rank {self.rank}: the process at rank {self.peer}'s address says it is rank {rank}")
-        t = _transcript(self.job, self.rank, self.peer, self.world, self.nonce, theirs)
+        t = self.transcript = _transcript(self.job, self.rank, self.peer, self.world, self.nonce, theirs)
         if not check(self.key, _ACCEPT, t, data[HELLO.size:HELLO.size + MAC]):
             self.error = AuthenticationError(f"rank {self.rank}: the process at rank {self.peer}'s address could not "
                                              "prove it knows the job's secret (security.secret differs between "
@@ -170,6 +171,11 @@ class Accepting:
         self._t = _transcript(self.job, rank, self.rank, self.world, theirs, self.nonce)
         self.need = MAC
         return pack_hello(CHALLENGE, self.job, self.rank, self.world, self.nonce) + prove(self.key, _ACCEPT, self._t)
+
+    @property
+    def transcript(self) -> bytes:
+        """What both proofs covered (TLS binds its session to it)."""
+        return self._t
 
     def _refuse(self, status: int) -> bytes:
         self.refused = f"claimed rank {self.rank_claimed}: {REASONS[status]}"

@@ -44,6 +44,7 @@ class SocketTransport(MessageTransport):
 
     key = "stream"
     spin = 0.0  # seconds a thread waiting for a message polls before it sleeps (see ``Progress.wait``)
+    tls = False  # TLS over each TCP connection once it is authenticated (``transport.tcp.tls``)
 
     def __init__(self) -> None:
         super().__init__()
@@ -85,7 +86,7 @@ class SocketTransport(MessageTransport):
             for listener, _ in listening:
                 listener.close()
         for peer, sock in accepting.accepted.items():
-            self._add(peer, sock)
+            self._add(peer, self._secure(sock, True, accepting.transcripts[peer], peer, deadline))
         if accepting.duplicates:
             raise AuthenticationError(f"rank {self.rank}: two processes proved to be rank(s) "
                                       f"{sorted(accepting.duplicates)} of this job (duplicate rank); "
@@ -153,7 +154,16 @@ class SocketTransport(MessageTransport):
             raise hs.error
         self.tune(sock)
         sock.settimeout(POLL)
-        return sock
+        return self._secure(sock, False, hs.transcript, peer, deadline)
+
+    def _secure(self, sock: socket.socket, server: bool, transcript: bytes, peer: int, deadline: float) -> socket.socket:
+        """TLS over an authenticated TCP connection when ``self.tls`` (Unix sockets stay as they are)."""
+        if not self.tls or sock.family != socket.AF_INET:
+            return sock
+        from . import tls
+
+        return tls.secure(sock, server=server, key=self._key, transcript=transcript,  # type: ignore[return-value]
+                          timeout=max(0.1, deadline - time.monotonic()), rank=self.rank, peer=peer)
 
     def _add(self, peer: int, sock: socket.socket) -> None:
         self.channels[peer] = Channel(peer, sock, StreamReader(self.inbox(peer)))

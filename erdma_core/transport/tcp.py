@@ -39,6 +39,7 @@ class TcpTransport(SocketTransport):
         super().__init__()
         self.opts = section
         self.spin = section["spin_us"] / 1e6
+        self.tls = section["tls"]
 
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         bind_host, advertised = addresses.choose(self.opts["bind_address"], self.opts["interface"],
