@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import testcodecs
 
+import erdma_core
 from erdma_core.testing import World
 
 HERE = Path(__file__).resolve().parent
@@ -26,8 +27,9 @@ def codec_plugin(install_plugin):
 
 
 def world(size, codec, **extra):
-    return World(size, {"compression.name": codec, "compression.min_bytes": 0, "timeouts.collective": 60.0,
-                        **extra}, timeout=120)
+    """Every collective compressed (``compression.ops = "all"``): the tests below check each of them."""
+    return World(size, {"compression.name": codec, "compression.min_bytes": 0, "compression.ops": "all",
+                        "timeouts.collective": 60.0, **extra}, timeout=120)
 
 
 def digest(a):
@@ -63,6 +65,52 @@ def below_threshold(pg):
 def test_messages_below_min_bytes_go_raw(codec_plugin):
     with World(3, {"compression.name": "fp16", "compression.min_bytes": 4096}) as w:
         assert w.run(below_threshold) == [(210000.0, 0)] * 3
+
+
+def by_role(pg):
+    """70000 does not fit float16: a collective that was compressed with fp16 says so with an inf."""
+    out = {}
+    for op in ("allreduce", "broadcast", "allgather", "reduce_scatter"):
+        a = np.full(3000, 70000.0, np.float32)
+        if op == "allreduce":
+            pg.allreduce(a)
+        elif op == "broadcast":
+            pg.broadcast(a, src=0)
+        elif op == "allgather":
+            g = np.empty(3000 * pg.size(), np.float32)
+            pg.allgather(g, a)
+            a = g
+        else:
+            r = np.empty(1000, np.float32)
+            pg.reduce_scatter(r, a)
+            a = r
+        out[op] = bool(np.isinf(a).any())
+    return out
+
+
+@pytest.mark.parametrize("ops, compressed", [
+    ("auto", {"allreduce", "reduce_scatter"}),  # a lossy codec: the reductions (gradients), not parameters
+    ("all", {"allreduce", "broadcast", "allgather", "reduce_scatter"}),
+    ("broadcast, allreduce", {"allreduce", "broadcast"}),
+])
+def test_compression_ops_choose_the_collectives(codec_plugin, ops, compressed):
+    with World(3, {"compression.name": "fp16", "compression.min_bytes": 0, "compression.ops": ops}) as w:
+        results = w.run(by_role)
+    for result in results:
+        assert {op for op, inf in result.items() if inf} == compressed
+
+
+def test_compression_ops_refuses_what_is_not_a_collective(codec_plugin, tmp_path):
+    from erdma_core.engine.codecs import parse_ops
+    from erdma_core.errors import ConfigError
+
+    assert parse_ops("auto", lossy=False) is None and parse_ops("all", lossy=True) is None
+    with pytest.raises(ConfigError, match=r"'compression\.ops': invalid value 'allreduce,bcast' \('bcast' is not a "
+                                          r"collective\); valid: auto, all, or a comma-separated list of allreduce, "
+                                          r"broadcast"):
+        parse_ops("allreduce,bcast", lossy=True)
+    with pytest.raises(ConfigError, match=r"'compression\.ops'"):
+        erdma_core.init({"compression.ops": "nothing"}, rank=0, world_size=1, init_method=f"file://{tmp_path}")
 
 
 def every_collective(pg, algorithms):

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import attrs
 
 from .. import config as cfg
-from ..engine.codecs import Codecs
+from ..engine.codecs import Codecs, parse_ops
 from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
@@ -123,7 +123,8 @@ def _codecs(comps: Components, conf: cfg.Config) -> Codecs:
 
     name = conf["compression.name"]
     sender = None if name == "none" else make(comps.get("compressor", name))
-    return Codecs(sender, conf["compression.min_bytes"], lookup)
+    ops = parse_ops(conf["compression.ops"], bool(sender is not None and sender.lossy))
+    return Codecs(sender, conf["compression.min_bytes"], lookup, ops)
 
 
 def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: float) -> int:

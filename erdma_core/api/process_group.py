@@ -97,7 +97,7 @@ class ProcessGroup:
         if compiled is None:
             compiled = self._plans[ckey] = self._compile(name, count, dtype, buffers["out"].itemsize, reduce_op,
                                                          algorithm, spec_fields)
-        codecs = self.rt.codecs
+        codecs = self.rt.codecs.for_op(name)
         if codecs.lossy and key is None:
             key = _memory_key(buffers["out"], dtype)
         if "in" not in buffers:

@@ -179,10 +179,11 @@ SMALL = 64 << 10  # sizes up to this take ``small_iters`` iterations: their time
 
 
 def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int,
-          max_seconds: float | None = None, small_iters: int | None = None) -> list[dict[str, Any]]:
+          max_seconds: float | None = None, small_iters: int | None = None, rtol: float = 0.0) -> list[dict[str, Any]]:
     """Time ``op`` at each size (``small_iters`` iterations up to 64 KiB when given, like OSU's
     micro-benchmarks, else ``iters``); with ``max_seconds``, stop before a size whose loop would take
-    longer than that, predicted from the sizes before (from the max over ranks: every rank stops alike)."""
+    longer than that, predicted from the sizes before (from the max over ranks: every rank stops alike).
+    An element is wrong when it differs from the expected value (by more than ``rtol`` times it)."""
     rows = []
     p = backend.size
     shown = 0.0
@@ -200,7 +201,8 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
             start = time.perf_counter()
             backend.op(op, t_out, t_in)
             took = time.perf_counter() - start
-            wrong += int(np.count_nonzero(out != expected))
+            wrong += int(np.count_nonzero(np.abs(out - expected) > rtol * np.abs(expected)) if rtol
+                         else np.count_nonzero(out != expected))
             if i >= warmup:
                 elapsed += took
             if backend.rank == 0 and time.perf_counter() - shown > 0.5:  # now and then: a write skews the ranks
@@ -255,6 +257,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "pip install 'erdma-core[torch]')")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="skip the remaining (larger) sizes once one's loop is predicted to take longer than this")
+    ap.add_argument("--rtol", type=float, default=None,
+                    help="count an element wrong only when it is further than RTOL x |expected| from the expected "
+                         "value (default: exact; a lossy compressor needs its error bound)")
     ap.add_argument("--json", default=None, help="write all rows to this file (rank 0)")
 
 
@@ -281,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for cls in [BACKENDS[args.backend]] + ([_Gloo] if args.compare == "gloo" else []):
         backend = cls(args.algorithm)
-        rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup, args.max_seconds, args.small_iters)
+        rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup, args.max_seconds, args.small_iters,
+                     args.rtol or 0.0)
         if backend.rank == 0:
             print(table(rows), flush=True)
         results.append(rows)

@@ -39,6 +39,10 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
             "name": Option(str, "none", "compressor applied to the messages of collectives",
                            choices=lambda: names("compressor")),
             "min_bytes": Option(int, 65536, "messages smaller than this (raw bytes) are sent raw", minimum=0),
+            "ops": Option(str, "auto", "collectives whose messages are compressed: auto (a lossy compressor: the "
+                          "reductions allreduce, reduce and reduce_scatter, which carry gradients, while parameters "
+                          "and data travel raw; a lossless one: every collective), all, or a comma-separated list "
+                          "of collectives"),
         },
         "collectives": collectives,
         "timeouts": {

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..compression import Compressor, Site
-from ..errors import ProtocolError
+from ..errors import ConfigError, ProtocolError
 from ..transport.mailbox import encoded_limit
 from ..transport.wire import RAW, Header, codec_id
 
@@ -19,18 +19,54 @@ MIXED = object()  # Forwarding.lookup: the range is partly a peer's
 OWN = object()  # Forwarding.lookup: the range is this rank's own
 
 
+REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter"})
+
+
+def parse_ops(value: str, lossy: bool) -> frozenset[str] | None:
+    """``compression.ops`` as the set of collectives to compress (None: every one)."""
+    from .ops import COLLECTIVES
+
+    text = value.strip()
+    if text == "all" or (text == "auto" and not lossy):
+        return None
+    if text == "auto":
+        return REDUCTIONS
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in COLLECTIVES]
+    if bad or not names:
+        raise ConfigError(f"config key 'compression.ops': invalid value {value!r}"
+                          f"{f' ({bad[0]!r} is not a collective)' if bad else ''}; valid: auto, all, or a "
+                          f"comma-separated list of {', '.join(COLLECTIVES)}")
+    return frozenset(names)
+
+
 class Codecs:
     """This rank's compressors: the configured one for sending (None: everything goes raw) and, for
     receiving, any installed one, found by the codec id a frame carries."""
 
-    def __init__(self, sender: Compressor | None, min_bytes: int, lookup: Any) -> None:
-        """``lookup(codec_id) -> Compressor | None`` makes the receiving side's instance of a codec."""
+    def __init__(self, sender: Compressor | None, min_bytes: int, lookup: Any,
+                 ops: frozenset[str] | None = None) -> None:
+        """``lookup(codec_id) -> Compressor | None`` makes the receiving side's instance of a codec; ``ops``:
+        the collectives whose messages ``sender`` encodes (None: all)."""
         self.sender = sender
         self.sender_id = codec_id(sender.name) if sender is not None else RAW
         self.lossy = bool(sender is not None and sender.lossy)
         self.min_bytes = min_bytes
+        self.ops = ops
         self._lookup = lookup
         self._decoders: dict[int, Compressor] = {self.sender_id: sender} if sender is not None else {}
+        self._receiving: Codecs | None = None
+
+    def for_op(self, op: str) -> Codecs:
+        """These codecs for collective ``op``: themselves, or, for an op the compressor does not apply to, a
+        twin that sends raw and still decodes whatever arrives."""
+        if self.sender is None or self.ops is None or op in self.ops:
+            return self
+        if self._receiving is None:
+            twin = Codecs(None, self.min_bytes, self._lookup)
+            twin._decoders = self._decoders
+            self._receiving = twin
+        return self._receiving
 
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Outgoing | None:
         """``data`` encoded for the wire, or None to send it raw."""

@@ -1,0 +1,81 @@
+"""Entry point ``erdma.plugins: gpucomp``: registers the compressors and their options. Importing it is cheap:
+numpy, cupy, lz4, zstandard and nvcomp are imported only when a job selects or receives a codec."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from erdma_core import hookimpl
+from erdma_core.config import Option
+
+DEVICE = Option(str, "auto", "where this rank encodes: auto (a CUDA GPU when cupy sees one, else the CPU), cpu, "
+                "cuda (refused without a GPU)", choices=("auto", "cpu", "cuda"))
+FEEDBACK = {
+    "error_feedback": Option(bool, True, "add what each encode lost to the next encode of the same buffer range "
+                             "(error feedback); off: the loss is dropped"),
+    "feedback_max_bytes": Option(int, 4 << 30, "bound on the residuals error feedback keeps (the oldest go first)",
+                                 minimum=0),
+}
+
+
+def _lossy(cls_name: str) -> Callable[[Any, dict[str, Any]], Any]:
+    def make(config: Any, section: dict[str, Any]) -> Any:
+        from . import lossy
+
+        return getattr(lossy, cls_name)(config, section)
+
+    return make
+
+
+def _lossless(cls_name: str) -> Callable[[Any, dict[str, Any]], Any]:
+    def make(config: Any, section: dict[str, Any]) -> Any:
+        from . import lossless
+
+        return getattr(lossless, cls_name)(config, section)
+
+    return make
+
+
+def _nvcomp(name: str) -> Callable[[Any, dict[str, Any]], Any]:
+    def make(config: Any, section: dict[str, Any]) -> Any:
+        from .lossless import Nvcomp
+
+        return Nvcomp(name, config, section)
+
+    return make
+
+
+def _block(default: int) -> Option:
+    return Option(int, default, "elements per scale: smaller blocks follow the data more closely and send more "
+                  "scales (4 bytes each)", minimum=2, maximum=1 << 20)
+
+
+def _shuffle() -> Option:
+    return Option(bool, True, "byte-shuffle multi-byte elements before compressing (floats compress better)")
+
+
+@hookimpl
+def erdma_register_compressors(register: Any) -> None:
+    lossy = {"device": DEVICE, **FEEDBACK}
+    register("fp16", _lossy("Fp16"), options=lossy,
+             description="float32/float64 as float16 (2x or 4x fewer bytes), error feedback")
+    register("bf16", _lossy("Bf16"), options=lossy,
+             description="float32/float64 as bfloat16 (float32's range, 8-bit mantissa), error feedback")
+    register("int8", _lossy("Int8"), options={**lossy, "block": _block(256)},
+             description="blockwise absmax int8 (about 3.9x fewer bytes than float32), error feedback")
+    register("int4", _lossy("Int4"), options={**lossy, "block": _block(64)},
+             description="blockwise absmax int4 (about 7x fewer bytes than float32), error feedback")
+    register("topk", _lossy("TopK"), options={**lossy, "fraction": Option(
+        float, 0.01, "share of elements sent (those of largest magnitude); the rest wait in error feedback",
+        minimum=1e-6, maximum=0.5)}, description="top-k sparsification (index, value pairs), error feedback")
+    register("lz4", _lossless("Lz4"), options={"device": DEVICE, "shuffle": _shuffle(), "acceleration": Option(
+        int, 1, "LZ4's acceleration on the CPU: higher is faster and compresses less", minimum=1, maximum=65537)},
+        description="lossless LZ4 (CPU: python-lz4; GPU: nvcomp), byte shuffle")
+    register("zstd", _lossless("Zstd"), options={"device": DEVICE, "shuffle": _shuffle(), "level": Option(
+        int, 1, "zstd level on the CPU (1 fastest ... 22 smallest)", minimum=-7, maximum=22)},
+        description="lossless zstd (CPU: zstandard; GPU: nvcomp), byte shuffle")
+    gpu = {"device": Option(str, "cuda", "nvcomp-only codecs run on a CUDA GPU", choices=("cuda", "auto"))}
+    for name, what in (("cascaded", "run-length, delta and bit-packing"), ("bitcomp", "bit-packing of numbers"),
+                       ("ans", "asymmetric numeral systems"), ("gdeflate", "GPU deflate")):
+        register(name, _nvcomp(name), options=gpu, description=f"lossless nvcomp {what}; GPU only")
