@@ -16,6 +16,7 @@ import pytest
 import testcodecs
 
 import erdma_core
+from erdma_core.compression import Encoded
 from erdma_core.testing import World
 
 HERE = Path(__file__).resolve().parent
@@ -246,3 +247,56 @@ def test_receivers_decode_codecs_they_were_not_configured_with(codec_plugin, tmp
     assert lines[1].startswith("[rank 1] ProtocolError") and "encoded by codec 0x" in lines[1] \
         and "which no compressor installed here has" in lines[1], lines
     assert lines[0].startswith("[rank 0] AbortedError") and "rank 1 aborted the job" in lines[0], lines
+
+
+class _Slow:
+    """A codec whose encode takes a known time and halves the bytes."""
+
+    name, lossy = "slow", False
+
+    def encode(self, data, dtype, site):
+        import time
+
+        time.sleep(0.01)
+        return Encoded(data.view(np.uint8)[: data.nbytes // 2].copy())
+
+
+def test_policy_auto_encodes_only_where_the_link_is_slower_than_the_codec():
+    from erdma_core.engine.codecs import PROBE_EVERY, Codecs
+
+    rates = {1: 1e3, 2: 1e12, 3: None}  # bytes/s: a slow link, a fast one, one not measured yet
+    codecs = Codecs(_Slow(), 0, lambda cid: None, link_rate=rates.get)
+    assert codecs.worth(2, 1 << 20)  # nothing measured: encode (and measure)
+    codecs.encode(np.zeros(1 << 18, np.float32), "float32", None)
+    assert codecs.ratio == 0.5 and codecs.encode_s > 0.01 / (1 << 20)
+    decisions = [codecs.worth(2, 1 << 20) for _ in range(2 * PROBE_EVERY)]
+    assert decisions.count(True) == 2 and decisions[PROBE_EVERY - 1]  # only the probes
+    assert all(codecs.worth(1, 1 << 20) for _ in range(10))  # 0.5 MiB saved at 1 kB/s: worth 10 ms and more
+    assert codecs.worth(3, 1 << 20)
+    always = Codecs(_Slow(), 0, lambda cid: None)
+    always.encode(np.zeros(1 << 18, np.float32), "float32", None)
+    assert all(always.worth(2, 1 << 20) for _ in range(10))
+
+
+def fast_link(pg):
+    a = np.full(3000, 70000.0, np.float32)
+    results = []
+    for _ in range(5):
+        a[:] = 70000.0
+        pg.allreduce(a)
+        results.append(float(a[0]))
+    peer = pg.ranks[1 - pg.rank()]
+    return results, pg.rt.transport.link_rate(peer), testcodecs.calls(pg)["fp16"]
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_policy_auto_stops_encoding_on_a_fast_link(codec_plugin, local):
+    """fp16 cannot hold 70000: the first allreduce is encoded (inf), then the policy finds the link (a Unix
+    socket, or loopback TCP at GB/s) faster than the codec and sends raw (exact)."""
+    with World(2, {"compression.name": "fp16", "compression.min_bytes": 0, "compression.policy": "auto",
+                   "transport.tcp.local_sockets": local}) as w:
+        results = w.run(fast_link)
+    for values, rate, calls in results:
+        assert np.isinf(values[0]) and values[1:] == [140000.0] * 4
+        assert rate == np.inf if local else 1e6 < rate < np.inf
+        assert calls == 1

@@ -89,7 +89,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
             f"traversal.{conf['traversal.name']}"))
         name = conf["transport.name"]
         transport = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
-        codecs = _codecs(comps, conf)
+        codecs = _codecs(comps, conf, getattr(transport, "link_rate", None))
         udp = getattr(traversal, "udp_socket", None)
         transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
                                            connect_timeout=connect_timeout, advertise=traversal.advertise,
@@ -106,7 +106,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     return pg
 
 
-def _codecs(comps: Components, conf: cfg.Config) -> Codecs:
+def _codecs(comps: Components, conf: cfg.Config, link_rate: Any = None) -> Codecs:
     """The configured compressor for sending; any installed one, made on first use, for receiving."""
     made: dict[int, Any] = {}
 
@@ -124,7 +124,8 @@ def _codecs(comps: Components, conf: cfg.Config) -> Codecs:
     name = conf["compression.name"]
     sender = None if name == "none" else make(comps.get("compressor", name))
     ops = parse_ops(conf["compression.ops"], bool(sender is not None and sender.lossy))
-    return Codecs(sender, conf["compression.min_bytes"], lookup, ops)
+    auto = conf["compression.policy"] == "auto"
+    return Codecs(sender, conf["compression.min_bytes"], lookup, ops, link_rate if auto else None)
 
 
 def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: float) -> int:

@@ -43,6 +43,10 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                           "reductions allreduce, reduce and reduce_scatter, which carry gradients, while parameters "
                           "and data travel raw; a lossless one: every collective), all, or a comma-separated list "
                           "of collectives"),
+            "policy": Option(str, "always", "always: encode every message the settings above select; auto: per "
+                             "message, only when the time its saved bytes would take on the link (the transport's "
+                             "measured rate to that peer) exceeds the codec's measured encode and decode time",
+                             choices=("always", "auto")),
         },
         "collectives": collectives,
         "timeouts": {

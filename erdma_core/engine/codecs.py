@@ -5,6 +5,8 @@ rank's result bit-identical (``Forwarding``). The executor calls these per messa
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,13 @@ from ..transport.wire import RAW, Header, codec_id
 Outgoing = tuple[int, int, memoryview]  # (codec id, metadata bytes, payload)
 MIXED = object()  # Forwarding.lookup: the range is partly a peer's
 OWN = object()  # Forwarding.lookup: the range is this rank's own
+
+
+PROBE_EVERY = 32  # compression.policy auto: every so many messages are encoded anyway, to keep measuring
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else 0.8 * old + 0.2 * new
 
 
 REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter"})
@@ -45,10 +54,16 @@ class Codecs:
     receiving, any installed one, found by the codec id a frame carries."""
 
     def __init__(self, sender: Compressor | None, min_bytes: int, lookup: Any,
-                 ops: frozenset[str] | None = None) -> None:
+                 ops: frozenset[str] | None = None, link_rate: Callable[[int], float | None] | None = None) -> None:
         """``lookup(codec_id) -> Compressor | None`` makes the receiving side's instance of a codec; ``ops``:
-        the collectives whose messages ``sender`` encodes (None: all)."""
+        the collectives whose messages ``sender`` encodes (None: all); ``link_rate(peer)``: bytes per second
+        the transport measured towards a global rank (given: ``compression.policy = "auto"``, see ``worth``)."""
         self.sender = sender
+        self.link_rate = link_rate
+        self.encode_s: float | None = None  # seconds per raw byte to encode (moving average of this rank's)
+        self.decode_s: float | None = None  # ... to decode a message of this codec (this rank's receives)
+        self.ratio: float | None = None  # bytes sent per raw byte
+        self._asked = 0
         self.sender_id = codec_id(sender.name) if sender is not None else RAW
         self.lossy = bool(sender is not None and sender.lossy)
         self.min_bytes = min_bytes
@@ -56,6 +71,21 @@ class Codecs:
         self._lookup = lookup
         self._decoders: dict[int, Compressor] = {self.sender_id: sender} if sender is not None else {}
         self._receiving: Codecs | None = None
+
+    def worth(self, peer: int, nbytes: int) -> bool:
+        """Whether to encode ``nbytes`` for global rank ``peer``: always, unless ``link_rate`` was given; then
+        only when the bytes encoding saves would take longer on the link than encoding and decoding take (both
+        measured here; until they are, and every ``PROBE_EVERY``-th message after, it encodes)."""
+        if self.link_rate is None or self.encode_s is None or self.ratio is None:
+            return True
+        self._asked += 1
+        if self._asked % PROBE_EVERY == 0:
+            return True
+        rate = self.link_rate(peer)
+        if rate is None:
+            return True
+        decode_s = self.decode_s if self.decode_s is not None else self.encode_s
+        return nbytes * (1 - self.ratio) / rate > nbytes * (self.encode_s + decode_s)
 
     def for_op(self, op: str) -> Codecs:
         """These codecs for collective ``op``: themselves, or, for an op the compressor does not apply to, a
@@ -71,11 +101,16 @@ class Codecs:
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Outgoing | None:
         """``data`` encoded for the wire, or None to send it raw."""
         assert self.sender is not None
+        start = time.perf_counter()
         enc = self.sender.encode(data, dtype, site)
+        took = time.perf_counter() - start
         if enc is None:
-            return None
+            return None  # the codec sends these raw (a dtype it does not handle, say): nothing measured
         body = memoryview(enc.payload).cast("B")
         meta = bytes(enc.meta)
+        if data.nbytes:
+            self.encode_s = _average(self.encode_s, took / data.nbytes)
+            self.ratio = _average(self.ratio, min(1.0, (len(meta) + len(body)) / data.nbytes))
         if len(meta) + len(body) > encoded_limit(data.nbytes):
             return None  # larger than the raw bytes allow: raw instead
         if not meta:
@@ -100,12 +135,15 @@ class Codecs:
                 raise ProtocolError(f"rank {rank}: rank {peer} sent a payload encoded by codec {header.codec:#010x}, "
                                     "which no compressor installed here has (erdma plugins lists them)")
             self._decoders[header.codec] = comp
+        start = time.perf_counter()
         try:
             comp.decode(payload[header.meta:], bytes(payload[:header.meta]), dtype, out)
         except Exception as exc:
             raise ProtocolError(f"rank {rank}: compressor {comp.name!r} could not decode rank {peer}'s "
                                 f"{header.nbytes}-byte payload of {header.count} elements: {type(exc).__name__}: "
                                 f"{exc}") from exc
+        if header.codec == self.sender_id and out.nbytes:
+            self.decode_s = _average(self.decode_s, (time.perf_counter() - start) / out.nbytes)
 
 
 class Forwarding:

@@ -133,7 +133,7 @@ def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg,
     """What goes on the wire for message ``m`` of ``arr``: raw, forwarded as it came, or encoded afresh."""
     buf, off, cnt = m.buf, m.offset, m.count
     view = arr[off:off + cnt]
-    if codecs.sender is None or view.nbytes < codecs.min_bytes:
+    if codecs.sender is None or view.nbytes < codecs.min_bytes or not codecs.worth(m.to, view.nbytes):
         if fwd is not None and buf != "in":
             fwd.record(buf, off, off + cnt, None)  # a peer now holds these exact values
         return RAW, 0, as_bytes(view)

@@ -110,7 +110,8 @@ class MessageTransport:
       failed ``open``).
 
     and may override ``wait(req, deadline)`` to move bytes on the waiting thread (``SocketTransport`` does)
-    and ``fail_sends(error)`` to fail frames queued but not yet on their way when the rank aborts.
+    and ``fail_sends(error)`` to fail frames queued but not yet on their way when the rank aborts, and
+    ``link_rate(peer)`` to report the bytes per second it measured towards ``peer``.
 
     What arrives from a peer goes through ``self.inbox(peer)`` (``FrameInbox``: a frame's header, then its
     payload), for a byte stream through a ``StreamReader`` over it. A connection that fails calls
@@ -147,6 +148,11 @@ class MessageTransport:
 
     def fail_sends(self, error: BaseException) -> None:
         """Fail frames queued and not yet on their way (the rank is aborting)."""
+
+    def link_rate(self, peer: int) -> float | None:
+        """Bytes per second the path to ``peer`` has been measured to carry (``compression.policy = "auto"``
+        weighs a codec's cost against it), or None when the transport does not know."""
+        return None
 
     def inbox(self, peer: int) -> FrameInbox:
         """Where frames from ``peer`` go."""

@@ -9,7 +9,9 @@ no hand-off between threads on the way of a small collective.
 from __future__ import annotations
 
 import logging
+import math
 import socket
+import struct
 import threading
 import time
 
@@ -24,6 +26,8 @@ from .sockets import recv_exact
 from .wire import Header
 
 log = logging.getLogger("erdma.transport")
+_TCP_INFO_BYTES = 168  # struct tcp_info up to tcpi_delivery_rate (Linux 4.9 and later)
+_DELIVERY_RATE = 160  # offset of tcpi_delivery_rate (u64, bytes per second)
 
 
 def brief(ranks: list[int], shown: int = 8) -> str:
@@ -169,6 +173,21 @@ class SocketTransport(MessageTransport):
         self.channels[peer] = Channel(peer, sock, StreamReader(self.inbox(peer)))
 
     # ---- sending and waiting ----------------------------------------------------------------------------
+    def link_rate(self, peer: int) -> float | None:
+        """Bytes per second the connection to ``peer`` delivers: the kernel's measured delivery rate of TCP
+        (``TCP_INFO``), unbounded for a Unix socket (memory on one host); None before it has measured."""
+        ch = self.channels.get(peer)
+        if ch is None or ch.dead:
+            return None
+        if ch.sock.family == socket.AF_UNIX:
+            return math.inf
+        try:
+            info = ch.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+        except OSError:
+            return None
+        rate = struct.unpack_from("<Q", info, _DELIVERY_RATE)[0] if len(info) >= _TCP_INFO_BYTES else 0
+        return float(rate) or None
+
     def post(self, peer: int, header: Header, payload: memoryview, deadline: float, req: Request,
              urgent: bool = False) -> None:
         ch = self.channels.get(peer)

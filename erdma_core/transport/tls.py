@@ -137,6 +137,9 @@ class TlsSocket:
     def setsockopt(self, *args: int) -> None:
         self.tls.setsockopt(*args)
 
+    def getsockopt(self, *args: int) -> int | bytes:
+        return self.tls.getsockopt(*args)
+
     def sendmsg(self, views: Sequence[memoryview | bytes]) -> int:
         data = self._pending if self._pending is not None else _head(views, _WRITE)
         try:
