@@ -55,6 +55,17 @@ def _shuffle() -> Option:
     return Option(bool, True, "byte-shuffle multi-byte elements before compressing (floats compress better)")
 
 
+def make(name: str, *, sending: bool = True, **settings: Any) -> Any:
+    """The compressor ``name`` outside a job (benchmarks, tests): its registered defaults, ``settings`` over
+    them, as the rank that sends with it (``sending=False``: a rank that only decodes it)."""
+    made: dict[str, tuple[Any, dict[str, Option]]] = {}
+    erdma_register_compressors(lambda n, factory, *, options=None, description="": made.__setitem__(
+        n, (factory, options or {})))
+    factory, options = made[name]
+    section = {key: opt.default for key, opt in options.items()} | settings
+    return factory({"compression.name": name if sending else "none"}, section)
+
+
 @hookimpl
 def erdma_register_compressors(register: Any) -> None:
     lossy = {"device": DEVICE, **FEEDBACK}
