@@ -362,6 +362,15 @@ class Mesh:
         """Accepted connections not yet identified and settled (at most ``MAX_PENDING`` at a time)."""
         return len(self._pending)
 
+    def link_rate(self, peer: int) -> float | None:
+        """The bottleneck bandwidth (bytes/s) the congestion controller of the connection to ``peer`` measured
+        (the model-based one keeps it; cubic and reno do not: None). Read from any thread: one attribute
+        chain, no state changed."""
+        link = self.links.get(peer)
+        s = link.session if link is not None else None
+        bw = getattr(s.conn._loss._cc, "bandwidth", None) if s is not None and s.conn is not None else None
+        return float(bw) if bw else None
+
     def link_stats(self) -> dict[int, dict[str, int]]:
         """Per peer: reconnections, resumed TLS sessions, accepted 0-RTT first flights, parts sent again."""
         return {r: dict(link.stats) for r, link in self.links.items()}

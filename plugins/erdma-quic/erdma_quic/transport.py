@@ -184,6 +184,10 @@ class QuicTransport(MessageTransport):
             parts, req = mine, countdown
         self.endpoint.call(self.mesh.send, peer, parts, req, urgent)
 
+    def link_rate(self, peer: int) -> float | None:
+        """Bytes per second the congestion controller measured towards ``peer`` (lane 0's connection)."""
+        return self.mesh.link_rate(peer) if self.mesh is not None else None
+
     # ---- what tests and the lab read ------------------------------------------------------------------
     def link_stats(self) -> dict[int, dict[str, int]]:
         assert self.endpoint is not None and self.mesh is not None

@@ -130,6 +130,23 @@ def test_two_meshes_join_and_move_a_message_in_memory():
     assert r0.mesh.link_stats() == {1: {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0}}
 
 
+@pytest.mark.parametrize("cc", ["bbr", "cubic"])
+def test_link_rate_is_what_the_model_measured(cc):
+    """The model-based controller's bottleneck bandwidth (bytes/s) is the link rate compression.policy = auto
+    weighs codecs against; cubic keeps no such estimate, and a peer with no connection has none."""
+    net, r0, r1 = pair(congestion_control=cc)
+    assert r1.mesh.link_rate(5) is None
+    out = np.zeros(4 << 20, np.uint8)
+    got = r0.recv(1, 1, out)
+    r1.send(0, 1, np.ones(4 << 20, np.uint8))
+    assert net.run(lambda: got.done(), 20.0)
+    rate = r1.mesh.link_rate(0)
+    if cc == "bbr":
+        assert rate == r1.mesh.links[0].session.conn._loss._cc.bandwidth and rate > 0
+    else:
+        assert rate is None
+
+
 def test_an_outage_longer_than_the_idle_timeout_reconnects_with_0rtt_and_each_part_lands_once():
     net, r0, r1 = pair(part_bytes=65536)
     first = np.random.default_rng(2).integers(0, 256, 4 << 20, dtype=np.uint8)
