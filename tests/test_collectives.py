@@ -134,6 +134,25 @@ def test_broadcast_reduce_gather_scatter(erdma_shared_world, size):
     assert erdma_shared_world(size, CONFIG).run(rooted_cases) == [[]] * size
 
 
+def broadcast_cases(pg):
+    p, r, bad = pg.size(), pg.rank(), []
+    for dtype in DTYPES:
+        for root in range(p):
+            for n in (1, p - 1, 5003):
+                arr = make(r, n, dtype)
+                pg.broadcast(_wrap(arr, dtype), src=root)
+                if not same(arr, make(root, n, dtype)):
+                    bad.append(f"broadcast {dtype} root={root} n={n}")
+    return bad
+
+
+@pytest.mark.parametrize("size", [3, 4])
+def test_broadcast_scatter_allgather(erdma_world, size):
+    """Every root, every dtype, sizes that leave slices empty and sizes cut into chunks."""
+    w = erdma_world(size, CONFIG | {"collectives.broadcast": "scatter_allgather"})
+    assert w.run(broadcast_cases) == [[]] * size
+
+
 @pytest.mark.parametrize("size", WORLDS)
 def test_allgather_reduce_scatter(erdma_shared_world, size):
     assert erdma_shared_world(size, CONFIG).run(gather_like_cases) == [[]] * size

@@ -62,6 +62,9 @@ def test_small_allgather_and_reduce_scatter_take_the_fewest_steps():
     assert choose(op="allgather", nbytes=16385, world_size=4, config=conf) == "ring"
     assert choose(op="reduce_scatter", nbytes=8192, world_size=8, config=conf) == "recursive_halving"
     assert choose(op="reduce_scatter", nbytes=8193, world_size=8, config=conf) == "ring"
+    assert choose(op="broadcast", nbytes=(1 << 20) + 1, world_size=3, config=conf) == "scatter_allgather"
+    assert choose(op="broadcast", nbytes=1 << 20, world_size=3, config=conf) == "tree"
+    assert choose(op="broadcast", nbytes=64 << 20, world_size=2, config=conf) == "tree"
     steps = ALGOS[("allgather", "recursive_doubling")](Spec("allgather", 0, 8, 4))
     assert sum(1 for s in steps if s.sends) == 3  # against the ring's 7
 
@@ -72,6 +75,11 @@ def test_rooted_and_barrier_schedules(p):
         bufs = [{"out": np.full(3, r)} for r in range(p)]
         simulate("broadcast", "tree", [Spec("broadcast", r, p, 3, root=root) for r in range(p)], bufs)
         assert all((b["out"] == root).all() for b in bufs)
+        for n in (1, p - 1, 3 * p + 2):  # fewer elements than ranks leaves some slices empty
+            bufs = [{"out": np.arange(n) + 1000 * r} for r in range(p)]
+            simulate("broadcast", "scatter_allgather", [Spec("broadcast", r, p, n, root=root) for r in range(p)],
+                     bufs)
+            assert all((b["out"] == np.arange(n) + 1000 * root).all() for b in bufs), (p, root, n)
         bufs = [{"out": np.full(3, r + 1)} for r in range(p)]
         simulate("reduce", "tree", [Spec("reduce", r, p, 3, root=root) for r in range(p)], bufs)
         assert (bufs[root]["out"] == p * (p + 1) // 2).all()

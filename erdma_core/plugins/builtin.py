@@ -6,7 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..algorithms import alltoall, direct, halving_doubling, parameter_server, recursive_doubling, ring, tree
+from ..algorithms import (
+    alltoall,
+    direct,
+    halving_doubling,
+    parameter_server,
+    recursive_doubling,
+    ring,
+    scatter_allgather,
+    tree,
+)
 from ..config.option import Option
 from ..engine.ops import OPS
 from .hookspecs import hookimpl
@@ -77,6 +86,8 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
     register("allreduce", "parameter_server", parameter_server.allreduce, options=PS_OPTIONS,
              description="push to shard servers, reduce, pull")
     register("broadcast", "tree", tree.broadcast, description="binomial tree")
+    register("broadcast", "scatter_allgather", scatter_allgather.broadcast,
+             description="root scatters a slice to each rank, then a ring allgather (large messages, 3+ ranks)")
     register("reduce", "tree", tree.reduce, description="binomial tree")
     register("allgather", "ring", ring.allgather, description="ring")
     register("allgather", "recursive_doubling", recursive_doubling.allgather,
@@ -118,5 +129,7 @@ def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -
         return "recursive_doubling"
     if op == "reduce_scatter" and small:
         return "recursive_halving"
+    if op == "broadcast" and world_size > 2 and nbytes > config["collectives.small_message_bytes"]:
+        return "scatter_allgather"
     info = OPS.get(op)
     return info.default if info is not None else None
