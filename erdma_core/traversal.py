@@ -8,7 +8,10 @@ from typing import Any, Protocol
 class Traversal(Protocol):
     """``advertise`` is required. A strategy that prepares a UDP socket itself (binds it, learns its public
     mapping, punches holes through it) may also offer ``udp_socket() -> socket | None``: a datagram
-    transport (QUIC) then runs on that socket instead of binding its own, so the mapping stays in use."""
+    transport (QUIC) then runs on that socket instead of binding its own, so the mapping stays in use; and
+    ``punch(host, port) -> bytes | None``: a datagram the transport sends from that socket to the advertised
+    address of each peer that will dial this rank, as soon as the peer has published it, so that this rank's
+    NAT lets the peer's first packets in (the transport must ignore such datagrams when they arrive)."""
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """Given the address this rank listens on, return the address peers should dial."""

@@ -94,6 +94,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
                                            connect_timeout=connect_timeout, advertise=traversal.advertise,
                                            udp_socket=udp() if callable(udp) else None, secret=secret,
+                                           punch=getattr(traversal, "punch", None),
                                            max_early_bytes=conf["security.max_early_bytes"]))
         _check_unique(store, job, rank)
     except BaseException:

@@ -95,6 +95,9 @@ class QuicTransport(MessageTransport):
         deadline = time.monotonic() + ctx.connect_timeout
         if o["workers"]:  # they start (import, bind) while lane 0 connects
             self.lanes = Lanes(o["workers"], self.rank, self.world_size, self.job, dict(o), self._lane_events())
+        if ctx.punch is not None and ctx.udp_socket is not None:
+            threading.Thread(target=self._punch, args=(ctx, sock, deadline), name=f"erdma-punch-{self.rank}",
+                             daemon=True).start()
         for peer in range(self.rank):
             addr = addresses.published(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
             self.endpoint.call(self.mesh.dial, peer, addr, self.endpoint.now)
@@ -102,6 +105,22 @@ class QuicTransport(MessageTransport):
         if self.lanes is not None:
             self.lanes.connect(ctx, bind_host, listen_host, deadline)
         self.endpoint.call(self.mesh.start_keepalive, self.endpoint.now)
+
+    def _punch(self, ctx: TransportContext, sock: socket.socket, deadline: float) -> None:
+        """Open this rank's NAT to each rank that will dial it: the traversal's datagram to the peer's
+        advertised address as soon as it is published (twice, a moment apart, against a lost one). A peer
+        that never publishes is reported by the set-up's wait, not here."""
+        assert ctx.punch is not None
+        for peer in range(self.rank + 1, self.world_size):
+            try:
+                addr = addresses.published(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
+                datagram = ctx.punch(*addr)
+                for _ in range(2):
+                    if datagram:
+                        sock.sendto(datagram, addr)
+                    time.sleep(0.05)
+            except Exception as exc:  # the set-up's own wait names what is missing
+                log.debug("rank %d: no hole punched towards rank %d: %s", self.rank, peer, exc)
 
     def _inbound_for(self, peer: int) -> Inbound:
         return Inbound(peer, self.inbox(peer), lambda hello: None)

@@ -1,0 +1,31 @@
+"""Entry point ``erdma.plugins: p2p``: registers the ``stun`` traversal (cheap to import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from erdma_core import hookimpl
+from erdma_core.config import Option
+
+OPTIONS = {
+    "server": Option(str, "", "HOST:PORT of the STUN server asked for this rank's public mapping (coturn serves "
+                     "STUN on 3478)"),
+    "timeout": Option(float, 5.0, "seconds to wait for the STUN answer (requests are resent meanwhile)",
+                      minimum=0.1, maximum=600.0),
+    "bind_address": Option(str, "", "local address of the data socket; empty: every address"),
+    "punch": Option(bool, True, "before a peer dials this rank, send it a datagram from the data socket so that "
+                    "this rank's NAT lets the peer in; off: only ranks whose NAT lets anyone in are reachable"),
+    "port": Option(int, 0, "local UDP port of the data socket; 0: any free one", minimum=0, maximum=65535),
+}
+
+
+def _stun(config: Any, section: dict[str, Any]) -> Any:
+    from .traversal import StunTraversal
+
+    return StunTraversal(config, section)
+
+
+@hookimpl
+def erdma_register_traversals(register: Any) -> None:
+    register("stun", _stun, options=OPTIONS,
+             description="advertise the STUN-mapped address of the data socket, punch NATs open (erdma-quic)")

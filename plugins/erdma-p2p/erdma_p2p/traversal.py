@@ -1,0 +1,55 @@
+"""``traversal = "stun"``: a UDP socket bound once, its public mapping learned from a STUN server through that
+very socket, handed to the datagram transport (erdma-quic) so the mapping stays in use; peers dial the mapped
+address; and before a peer dials, a datagram from this socket to the peer's mapped address opens this rank's
+NAT to it (hole punching, for NATs that map endpoint-independently; a NAT that maps per destination needs a
+relay, which this strategy does not have yet).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from erdma_core.errors import ConfigError
+
+from . import stun
+
+PUNCH = b"\x00erdma-punch"  # not a QUIC packet (the fixed bit is 0): a QUIC endpoint drops it
+
+
+def _server(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not value or not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"config key 'traversal.stun.server': value {value!r} is not HOST:PORT of a STUN server "
+                          "(e.g. stun.example.org:3478; coturn serves STUN on 3478)")
+    try:
+        return socket.gethostbyname(host), int(port)
+    except OSError as exc:
+        raise ConfigError(f"config key 'traversal.stun.server': host {host!r} does not resolve: {exc}") from None
+
+
+class StunTraversal:
+    def __init__(self, config: Any, section: dict[str, Any]) -> None:
+        self.server = _server(section["server"])
+        self.timeout = section["timeout"]
+        self.bind = (section["bind_address"] or "0.0.0.0", section["port"])
+        self.punches = section["punch"]
+        self.mapped: stun.Mapped | None = None
+
+    def udp_socket(self) -> socket.socket:
+        """The data socket, bound, with its mapping learned (raises StunError naming the server within the
+        timeout when no answer comes)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.bind(self.bind)
+            self.mapped = stun.query(sock, self.server, self.timeout)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def advertise(self, host: str, port: int) -> tuple[str, int]:
+        return (self.mapped.host, self.mapped.port) if self.mapped is not None else (host, port)
+
+    def punch(self, host: str, port: int) -> bytes | None:
+        return PUNCH if self.punches else None

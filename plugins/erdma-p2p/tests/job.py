@@ -1,0 +1,38 @@
+"""One rank of a test job: allreduce ITERS times (results checked bit for bit), then print one JSON line
+with the address this rank advertised and what went wrong, if anything.
+
+    python job.py ITERS COUNT
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+import erdma_core
+
+
+def main() -> int:
+    iters, count = int(sys.argv[1]), int(sys.argv[2])
+    try:
+        pg = erdma_core.init()
+    except Exception as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 1
+    p, r = pg.size(), pg.rank()
+    wrong = 0
+    for i in range(iters):
+        arr = ((np.arange(count, dtype=np.int64) * (r + 1) + i) % 4096).astype(np.float32)
+        want = sum(((np.arange(count, dtype=np.int64) * (k + 1) + i) % 4096) for k in range(p)).astype(np.float32)
+        pg.allreduce(arr)
+        wrong += int(not np.array_equal(arr, want))
+    advertised = pg.rt.store.get(f"quic/addr/{r}", 1.0).decode()
+    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised}), flush=True)
+    pg.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

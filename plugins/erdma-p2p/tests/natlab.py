@@ -1,0 +1,124 @@
+"""A NAT test bed from network namespaces: a public segment (a bridge in namespace ``pub``, 198.51.100.0/24)
+with a coturn STUN server at 198.51.100.1:3478, and sites, each a NAT router (WAN 198.51.100.1x, nftables
+masquerade, unsolicited inbound on the WAN dropped, as a home router does) with one private host behind it
+(10.<site>.0.2). Everything is removed on exit, also after a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+STUN = ("198.51.100.1", 3478)
+
+
+def available() -> str | None:
+    """Why the bed cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "nft", "turnserver"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (scripts/system-deps.sh test installs it)"
+    return None
+
+
+def sh(*cmd: str, ns: str | None = None) -> str:
+    full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+    out = subprocess.run(full, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(full)}: {out.stderr.strip()}")
+    return out.stdout
+
+
+class NatLab:
+    def __init__(self, sites: int, tmp: Path, symmetric: frozenset[int] = frozenset()) -> None:
+        self.p = f"n{os.getpid() % 10000}"
+        self.sites, self.tmp, self.symmetric = sites, tmp, symmetric
+        self.namespaces: list[str] = []
+        self.stun: subprocess.Popen[bytes] | None = None
+
+    def ns(self, name: str) -> str:
+        return f"{self.p}{name}"
+
+    def host(self, site: int) -> str:
+        return self.ns(f"h{site}")
+
+    def wan(self, site: int) -> str:
+        return f"198.51.100.{10 + site}"
+
+    def __enter__(self) -> NatLab:
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _add(self, name: str) -> str:
+        ns = self.ns(name)
+        sh("ip", "netns", "add", ns)
+        self.namespaces.append(ns)
+        sh("ip", "link", "set", "lo", "up", ns=ns)
+        return ns
+
+    def _build(self) -> None:
+        pub = self._add("pub")
+        sh("ip", "link", "add", "br0", "type", "bridge", ns=pub)
+        sh("ip", "addr", "add", "198.51.100.1/24", "dev", "br0", ns=pub)
+        sh("ip", "link", "set", "br0", "up", ns=pub)
+        for i in range(self.sites):
+            router, host = self._add(f"r{i}"), self._add(f"h{i}")
+            wan, wan_peer, lan, lan_peer = (f"{self.p}{x}{i}" for x in ("w", "W", "l", "L"))
+            sh("ip", "link", "add", wan, "type", "veth", "peer", "name", wan_peer)
+            sh("ip", "link", "set", wan, "netns", router, "name", "wan0")
+            sh("ip", "link", "set", wan_peer, "netns", pub)
+            sh("ip", "link", "set", wan_peer, "master", "br0", "up", ns=pub)
+            sh("ip", "link", "add", lan, "type", "veth", "peer", "name", lan_peer)
+            sh("ip", "link", "set", lan, "netns", router, "name", "lan0")
+            sh("ip", "link", "set", lan_peer, "netns", host, "name", "eth0")
+            sh("ip", "addr", "add", f"{self.wan(i)}/24", "dev", "wan0", ns=router)
+            sh("ip", "addr", "add", f"10.{i + 1}.0.1/24", "dev", "lan0", ns=router)
+            sh("ip", "addr", "add", f"10.{i + 1}.0.2/24", "dev", "eth0", ns=host)
+            for dev, ns in (("wan0", router), ("lan0", router), ("eth0", host)):
+                sh("ip", "link", "set", dev, "up", ns=ns)
+            sh("ip", "route", "add", "default", "via", f"10.{i + 1}.0.1", ns=host)
+            sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=router)
+            masq = "masquerade random,fully-random" if i in self.symmetric else "masquerade"
+            rules = self.tmp / f"nat{i}.nft"
+            guard = ('    type filter hook {} priority 0; policy accept;\n'
+                     '    iifname "wan0" ct state established,related accept\n    iifname "wan0" drop\n')
+            rules.write_text(
+                "table ip erdmanat {\n"
+                "  chain post {\n    type nat hook postrouting priority 100;\n"
+                f"    oifname \"wan0\" {masq}\n  }}\n"
+                f"  chain forward_guard {{\n{guard.format('forward')}  }}\n"
+                f"  chain inbound {{\n{guard.format('input')}  }}\n"
+                "}\n")
+            sh("nft", "-f", str(rules), ns=router)
+        self.stun = subprocess.Popen(
+            ["ip", "netns", "exec", pub, "turnserver", "-L", STUN[0], "-p", str(STUN[1]), "--stun-only", "--no-cli",
+             "--no-tls", "--no-dtls", "--log-file", str(self.tmp / "turnserver.log"), "--simple-log",
+             "--pidfile", str(self.tmp / "turnserver.pid")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.3)
+
+    def close(self) -> None:
+        if self.stun is not None and self.stun.poll() is None:
+            self.stun.terminate()
+            try:
+                self.stun.wait(5)
+            except subprocess.TimeoutExpired:
+                self.stun.kill()
+                self.stun.wait()
+        for ns in reversed(self.namespaces):
+            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                subprocess.run(["kill", "-9", pid], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.namespaces.clear()

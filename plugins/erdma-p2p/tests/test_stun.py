@@ -1,0 +1,105 @@
+"""The STUN Binding transaction, sans-IO: requests and retransmissions as data, strict parsing of what comes
+back; then against a real coturn on loopback."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+from erdma_p2p import stun
+
+TXID = bytes(range(12))
+
+
+def response(kind: int, attrs: list[tuple[int, bytes]], txid: bytes = TXID) -> bytes:
+    body = b"".join(struct.pack("!HH", t, len(v)) + v + b"\0" * (-len(v) % 4) for t, v in attrs)
+    return struct.pack("!HHI12s", kind, len(body), stun.MAGIC, txid) + body
+
+
+def xor_address(host: str, port: int) -> bytes:
+    raw = bytes(a ^ b for a, b in zip(socket.inet_aton(host), struct.pack("!I", stun.MAGIC), strict=True))
+    return struct.pack("!BBH", 0, 1, port ^ (stun.MAGIC >> 16)) + raw
+
+
+def test_a_success_response_gives_the_xor_mapped_address():
+    data = response(stun.BINDING_SUCCESS, [(0x8022, b"coturn"), (stun.XOR_MAPPED_ADDRESS, xor_address("203.0.113.7", 40001))])
+    assert stun.parse(data, TXID) == ("203.0.113.7", 40001)
+    plain = response(stun.BINDING_SUCCESS, [(stun.MAPPED_ADDRESS, struct.pack("!BBH4s", 0, 1, 5000,
+                                                                                socket.inet_aton("192.0.2.1")))])
+    assert stun.parse(plain, TXID) == ("192.0.2.1", 5000)
+
+
+def test_an_error_response_says_the_code():
+    got = stun.parse(response(stun.BINDING_ERROR, [(stun.ERROR_CODE, b"\0\0\x04\x00Bad Request")]), TXID)
+    assert isinstance(got, stun.StunError) and str(got) == "STUN error 400: Bad Request"
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"\0" * 19, b"\0" * 600,
+    response(stun.BINDING_SUCCESS, [(stun.XOR_MAPPED_ADDRESS, xor_address("1.2.3.4", 1))], txid=b"x" * 12),
+    response(stun.BINDING_SUCCESS, [(stun.XOR_MAPPED_ADDRESS, xor_address("1.2.3.4", 1))])[:-4],  # cut short
+    response(stun.BINDING_SUCCESS, [(stun.XOR_MAPPED_ADDRESS, b"\0\2" + b"\0" * 18)]),  # IPv6: not ours
+    response(stun.BINDING_REQUEST, []),
+    response(stun.BINDING_SUCCESS, []),
+    struct.pack("!HHI12s", stun.BINDING_SUCCESS, 400, stun.MAGIC, TXID) + b"\0" * 8,  # length lies
+    struct.pack("!HHI12sHH", stun.BINDING_SUCCESS, 4, stun.MAGIC, TXID, 0x20, 200),  # attribute length lies
+    b"\x00erdma-punch",
+])
+def test_anything_else_is_ignored(data):
+    assert stun.parse(data, TXID) is None
+
+
+def test_requests_are_resent_with_doubling_waits_then_the_transaction_fails():
+    b = stun.Binding(rto=0.5, sends=3, last_wait=4, txid=TXID)
+    first = b.start(100.0)
+    assert first == stun.request(TXID) and b.timer == 100.5
+    assert b.on_timer(100.4) is None  # not yet
+    assert b.on_timer(100.5) == first and b.timer == 101.5
+    assert b.on_timer(101.5) == first and b.timer == 103.5  # the last send waits rto x last_wait
+    assert b.on_timer(103.5) is None and isinstance(b.result, stun.StunError)
+
+
+def test_the_answer_ends_the_transaction():
+    b = stun.Binding(txid=TXID)
+    b.start(0.0)
+    b.on_datagram(b"junk")
+    assert b.result is None
+    b.on_datagram(response(stun.BINDING_SUCCESS, [(stun.XOR_MAPPED_ADDRESS, xor_address("198.51.100.9", 7))]))
+    assert b.result == ("198.51.100.9", 7) and b.timer is None and b.on_timer(99.0) is None
+
+
+@pytest.fixture
+def coturn(tmp_path):
+    if shutil.which("turnserver") is None:
+        pytest.skip("coturn is not installed (scripts/system-deps.sh test installs it)")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    proc = subprocess.Popen(["turnserver", "-L", "127.0.0.1", "-p", str(port), "--stun-only", "--no-cli", "--no-tls",
+                             "--no-dtls", "--log-file", str(tmp_path / "turn.log"), "--simple-log",
+                             "--pidfile", str(tmp_path / "turn.pid")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    yield "127.0.0.1", port
+    proc.terminate()
+    proc.wait(5)
+
+
+def test_coturn_tells_a_socket_its_own_address_on_loopback(coturn):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    assert stun.query(s, coturn, 5.0) == s.getsockname()
+
+
+def test_no_server_is_a_clear_error_within_the_timeout():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    start = time.monotonic()
+    with pytest.raises(stun.StunError, match=r"no STUN answer from 127\.0\.0\.1:9 within 0\.6s"):
+        stun.query(s, ("127.0.0.1", 9), 0.6, rto=0.1)
+    assert time.monotonic() - start < 5.0  # bounded, not hung (0.6 s asked)
