@@ -19,7 +19,7 @@ HOOKS = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.st
 
 def test_hooks_are_documented():
     docs = (ROOT / "docs" / "plugins.md").read_text()
-    assert len(HOOKS) == 8
+    assert len(HOOKS) == 9
     for name in HOOKS:
         doc = inspect.getdoc(getattr(hookspecs, name)) or ""
         for part in ("Called by", "Returns"):
@@ -29,11 +29,13 @@ def test_hooks_are_documented():
 
 
 def test_builtin_implements_every_hook_but_commands():
-    """Built-ins register through the same hooks as plugins; the core's commands are the command line's own
-    (erdma_core.cli.main adds them, and calls the hook for plugins only: no cli -> hook -> builtin -> cli loop)."""
+    """Built-ins register through the same hooks as plugins; the core's commands, and its own lines of
+    erdma doctor, are the command line's own (erdma_core.cli.main adds them, and calls the hooks for plugins
+    only: no cli -> hook -> builtin -> cli loop)."""
     from erdma_core.plugins import builtin
 
-    assert sorted(n for n in dir(builtin) if n.startswith("erdma_")) == sorted(set(HOOKS) - {"erdma_add_commands"})
+    cli_side = {"erdma_add_commands", "erdma_doctor"}
+    assert sorted(n for n in dir(builtin) if n.startswith("erdma_")) == sorted(set(HOOKS) - cli_side)
 
 
 @pytest.fixture

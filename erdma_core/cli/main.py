@@ -84,7 +84,14 @@ def _doctor(args: argparse.Namespace) -> int:
     failed = [p for p in comps.plugins if p.error]
     for p in failed:
         print(f"plugin {p.name} ({p.distribution}) failed to load: {p.error}")
-    return 1 if failed else 0
+    from ..api.join import load_config
+
+    problems = 0
+    for lines in comps.pm.hook.erdma_doctor(config=load_config(None, comps)):
+        for line in lines or ():
+            print(line)
+            problems += line.startswith("problem: ")
+    return 1 if failed or problems else 0
 
 
 def _config_show(args: argparse.Namespace) -> int:

@@ -123,3 +123,15 @@ def erdma_add_commands(subparsers: Any) -> None:
     status. It must not import heavy modules until ``fn`` runs. Returns: nothing. Every implementation is
     called.
     """
+
+
+@hookspec
+def erdma_doctor(config: Any) -> list[str] | None:
+    """Add to what ``erdma doctor`` reports about this host (e.g. what its NAT does, erdma-p2p).
+
+    Called by: ``erdma_core.cli.main`` once per ``erdma doctor``, after the core's own lines. Arguments:
+    ``config``, the effective ``Config`` (a plugin reads its own section, e.g. the STUN server to ask).
+    Returns: lines to print, or None to add nothing; a line that starts with ``"problem: "`` makes
+    ``erdma doctor`` exit 1. It may take a few seconds (network probes) but must bound every wait. Every
+    implementation is called.
+    """

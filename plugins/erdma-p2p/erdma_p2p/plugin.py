@@ -10,6 +10,9 @@ from erdma_core.config import Option
 OPTIONS = {
     "server": Option(str, "", "HOST:PORT of the STUN server asked for this rank's public mapping (coturn serves "
                      "STUN on 3478)"),
+    "check_server": Option(str, "", "HOST:PORT of a second STUN server, at another address, that erdma doctor "
+                           "also asks from the same socket: the two answers tell whether the NAT maps per "
+                           "destination; empty: not tested"),
     "timeout": Option(float, 5.0, "seconds to wait for the STUN answer (requests are resent meanwhile)",
                       minimum=0.1, maximum=600.0),
     "bind_address": Option(str, "", "local address of the data socket; empty: every address"),
@@ -17,6 +20,14 @@ OPTIONS = {
                     "this rank's NAT lets the peer in; off: only ranks whose NAT lets anyone in are reachable"),
     "port": Option(int, 0, "local UDP port of the data socket; 0: any free one", minimum=0, maximum=65535),
 }
+
+
+@hookimpl
+def erdma_doctor(config: Any) -> list[str]:
+    from .doctor import report
+
+    return report(config["traversal.stun.server"], config["traversal.stun.check_server"],
+                  config["traversal.stun.timeout"])
 
 
 def _stun(config: Any, section: dict[str, Any]) -> Any:

@@ -17,20 +17,21 @@ from . import stun
 PUNCH = b"\x00erdma-punch"  # not a QUIC packet (the fixed bit is 0): a QUIC endpoint drops it
 
 
-def _server(value: str) -> tuple[str, int]:
+def server_address(value: str, what: str = "config key 'traversal.stun.server'") -> tuple[str, int]:
+    """``HOST:PORT`` of a STUN server, resolved; a ConfigError naming ``what`` otherwise."""
     host, sep, port = value.rpartition(":")
     if not value or not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"config key 'traversal.stun.server': value {value!r} is not HOST:PORT of a STUN server "
+        raise ConfigError(f"{what}: value {value!r} is not HOST:PORT of a STUN server "
                           "(e.g. stun.example.org:3478; coturn serves STUN on 3478)")
     try:
         return socket.gethostbyname(host), int(port)
     except OSError as exc:
-        raise ConfigError(f"config key 'traversal.stun.server': host {host!r} does not resolve: {exc}") from None
+        raise ConfigError(f"{what}: host {host!r} does not resolve: {exc}") from None
 
 
 class StunTraversal:
     def __init__(self, config: Any, section: dict[str, Any]) -> None:
-        self.server = _server(section["server"])
+        self.server = server_address(section["server"])
         self.timeout = section["timeout"]
         self.bind = (section["bind_address"] or "0.0.0.0", section["port"])
         self.punches = section["punch"]

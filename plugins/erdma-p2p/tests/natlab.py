@@ -1,7 +1,8 @@
 """A NAT test bed from network namespaces: a public segment (a bridge in namespace ``pub``, 198.51.100.0/24)
-with a coturn STUN server at 198.51.100.1:3478, and sites, each a NAT router (WAN 198.51.100.1x, nftables
-masquerade, unsolicited inbound on the WAN dropped, as a home router does) with one private host behind it
-(10.<site>.0.2). Everything is removed on exit, also after a failure.
+with a coturn STUN server at 198.51.100.1:3478 (and .2, for ``erdma doctor``'s mapping test), and sites:
+each a NAT router (WAN 198.51.100.1x, nftables masquerade, unsolicited inbound on the WAN dropped, as a home
+router does) with one private host behind it (10.<site>.0.2), or a host on the public segment itself.
+Everything is removed on exit, also after a failure.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 STUN = ("198.51.100.1", 3478)
+STUN_CHECK = ("198.51.100.2", 3478)  # the same coturn at its second address (erdma doctor's mapping test)
 
 
 def available() -> str | None:
@@ -34,9 +36,12 @@ def sh(*cmd: str, ns: str | None = None) -> str:
 
 
 class NatLab:
-    def __init__(self, sites: int, tmp: Path, symmetric: frozenset[int] = frozenset()) -> None:
+    def __init__(self, sites: int, tmp: Path, symmetric: frozenset[int] = frozenset(),
+                 public: frozenset[int] = frozenset()) -> None:
+        """``symmetric``: sites whose NAT maps each destination to a new port (masquerade fully-random);
+        ``public``: sites with no NAT (the host sits on the public segment at the site's WAN address)."""
         self.p = f"n{os.getpid() % 10000}"
-        self.sites, self.tmp, self.symmetric = sites, tmp, symmetric
+        self.sites, self.tmp, self.symmetric, self.public = sites, tmp, symmetric, public
         self.namespaces: list[str] = []
         self.stun: subprocess.Popen[bytes] | None = None
 
@@ -71,8 +76,12 @@ class NatLab:
         pub = self._add("pub")
         sh("ip", "link", "add", "br0", "type", "bridge", ns=pub)
         sh("ip", "addr", "add", "198.51.100.1/24", "dev", "br0", ns=pub)
+        sh("ip", "addr", "add", "198.51.100.2/24", "dev", "br0", ns=pub)  # STUN_CHECK
         sh("ip", "link", "set", "br0", "up", ns=pub)
         for i in range(self.sites):
+            if i in self.public:
+                self._public_host(pub, i)
+                continue
             router, host = self._add(f"r{i}"), self._add(f"h{i}")
             wan, wan_peer, lan, lan_peer = (f"{self.p}{x}{i}" for x in ("w", "W", "l", "L"))
             sh("ip", "link", "add", wan, "type", "veth", "peer", "name", wan_peer)
@@ -102,10 +111,21 @@ class NatLab:
                 "}\n")
             sh("nft", "-f", str(rules), ns=router)
         self.stun = subprocess.Popen(
-            ["ip", "netns", "exec", pub, "turnserver", "-L", STUN[0], "-p", str(STUN[1]), "--stun-only", "--no-cli",
+            ["ip", "netns", "exec", pub, "turnserver", "-L", STUN[0], "-L", STUN_CHECK[0], "-p", str(STUN[1]),
+             "--stun-only", "--no-cli",
              "--no-tls", "--no-dtls", "--log-file", str(self.tmp / "turnserver.log"), "--simple-log",
              "--pidfile", str(self.tmp / "turnserver.pid")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.3)
+
+    def _public_host(self, pub: str, i: int) -> None:
+        host = self._add(f"h{i}")
+        dev, peer = f"{self.p}w{i}", f"{self.p}W{i}"
+        sh("ip", "link", "add", dev, "type", "veth", "peer", "name", peer)
+        sh("ip", "link", "set", dev, "netns", host, "name", "eth0")
+        sh("ip", "link", "set", peer, "netns", pub)
+        sh("ip", "link", "set", peer, "master", "br0", "up", ns=pub)
+        sh("ip", "addr", "add", f"{self.wan(i)}/24", "dev", "eth0", ns=host)
+        sh("ip", "link", "set", "eth0", "up", ns=host)
 
     def close(self) -> None:
         if self.stun is not None and self.stun.poll() is None:

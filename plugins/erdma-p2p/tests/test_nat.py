@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from natlab import STUN, NatLab, available
+from natlab import STUN, STUN_CHECK, NatLab, available
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -53,6 +53,35 @@ def test_two_ranks_behind_two_nats_connect_directly(tmp_path):
     for rank, r in enumerate(results):
         assert r.get("wrong") == 0 and r["iters"] == 20, r
         assert r["advertised"].startswith(lab.wan(rank) + ":")  # peers dialled the NAT's public mapping
+
+
+def test_four_ranks_one_public_three_behind_nats(tmp_path):
+    with NatLab(4, tmp_path, public=frozenset({0})) as lab:
+        results = run_job(lab, tmp_path, ERDMA_TRAVERSAL="stun")
+    assert [r.get("wrong") for r in results] == [0] * 4, results
+    assert all(r["advertised"].startswith(lab.wan(i) + ":") for i, r in enumerate(results))
+
+
+def test_doctor_tells_what_each_nat_does(tmp_path):
+    with NatLab(3, tmp_path, symmetric=frozenset({1}), public=frozenset({2})) as lab:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+        said = [subprocess.run(["ip", "netns", "exec", lab.host(i), sys.executable, "-m", "erdma_core.cli", "doctor"],
+                               env=env | {"ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
+                                          "ERDMA_TRAVERSAL_STUN_CHECK_SERVER": f"{STUN_CHECK[0]}:{STUN_CHECK[1]}"},
+                               capture_output=True,
+                               text=True, timeout=60) for i in range(3)]
+        unset = subprocess.run(["ip", "netns", "exec", lab.host(0), sys.executable, "-m", "erdma_core.cli", "doctor"],
+                               env=env, capture_output=True, text=True, timeout=60)
+        gone = subprocess.run(["ip", "netns", "exec", lab.host(0), sys.executable, "-m", "erdma_core.cli", "doctor"],
+                              env=env | {"ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:9", "ERDMA_TRAVERSAL_STUN_TIMEOUT":
+                                         "0.5"}, capture_output=True, text=True, timeout=60)
+    assert all(s.returncode == 0 for s in said), [s.stdout + s.stderr for s in said]
+    assert "endpoint-independent mapping: hole punching works" in said[0].stdout
+    assert "local address 10.1.0.2:" in said[0].stdout and f"mapped to {lab.wan(0)}:" in said[0].stdout
+    assert "symmetric NAT): hole punching cannot work" in said[1].stdout
+    assert "no NAT" in said[2].stdout
+    assert unset.returncode == 0 and "NAT: not probed (set traversal.stun.server" in unset.stdout
+    assert gone.returncode == 1 and f"problem: NAT probe through {STUN[0]}:9: no STUN answer" in gone.stdout
 
 
 @pytest.mark.parametrize("case, env, symmetric", [
