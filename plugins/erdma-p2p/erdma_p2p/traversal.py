@@ -36,6 +36,7 @@ class StunTraversal:
         self.bind = (section["bind_address"] or "0.0.0.0", section["port"])
         self.punches = section["punch"]
         self.mapped: stun.Mapped | None = None
+        self.local_port: int | None = None  # the prepared socket's
 
     def udp_socket(self) -> socket.socket:
         """The data socket, bound, with its mapping learned (raises StunError naming the server within the
@@ -44,13 +45,19 @@ class StunTraversal:
         try:
             sock.bind(self.bind)
             self.mapped = stun.query(sock, self.server, self.timeout)
+            self.local_port = sock.getsockname()[1]
         except BaseException:
             sock.close()
             raise
         return sock
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:
-        return (self.mapped.host, self.mapped.port) if self.mapped is not None else (host, port)
+        """The STUN mapping of the prepared socket; a transport that listens elsewhere cannot use it."""
+        if self.mapped is None or port != self.local_port:
+            raise ConfigError(f"config key 'traversal.name': value 'stun' needs a datagram transport that runs on "
+                              f"the UDP socket it prepared (port {self.local_port}), such as erdma-quic "
+                              f"(transport.name = \"quic\"); this transport listens on {host}:{port}")
+        return self.mapped.host, self.mapped.port
 
     def punch(self, host: str, port: int) -> bytes | None:
         return PUNCH if self.punches else None

@@ -103,3 +103,13 @@ def test_no_server_is_a_clear_error_within_the_timeout():
     with pytest.raises(stun.StunError, match=r"no STUN answer from 127\.0\.0\.1:9 within 0\.6s"):
         stun.query(s, ("127.0.0.1", 9), 0.6, rto=0.1)
     assert time.monotonic() - start < 5.0  # bounded, not hung (0.6 s asked)
+
+
+def test_the_stun_traversal_refuses_a_transport_that_does_not_take_its_socket(coturn, tmp_path):
+    """TCP listens on a port of its own: the UDP mapping would be advertised for it. Refused at set-up."""
+    import erdma_core
+    from erdma_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'traversal\.name': value 'stun' needs a datagram transport .* erdma-quic"):
+        erdma_core.init({"traversal.name": "stun", "traversal.stun.server": f"{coturn[0]}:{coturn[1]}",
+                         "transport.name": "tcp"}, rank=0, world_size=1, init_method=f"file://{tmp_path}")
