@@ -150,10 +150,11 @@ class Lanes:
             self.parts_out[lane] += 1
         try:
             w.send(("send", ident, peer, head, parcels.write(os.getpid(), f"out{lane}", body)))
-        except OSError:
+        except OSError as exc:
             with self._lock:
                 self.pending.pop(ident, None)
-            req.complete(self._worker_error(w))
+            req.complete(ProtocolError(f"rank {self.rank}: QUIC lane {lane}: a part for worker (pid {w.proc.pid}) "
+                                       f"could not be handed over: {exc}"))
 
     # ---- what workers report (on the reader thread) ------------------------------------------------------
     def _read_reports(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,20 @@ def prefix(owner_pid: int) -> str:
 
 
 def _name(owner_pid: int, tag: str) -> str:
-    return f"{prefix(owner_pid)}{tag}-{os.getpid()}-{next(_counter)}"
+    """A name no other parcel has: pids are reused (pid_max may be 32768), and a process killed before it
+    swept leaves its parcels behind, so a random part keeps a new process from meeting an old name."""
+    return f"{prefix(owner_pid)}{tag}-{os.getpid()}-{_nonce}-{next(_counter)}"
+
+
+_nonce = secrets.token_hex(6)
+
+
+def _new_nonce() -> None:
+    global _nonce
+    _nonce = secrets.token_hex(6)
+
+
+os.register_at_fork(after_in_child=_new_nonce)  # a forked child must not share its parent's names
 
 
 def new(owner_pid: int, tag: str, length: int) -> tuple[str, memoryview]:

@@ -141,3 +141,27 @@ def test_workers_with_a_handed_over_socket_is_a_config_error():
         t.connect(TransportContext(rank=0, world_size=2, store=MemoryStore(), job=JOB, connect_timeout=5.0,
                                    udp_socket=sock))
     sock.close()
+
+
+def test_a_parcel_left_by_a_dead_process_with_the_same_pid_does_not_block_a_write():
+    """pids are reused; a rank killed before it swept leaves parcels named after its pid and a counter that
+    started at 0, as every process's does. The CI run that found this failed a send with FileExistsError."""
+    stale = [Path(parcels._DIR) / f"{parcels.prefix(os.getpid())}out1-{os.getpid()}-{i}" for i in range(3)]
+    for path in stale:
+        path.write_bytes(b"old")
+    names = []
+    try:
+        for _ in range(3):
+            names.append(parcels.write(os.getpid(), "out1", memoryview(b"new")))
+        assert len(set(names)) == 3 and all(bytes(parcels.take(n)) == b"new" for n in names)
+        parent_nonce = parcels._name(os.getpid(), "x").split("-")[-2]
+        child = os.fork()
+        if child == 0:  # a forked child names its parcels apart from its parent's
+            status = 1
+            try:
+                status = 0 if parcels._name(os.getpid(), "x").split("-")[-2] != parent_nonce else 2
+            finally:
+                os._exit(status)
+        assert os.waitpid(child, 0)[1] == 0
+    finally:
+        parcels.sweep(os.getpid())
