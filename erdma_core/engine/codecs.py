@@ -64,6 +64,7 @@ class Codecs:
         self.decode_s: float | None = None  # ... to decode a message of this codec (this rank's receives)
         self.ratio: float | None = None  # bytes sent per raw byte
         self._asked = 0
+        self._rates: dict[int, float | None] = {}  # link_rate per peer, as last read
         self.sender_id = codec_id(sender.name) if sender is not None else RAW
         self.lossy = bool(sender is not None and sender.lossy)
         self.min_bytes = min_bytes
@@ -75,13 +76,15 @@ class Codecs:
     def worth(self, peer: int, nbytes: int) -> bool:
         """Whether to encode ``nbytes`` for global rank ``peer``: always, unless ``link_rate`` was given; then
         only when the bytes encoding saves would take longer on the link than encoding and decoding take (both
-        measured here; until they are, and every ``PROBE_EVERY``-th message after, it encodes)."""
+        measured here; until they are, and every ``PROBE_EVERY``-th message after, it encodes). The link rate is
+        read once per peer and again with each probe, not per message."""
         if self.link_rate is None or self.encode_s is None or self.ratio is None:
             return True
         self._asked += 1
         if self._asked % PROBE_EVERY == 0:
+            self._rates[peer] = self.link_rate(peer)  # read again with each probe (for TCP, a syscall)
             return True
-        rate = self.link_rate(peer)
+        rate = self._rates[peer] if peer in self._rates else self._rates.setdefault(peer, self.link_rate(peer))
         if rate is None:
             return True
         decode_s = self.decode_s if self.decode_s is not None else self.encode_s

@@ -84,34 +84,33 @@ def _expect(payload: memoryview, nbytes: int, what: str) -> None:
         raise ValueError(f"{what}: payload of {len(payload)} bytes, expected {nbytes}")
 
 
-class Fp16(Lossy):
-    """float32/float64 as float16 (finite values clipped to +-65504; inf and nan kept)."""
+class Cast(Lossy):
+    """float32/float64 sent as 16-bit floats: ``to_bits`` makes their uint16 bits, ``from_bits`` reads them."""
+
+    dtypes = ("float32", "float64")
+    to_bits = from_bits = staticmethod(lambda xp, x: x)
+
+    def _encode(self, xp: Any, x: Any, dtype: str) -> Parts:
+        bits = self.to_bits(xp, x.astype(xp.float32))
+        return [bits], b"", self.from_bits(xp, bits).astype(x.dtype)
+
+    def _decode(self, payload: memoryview, meta: bytes, dtype: str, n: int) -> np.ndarray:
+        _expect(payload, 2 * n, self.name)
+        return self.from_bits(np, _frombuffer(payload, np.uint16, n))  # type: ignore[no-any-return]
+
+
+class Fp16(Cast):
+    """float16 (finite values clipped to +-65504; inf and nan kept)."""
 
     name = "fp16"
-    dtypes = ("float32", "float64")
-
-    def _encode(self, xp: Any, x: Any, dtype: str) -> Parts:
-        h = quantize.to_fp16(xp, x.astype(xp.float32))
-        return [h], b"", quantize.from_fp16(xp, h).astype(x.dtype)
-
-    def _decode(self, payload: memoryview, meta: bytes, dtype: str, n: int) -> np.ndarray:
-        _expect(payload, 2 * n, "fp16")
-        return quantize.from_fp16(np, _frombuffer(payload, np.uint16, n))
+    to_bits, from_bits = staticmethod(quantize.to_fp16), staticmethod(quantize.from_fp16)
 
 
-class Bf16(Lossy):
-    """float32/float64 as bfloat16 (rounded to nearest even): float32's range, 8 bits of mantissa."""
+class Bf16(Cast):
+    """bfloat16 (rounded to nearest even): float32's range, 8 bits of mantissa."""
 
     name = "bf16"
-    dtypes = ("float32", "float64")
-
-    def _encode(self, xp: Any, x: Any, dtype: str) -> Parts:
-        bits = quantize.bf16_bits(xp, x.astype(xp.float32))
-        return [bits], b"", quantize.from_bf16_bits(xp, bits).astype(x.dtype)
-
-    def _decode(self, payload: memoryview, meta: bytes, dtype: str, n: int) -> np.ndarray:
-        _expect(payload, 2 * n, "bf16")
-        return quantize.from_bf16_bits(np, _frombuffer(payload, np.uint16, n))
+    to_bits, from_bits = staticmethod(quantize.bf16_bits), staticmethod(quantize.from_bf16_bits)
 
 
 class Absmax(Lossy):

@@ -19,29 +19,13 @@ FEEDBACK = {
 }
 
 
-def _lossy(cls_name: str) -> Callable[[Any, dict[str, Any]], Any]:
+def _lazy(module: str, cls_name: str, *args: str) -> Callable[[Any, dict[str, Any]], Any]:
+    """A factory that imports ``module`` (numpy, lz4, ...) only when a job makes the codec."""
     def make(config: Any, section: dict[str, Any]) -> Any:
-        from . import lossy
+        import importlib
 
-        return getattr(lossy, cls_name)(config, section)
-
-    return make
-
-
-def _lossless(cls_name: str) -> Callable[[Any, dict[str, Any]], Any]:
-    def make(config: Any, section: dict[str, Any]) -> Any:
-        from . import lossless
-
-        return getattr(lossless, cls_name)(config, section)
-
-    return make
-
-
-def _nvcomp(name: str) -> Callable[[Any, dict[str, Any]], Any]:
-    def make(config: Any, section: dict[str, Any]) -> Any:
-        from .lossless import Nvcomp
-
-        return Nvcomp(name, config, section)
+        cls = getattr(importlib.import_module(f".{module}", __package__), cls_name)
+        return cls(*args, config, section)
 
     return make
 
@@ -69,24 +53,24 @@ def make(name: str, *, sending: bool = True, **settings: Any) -> Any:
 @hookimpl
 def erdma_register_compressors(register: Any) -> None:
     lossy = {"device": DEVICE, **FEEDBACK}
-    register("fp16", _lossy("Fp16"), options=lossy,
+    register("fp16", _lazy("lossy", "Fp16"), options=lossy,
              description="float32/float64 as float16 (2x or 4x fewer bytes), error feedback")
-    register("bf16", _lossy("Bf16"), options=lossy,
+    register("bf16", _lazy("lossy", "Bf16"), options=lossy,
              description="float32/float64 as bfloat16 (float32's range, 8-bit mantissa), error feedback")
-    register("int8", _lossy("Int8"), options={**lossy, "block": _block(256)},
+    register("int8", _lazy("lossy", "Int8"), options={**lossy, "block": _block(256)},
              description="blockwise absmax int8 (about 3.9x fewer bytes than float32), error feedback")
-    register("int4", _lossy("Int4"), options={**lossy, "block": _block(64)},
+    register("int4", _lazy("lossy", "Int4"), options={**lossy, "block": _block(64)},
              description="blockwise absmax int4 (about 7x fewer bytes than float32), error feedback")
-    register("topk", _lossy("TopK"), options={**lossy, "fraction": Option(
+    register("topk", _lazy("lossy", "TopK"), options={**lossy, "fraction": Option(
         float, 0.01, "share of elements sent (those of largest magnitude); the rest wait in error feedback",
         minimum=1e-6, maximum=0.5)}, description="top-k sparsification (index, value pairs), error feedback")
-    register("lz4", _lossless("Lz4"), options={"device": DEVICE, "shuffle": _shuffle(), "acceleration": Option(
+    register("lz4", _lazy("lossless", "Lz4"), options={"device": DEVICE, "shuffle": _shuffle(), "acceleration": Option(
         int, 1, "LZ4's acceleration on the CPU: higher is faster and compresses less", minimum=1, maximum=65537)},
         description="lossless LZ4 (CPU: python-lz4; GPU: nvcomp), byte shuffle")
-    register("zstd", _lossless("Zstd"), options={"device": DEVICE, "shuffle": _shuffle(), "level": Option(
+    register("zstd", _lazy("lossless", "Zstd"), options={"device": DEVICE, "shuffle": _shuffle(), "level": Option(
         int, 1, "zstd level on the CPU (1 fastest ... 22 smallest)", minimum=-7, maximum=22)},
         description="lossless zstd (CPU: zstandard; GPU: nvcomp), byte shuffle")
     gpu = {"device": Option(str, "cuda", "nvcomp-only codecs run on a CUDA GPU", choices=("cuda", "auto"))}
     for name, what in (("cascaded", "run-length, delta and bit-packing"), ("bitcomp", "bit-packing of numbers"),
                        ("ans", "asymmetric numeral systems"), ("gdeflate", "GPU deflate")):
-        register(name, _nvcomp(name), options=gpu, description=f"lossless nvcomp {what}; GPU only")
+        register(name, _lazy("lossless", "Nvcomp", name), options=gpu, description=f"lossless nvcomp {what}; GPU only")

@@ -50,23 +50,19 @@ def test_bad_values_are_refused_by_the_config_pipeline(monkeypatch):
     monkeypatch.setenv("ERDMA_COMPRESSION", "int8")
     monkeypatch.setenv("ERDMA_COMPRESSION_INT8_BLOCK", "1")
     with pytest.raises(ConfigError, match=r"'compression\.int8\.block': value 1 is below the minimum 2"):
-        _load()
+        load_config()
     monkeypatch.setenv("ERDMA_COMPRESSION_INT8_BLOCK", "64")
     monkeypatch.setenv("ERDMA_COMPRESSION_TOPK_FRACTION", "0.9")
     with pytest.raises(ConfigError, match=r"'compression\.topk\.fraction': value 0\.9 is above the maximum 0\.5"):
-        _load()
+        load_config()
     monkeypatch.delenv("ERDMA_COMPRESSION_TOPK_FRACTION")
     monkeypatch.setenv("ERDMA_COMPRESSION_INT8_DEVICE", "tpu")
     with pytest.raises(ConfigError, match=r"'compression\.int8\.device': invalid value 'tpu'; valid choices: "
                                           r"auto, cpu, cuda"):
-        _load()
+        load_config()
 
 
 def test_compression_names_list_the_codecs(monkeypatch):
     monkeypatch.setenv("ERDMA_COMPRESSION", "int9")
     with pytest.raises(ConfigError, match=r"'compression\.name': invalid value 'int9'.*int8.*did you mean"):
-        _load()
-
-
-def _load():
-    return load_config()
+        load_config()

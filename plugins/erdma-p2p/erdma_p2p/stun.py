@@ -146,7 +146,7 @@ def query(sock: socket.socket, server: tuple[str, int], timeout: float, rto: flo
                 if again is not None:
                     sock.sendto(again, server)
                 continue
-            if src == server or (src[0] == server[0] and src[1] == server[1]):
+            if tuple(src[:2]) == tuple(server):
                 b.on_datagram(data)
     finally:
         sock.settimeout(old)

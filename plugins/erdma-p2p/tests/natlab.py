@@ -136,7 +136,6 @@ class NatLab:
                 self.stun.kill()
                 self.stun.wait()
         for ns in reversed(self.namespaces):
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
             for pid in pids:
                 subprocess.run(["kill", "-9", pid], capture_output=True)

@@ -115,9 +115,10 @@ class QuicTransport(MessageTransport):
             try:
                 addr = addresses.published(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
                 datagram = ctx.punch(*addr)
+                if not datagram:
+                    continue
                 for _ in range(2):
-                    if datagram:
-                        sock.sendto(datagram, addr)
+                    sock.sendto(datagram, addr)
                     time.sleep(0.05)
             except Exception as exc:  # the set-up's own wait names what is missing
                 log.debug("rank %d: no hole punched towards rank %d: %s", self.rank, peer, exc)
