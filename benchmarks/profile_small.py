@@ -1,10 +1,10 @@
-"""Where a small allreduce's time goes: 2 ranks on loopback run N blocking 4 KiB allreduces; each rank
-reports wall time, user and system CPU and context switches per op, and rank 0's cProfile of its own thread's
-CPU time (a blocking collective runs there) gives each layer's share of it and lists the functions
-with the most time of their own. ``--transport quic`` runs the same over erdma-quic, whose I/O runs on an
-event-loop thread of its own: the core's layers should cost the same per op on both.
+"""Where a small collective's time goes: 2 ranks on loopback run N blocking 4 KiB allreduces (``--op`` for
+another collective); each rank reports wall time, user and system CPU and context switches per op, and rank
+0's cProfile of its own thread's CPU time (a blocking collective runs there) gives each layer's share of it
+and lists the functions with the most time of their own. ``--transport quic`` runs the same over erdma-quic,
+whose I/O runs on an event-loop thread of its own: the core's layers should cost the same per op on both.
 
-    python -m benchmarks.profile_small --iters 3000 --ranks 2 --size 4K [--transport quic]
+    python -m benchmarks.profile_small --iters 3000 --ranks 2 --size 4K [--op alltoall] [--transport quic]
 """
 
 from __future__ import annotations
@@ -18,24 +18,43 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from erdma_core.cli.bench import parse_size
 
 
-def _rank(iters: int, size: int, top: int) -> None:
+def _collective(pg: Any, op: str, size: int) -> Callable[[], object]:
+    """One blocking call of ``op`` on ``size`` bytes of float32 per rank (alltoall: the whole buffer)."""
     import numpy as np
 
+    a = np.ones(size // 4, np.float32)
+    if op == "allreduce":
+        return lambda: pg.allreduce(a)
+    if op == "broadcast":
+        return lambda: pg.broadcast(a, 0)
+    if op == "allgather":
+        out = np.empty(a.size * pg.size(), np.float32)
+        return lambda: pg.allgather(out, a)
+    if op == "reduce_scatter":
+        big, out = np.ones(a.size * pg.size(), np.float32), np.empty(a.size, np.float32)
+        return lambda: pg.reduce_scatter(out, big)
+    out = np.empty_like(a)
+    return lambda: pg.alltoall(out, a)
+
+
+def _rank(op: str, iters: int, size: int, top: int) -> None:
     import erdma_core
 
     pg = erdma_core.init()
-    a = np.ones(size // 4, np.float32)
+    call = _collective(pg, op, size)
     for _ in range(200):
-        pg.allreduce(a)
+        call()
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(iters):
-        pg.allreduce(a)
+        call()
     t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    line = (f"rank {pg.rank()}: {(t1 - t0) / iters * 1e6:.0f} us per allreduce; CPU per op: user "
+    line = (f"rank {pg.rank()}: {(t1 - t0) / iters * 1e6:.0f} us per {op}; CPU per op: user "
             f"{(r1.ru_utime - r0.ru_utime) / iters * 1e6:.0f} us, system {(r1.ru_stime - r0.ru_stime) / iters * 1e6:.0f} "
             f"us; context switches per op: {(r1.ru_nvcsw - r0.ru_nvcsw) / iters:.2f} voluntary, "
             f"{(r1.ru_nivcsw - r0.ru_nivcsw) / iters:.2f} involuntary")
@@ -44,7 +63,7 @@ def _rank(iters: int, size: int, top: int) -> None:
     if pg.rank() == 0:
         prof.enable()
     for _ in range(iters):
-        pg.allreduce(a)
+        call()
     if pg.rank() == 0:
         prof.disable()
     pg.barrier()
@@ -62,6 +81,7 @@ def _rank(iters: int, size: int, top: int) -> None:
     pg.destroy()
 
 
+OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
 LAYERS = (  # (name, path fragments of its modules), first match wins
     ("API and engine (erdma_core/api, engine, algorithms)", ("erdma_core/api/", "erdma_core/engine/",
                                                             "erdma_core/algorithms/")),
@@ -92,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_small", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--op", choices=OPS, default="allreduce")
     ap.add_argument("--size", default="4K")
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--top", type=int, default=18)
@@ -99,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank_job:
-        _rank(args.iters, parse_size(args.size), args.top)
+        _rank(args.op, args.iters, parse_size(args.size), args.top)
         return 0
     cmd = [sys.executable, "-m", "erdma_core.cli", "run", "-n", str(args.ranks), "--no-prefix", "--",
-           sys.executable, "-m", "benchmarks.profile_small", "--rank-job", "--iters", str(args.iters),
+           sys.executable, "-m", "benchmarks.profile_small", "--rank-job", "--op", args.op, "--iters", str(args.iters),
            "--size", args.size, "--top", str(args.top)]
-    print(f"python -m benchmarks.profile_small --ranks {args.ranks} --size {args.size} --iters {args.iters} "
+    print(f"python -m benchmarks.profile_small --op {args.op} --ranks {args.ranks} --size {args.size} --iters {args.iters} "
           f"--transport {args.transport}")
     env = dict(os.environ)
     if args.transport == "quic":

@@ -8,8 +8,10 @@ destination ("symmetric": only a relay joins such a rank to a peer behind anothe
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 from . import stun
+from .relayed import allocate
 from .traversal import server_address
 
 VERDICTS = {
@@ -45,8 +47,10 @@ def diagnose(server: tuple[str, int], check: tuple[str, int] | None, timeout: fl
             "mapped_alt": f"{second.host}:{second.port}", "verdict": verdict}
 
 
-def report(server_text: str, check_text: str, timeout: float) -> list[str]:
-    """``erdma doctor``'s lines; one starting "problem: " when a server does not answer."""
+def report(section: dict[str, Any]) -> list[str]:
+    """``erdma doctor``'s lines (``section``: the ``[traversal.stun]`` options); one starting "problem: " when
+    a server does not answer or the relay refuses this rank."""
+    server_text, check_text, timeout = section["server"], section["check_server"], section["timeout"]
     if not server_text:
         return ["NAT: not probed (set traversal.stun.server, e.g. ERDMA_TRAVERSAL_STUN_SERVER=HOST:3478)"]
     try:
@@ -56,8 +60,31 @@ def report(server_text: str, check_text: str, timeout: float) -> list[str]:
     except (stun.StunError, OSError, ValueError) as exc:
         return [f"problem: NAT probe through {server_text}: {exc}"]
     asked = f"{server_text} and {check_text}" if check else server_text
-    return [f"NAT, asked of {asked} from one socket:",
-            f"  local address {found['local']}, mapped to {found['mapped']}"
-            + (f" and {found['mapped_alt']}" if check else ""),
-            "  " + (VERDICTS[found["verdict"]] if found["verdict"] else
-                    "mapping behaviour not tested (set traversal.stun.check_server to a second STUN server)")]
+    lines = [f"NAT, asked of {asked} from one socket:",
+             f"  local address {found['local']}, mapped to {found['mapped']}"
+             + (f" and {found['mapped_alt']}" if check else ""),
+             "  " + (VERDICTS[found["verdict"]] if found["verdict"] else
+                     "mapping behaviour not tested (set traversal.stun.check_server to a second STUN server)")]
+    return lines + _relay(section, found["verdict"])
+
+
+def _relay(section: dict[str, Any], verdict: str) -> list[str]:
+    """Whether the TURN server (``relay``) grants this host an allocation, and whether a rank here relays."""
+    if not section["relay"]:
+        return ["relay: none (traversal.stun.relay)"]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("0.0.0.0", 0))
+        relayed = allocate(sock, server_address(section["relay"], "config key 'traversal.stun.relay'"),
+                           section["relay_user"], section["relay_password"], section["timeout"])
+        addr = relayed.client.relayed
+        relayed.close()
+    except (stun.StunError, OSError, ValueError) as exc:
+        return [f"problem: relay {section['relay']}: {exc}"]
+    finally:
+        sock.close()
+    uses = section["relay_when"] == "always" or verdict == "dependent"
+    return [f"relay {section['relay']}: granted relayed address {addr.host}:{addr.port}" if addr else
+            f"relay {section['relay']}: granted",
+            "  a rank here relays all its traffic through it" if uses else
+            "  a rank here connects directly (it relays only where its NAT maps per destination)"]

@@ -17,7 +17,15 @@ OPTIONS = {
                       minimum=0.1, maximum=600.0),
     "bind_address": Option(str, "", "local address of the data socket; empty: every address"),
     "punch": Option(bool, True, "before a peer dials this rank, send it a datagram from the data socket so that "
-                    "this rank's NAT lets the peer in; off: only ranks whose NAT lets anyone in are reachable"),
+                    "this rank's NAT lets the peer in; off: only ranks whose NAT lets anyone in are reachable (a "
+                    "relaying rank sends it anyway: it gives the peer its permission on the relay)"),
+    "relay": Option(str, "", "HOST:PORT of a TURN server (coturn) through which a rank that hole punching cannot "
+                    "reach relays all its traffic; empty: no relay"),
+    "relay_user": Option(str, "", "the TURN server's long-term credential: user name"),
+    "relay_password": Option(str, "", "the TURN server's long-term credential: password", secret=True),
+    "relay_when": Option(str, "dependent-mapping", "which ranks relay: those whose NAT maps per destination "
+                         "(seen by asking server and check_server from the data socket), or every rank",
+                         choices=("dependent-mapping", "always")),
     "port": Option(int, 0, "local UDP port of the data socket; 0: any free one", minimum=0, maximum=65535),
 }
 
@@ -26,8 +34,7 @@ OPTIONS = {
 def erdma_doctor(config: Any) -> list[str]:
     from .doctor import report
 
-    return report(config["traversal.stun.server"], config["traversal.stun.check_server"],
-                  config["traversal.stun.timeout"])
+    return report(config.section("traversal.stun"))
 
 
 def _stun(config: Any, section: dict[str, Any]) -> Any:

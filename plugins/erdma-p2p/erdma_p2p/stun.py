@@ -46,7 +46,7 @@ def parse(data: bytes, txid: bytes) -> Mapped | StunError | None:
     kind, length, magic, tid = _HEADER.unpack_from(data)
     if magic != MAGIC or tid != txid or length != len(data) - 20 or length % 4:
         return None
-    attrs = _attributes(data[20:])
+    attrs = attributes(data[20:])
     if attrs is None:
         return None
     if kind == BINDING_ERROR:
@@ -56,13 +56,13 @@ def parse(data: bytes, txid: bytes) -> Mapped | StunError | None:
     if kind != BINDING_SUCCESS:
         return None
     if XOR_MAPPED_ADDRESS in attrs:
-        return _address(attrs[XOR_MAPPED_ADDRESS], xor=True)
+        return address(attrs[XOR_MAPPED_ADDRESS], xor=True)
     if MAPPED_ADDRESS in attrs:
-        return _address(attrs[MAPPED_ADDRESS], xor=False)
+        return address(attrs[MAPPED_ADDRESS], xor=False)
     return None
 
 
-def _attributes(body: bytes) -> dict[int, bytes] | None:
+def attributes(body: bytes) -> dict[int, bytes] | None:
     out, pos = {}, 0
     while pos < len(body):
         if pos + 4 > len(body):
@@ -76,7 +76,7 @@ def _attributes(body: bytes) -> dict[int, bytes] | None:
     return out
 
 
-def _address(value: bytes, xor: bool) -> Mapped | None:
+def address(value: bytes, xor: bool) -> Mapped | None:
     if len(value) != 8 or value[1] != 0x01:  # IPv4 only (family 1)
         return None
     port, raw = struct.unpack_from("!H4s", value, 2)

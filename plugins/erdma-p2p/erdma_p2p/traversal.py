@@ -1,8 +1,13 @@
 """``traversal = "stun"``: a UDP socket bound once, its public mapping learned from a STUN server through that
 very socket, handed to the datagram transport (erdma-quic) so the mapping stays in use; peers dial the mapped
 address; and before a peer dials, a datagram from this socket to the peer's mapped address opens this rank's
-NAT to it (hole punching, for NATs that map endpoint-independently; a NAT that maps per destination needs a
-relay, which this strategy does not have yet).
+NAT to it (hole punching, for NATs that map endpoint-independently).
+
+A rank behind a NAT that maps each destination to a new port (symmetric) cannot be reached that way. With
+``relay`` set, such a rank (or every rank: ``relay_when = "always"``) takes an allocation on that TURN server
+through the same socket, advertises the relayed address, and sends all its traffic through the relay
+(``relayed.py``); its peers need nothing special. Whether the NAT maps per destination is seen, not guessed:
+the socket asks ``server`` and ``check_server`` and compares the two mappings.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 from erdma_core.errors import ConfigError
 
 from . import stun
+from .relayed import allocate
 
 PUNCH = b"\x00erdma-punch"  # not a QUIC packet (the fixed bit is 0): a QUIC endpoint drops it
 
@@ -35,7 +41,21 @@ class StunTraversal:
         self.timeout = section["timeout"]
         self.bind = (section["bind_address"] or "0.0.0.0", section["port"])
         self.punches = section["punch"]
+        self.relay = server_address(section["relay"], "config key 'traversal.stun.relay'") if section["relay"] else None
+        self.relay_when = section["relay_when"]
+        self.credentials = (section["relay_user"], section["relay_password"])
+        self.check = None
+        if section["check_server"]:
+            self.check = server_address(section["check_server"], "config key 'traversal.stun.check_server'")
+        if self.relay is not None and self.relay_when == "dependent-mapping" and self.check is None:
+            raise ConfigError("config key 'traversal.stun.relay_when': value 'dependent-mapping' needs "
+                              "traversal.stun.check_server (a second STUN server, at another address) to see whether "
+                              "the NAT maps per destination; set it, or relay_when = 'always'")
+        if self.relay is not None and not all(self.credentials):
+            raise ConfigError("config key 'traversal.stun.relay': a TURN server needs traversal.stun.relay_user and "
+                              "traversal.stun.relay_password (its long-term credentials)")
         self.mapped: stun.Mapped | None = None
+        self.relayed: stun.Mapped | None = None  # the relay allocation's address, when this rank relays
         self.local_port: int | None = None  # the prepared socket's
 
     def udp_socket(self) -> socket.socket:
@@ -46,10 +66,18 @@ class StunTraversal:
             sock.bind(self.bind)
             self.mapped = stun.query(sock, self.server, self.timeout)
             self.local_port = sock.getsockname()[1]
+            if self.relay is None:
+                return sock
+            if self.relay_when == "dependent-mapping":
+                assert self.check is not None
+                if stun.query(sock, self.check, self.timeout) == self.mapped:
+                    return sock  # hole punching works: no relay
+            relayed = allocate(sock, self.relay, *self.credentials, self.timeout)
+            self.relayed = relayed.client.relayed
+            return relayed  # type: ignore[return-value]
         except BaseException:
             sock.close()
             raise
-        return sock
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """The STUN mapping of the prepared socket; a transport that listens elsewhere cannot use it."""
@@ -57,7 +85,10 @@ class StunTraversal:
             raise ConfigError(f"config key 'traversal.name': value 'stun' needs a datagram transport that runs on "
                               f"the UDP socket it prepared (port {self.local_port}), such as erdma-quic "
                               f"(transport.name = \"quic\"); this transport listens on {host}:{port}")
+        if self.relayed is not None:
+            return self.relayed.host, self.relayed.port
         return self.mapped.host, self.mapped.port
 
     def punch(self, host: str, port: int) -> bytes | None:
-        return PUNCH if self.punches else None
+        # a relaying rank always sends it: through the relay, it is what gives the peer its permission there
+        return PUNCH if self.punches or self.relayed is not None else None

@@ -1,5 +1,5 @@
 """One rank of a test job: allreduce ITERS times (results checked bit for bit), then print one JSON line
-with the address this rank advertised and what went wrong, if anything.
+with the address this rank advertised, or what went wrong (and after how many allreduces and seconds).
 
     python job.py ITERS COUNT
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -23,13 +24,21 @@ def main() -> int:
         return 1
     p, r = pg.size(), pg.rank()
     wrong = 0
+    t0 = time.monotonic()
     for i in range(iters):
         arr = ((np.arange(count, dtype=np.int64) * (r + 1) + i) % 4096).astype(np.float32)
         want = sum(((np.arange(count, dtype=np.int64) * (k + 1) + i) % 4096) for k in range(p)).astype(np.float32)
-        pg.allreduce(arr)
+        try:
+            pg.allreduce(arr)
+        except Exception as exc:
+            print(json.dumps({"rank": r, "iters": i, "error": f"{type(exc).__name__}: {exc}",
+                              "after_s": time.monotonic() - t0}), flush=True)
+            return 1
         wrong += int(not np.array_equal(arr, want))
+    seconds = time.monotonic() - t0
     advertised = pg.rt.store.get(f"quic/addr/{r}", 1.0).decode()
-    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised}), flush=True)
+    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds}),
+          flush=True)
     pg.destroy()
     return 0
 

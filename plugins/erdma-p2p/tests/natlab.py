@@ -1,5 +1,6 @@
 """A NAT test bed from network namespaces: a public segment (a bridge in namespace ``pub``, 198.51.100.0/24)
-with a coturn STUN server at 198.51.100.1:3478 (and .2, for ``erdma doctor``'s mapping test), and sites:
+with coturn at 198.51.100.1:3478 (and .2, for the mapping test) serving STUN, and TURN for user ``TURN_USER``
+(long-term credentials; relayed addresses on the same segment), and sites:
 each a NAT router (WAN 198.51.100.1x, nftables masquerade, unsolicited inbound on the WAN dropped, as a home
 router does) with one private host behind it (10.<site>.0.2), or a host on the public segment itself.
 Everything is removed on exit, also after a failure.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 STUN = ("198.51.100.1", 3478)
 STUN_CHECK = ("198.51.100.2", 3478)  # the same coturn at its second address (erdma doctor's mapping test)
+TURN_USER, TURN_PASSWORD = "erdma", "relay-test-password"
 
 
 def available() -> str | None:
@@ -112,7 +114,8 @@ class NatLab:
             sh("nft", "-f", str(rules), ns=router)
         self.stun = subprocess.Popen(
             ["ip", "netns", "exec", pub, "turnserver", "-L", STUN[0], "-L", STUN_CHECK[0], "-p", str(STUN[1]),
-             "--stun-only", "--no-cli",
+             "--lt-cred-mech", f"--user={TURN_USER}:{TURN_PASSWORD}", "--realm=erdma.test", "--no-cli",
+             "--denied-peer-ip=10.0.0.0-10.255.255.255", "--no-multicast-peers",
              "--no-tls", "--no-dtls", "--log-file", str(self.tmp / "turnserver.log"), "--simple-log",
              "--pidfile", str(self.tmp / "turnserver.pid")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.3)
@@ -127,7 +130,8 @@ class NatLab:
         sh("ip", "addr", "add", f"{self.wan(i)}/24", "dev", "eth0", ns=host)
         sh("ip", "link", "set", "eth0", "up", ns=host)
 
-    def close(self) -> None:
+    def stop_turn(self) -> None:
+        """Stop coturn (STUN and TURN) now."""
         if self.stun is not None and self.stun.poll() is None:
             self.stun.terminate()
             try:
@@ -135,6 +139,9 @@ class NatLab:
             except subprocess.TimeoutExpired:
                 self.stun.kill()
                 self.stun.wait()
+
+    def close(self) -> None:
+        self.stop_turn()
         for ns in reversed(self.namespaces):
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
             for pid in pids:

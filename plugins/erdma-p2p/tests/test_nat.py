@@ -1,7 +1,8 @@
 """Ranks behind real NATs (network namespaces, nftables masquerade, unsolicited inbound dropped; coturn as
 the STUN server; see natlab.py), over erdma-quic: with the ``stun`` traversal two ranks behind two NATs
 connect directly and allreduce; without it, or without the punch, or with a NAT that maps each destination
-to another port, they fail with a clear error within the connect timeout (a relay is not built yet)."""
+to another port and no relay, they fail with a clear error within the connect timeout. With a TURN relay
+(coturn), a rank behind such a NAT relays and the job completes; the others stay direct."""
 
 from __future__ import annotations
 
@@ -9,24 +10,37 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from natlab import STUN, STUN_CHECK, NatLab, available
+from natlab import STUN, STUN_CHECK, TURN_PASSWORD, TURN_USER, NatLab, available
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 CONNECT_S = 6.0
 
 
-def run_job(lab: NatLab, tmp: Path, **env: str) -> list[dict]:
+RELAY = {"ERDMA_TRAVERSAL": "stun", "ERDMA_TRAVERSAL_STUN_RELAY": f"{STUN[0]}:{STUN[1]}",
+         "ERDMA_TRAVERSAL_STUN_RELAY_USER": TURN_USER, "ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": TURN_PASSWORD,
+         "ERDMA_TRAVERSAL_STUN_CHECK_SERVER": f"{STUN_CHECK[0]}:{STUN_CHECK[1]}"}
+TURN_HOSTS = (STUN[0], STUN_CHECK[0])  # coturn relays from either of its addresses
+
+
+def run_job(lab: NatLab, tmp: Path, iters: int = 20, count: int = 50000, during: Callable[[], None] | None = None,
+            **env: str) -> list[dict]:
+    """Run job.py on every site's host; ``during()`` runs while the ranks do (and may break things)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     base |= {"WORLD_SIZE": str(lab.sites), "ERDMA_INIT_METHOD": f"file://{tmp}/store", "ERDMA_TRANSPORT": "quic",
              "ERDMA_SECRET": "nat-test", "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
              "ERDMA_TIMEOUTS_CONNECT": str(CONNECT_S), **env}
-    procs = [subprocess.Popen(["ip", "netns", "exec", lab.host(i), sys.executable, str(HERE / "job.py"), "20", "50000"],
+    procs = [subprocess.Popen(["ip", "netns", "exec", lab.host(i), sys.executable, str(HERE / "job.py"), str(iters),
+                               str(count)],
                               env=base | {"RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(lab.sites)]
+    if during is not None:
+        during()
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=CONNECT_S + 60)
@@ -66,8 +80,8 @@ def test_doctor_tells_what_each_nat_does(tmp_path):
     with NatLab(3, tmp_path, symmetric=frozenset({1}), public=frozenset({2})) as lab:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
         said = [subprocess.run(["ip", "netns", "exec", lab.host(i), sys.executable, "-m", "erdma_core.cli", "doctor"],
-                               env=env | {"ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
-                                          "ERDMA_TRAVERSAL_STUN_CHECK_SERVER": f"{STUN_CHECK[0]}:{STUN_CHECK[1]}"},
+                               env=env | {k: v for k, v in RELAY.items() if k != "ERDMA_TRAVERSAL"}
+                               | {"ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}"},
                                capture_output=True,
                                text=True, timeout=60) for i in range(3)]
         unset = subprocess.run(["ip", "netns", "exec", lab.host(0), sys.executable, "-m", "erdma_core.cli", "doctor"],
@@ -80,15 +94,64 @@ def test_doctor_tells_what_each_nat_does(tmp_path):
     assert "local address 10.1.0.2:" in said[0].stdout and f"mapped to {lab.wan(0)}:" in said[0].stdout
     assert "symmetric NAT): hole punching cannot work" in said[1].stdout
     assert "no NAT" in said[2].stdout
+    assert any(f"relay {STUN[0]}:{STUN[1]}: granted relayed address {h}:" in said[1].stdout for h in TURN_HOSTS)
+    assert "a rank here relays all its traffic through it" in said[1].stdout
+    assert "a rank here connects directly (it relays only where its NAT maps per destination)" in said[0].stdout
     assert unset.returncode == 0 and "NAT: not probed (set traversal.stun.server" in unset.stdout
     assert gone.returncode == 1 and f"problem: NAT probe through {STUN[0]}:9: no STUN answer" in gone.stdout
+
+
+
+
+@pytest.mark.parametrize("symmetric, always, relayed", [
+    (frozenset({1}), False, {1}),  # one symmetric NAT: that rank relays, the other stays direct
+    (frozenset({0, 1}), False, {0, 1}),  # both: both relay
+    (frozenset(), True, {0, 1}),  # relay_when = "always": every rank relays, even where punching works
+])
+def test_ranks_that_cannot_be_punched_relay_through_turn(tmp_path, symmetric, always, relayed):
+    env = RELAY | ({"ERDMA_TRAVERSAL_STUN_RELAY_WHEN": "always"} if always else {})
+    with NatLab(2, tmp_path, symmetric=symmetric) as lab:
+        results = run_job(lab, tmp_path, **env)
+    for rank, r in enumerate(results):
+        assert r.get("wrong") == 0 and r["iters"] == 20, r
+        host = r["advertised"].rsplit(":", 1)[0]
+        assert host in TURN_HOSTS if rank in relayed else host == lab.wan(rank), (rank, r)
+
+
+def test_four_ranks_none_cone_and_two_symmetric_nats_every_pair_connects(tmp_path):
+    """The matrix in one job: every pair of {no NAT, masquerade, fully-random, fully-random} allreduces."""
+    with NatLab(4, tmp_path, symmetric=frozenset({2, 3}), public=frozenset({0})) as lab:
+        results = run_job(lab, tmp_path, **RELAY)
+    assert [r.get("wrong") for r in results] == [0] * 4, results
+    hosts = [r["advertised"].rsplit(":", 1)[0] for r in results]
+    assert hosts[:2] == [lab.wan(0), lab.wan(1)] and all(h in TURN_HOSTS for h in hosts[2:]), hosts
+
+
+def test_a_refused_relay_fails_clearly(tmp_path):
+    with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
+        results = run_job(lab, tmp_path, **(RELAY | {"ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": "wrong"}))
+    assert "the TURN server refused Allocate: error 401" in results[1]["error"], results[1]
+    assert "error" in results[0]  # its peer never came
+
+
+def test_a_relay_that_dies_mid_job_fails_every_rank_clearly(tmp_path):
+    with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
+        def kill_the_relay() -> None:
+            time.sleep(CONNECT_S)  # connected (or failed) by then, and allreducing
+            lab.stop_turn()
+
+        results = run_job(lab, tmp_path, iters=10**6, count=1000, during=kill_the_relay,
+                          **(RELAY | {"ERDMA_TIMEOUTS_COLLECTIVE": "20"}))
+    for rank, r in enumerate(results):
+        assert r.get("iters", 0) > 0 and "error" in r, r
+        assert f"rank {rank}" in r["error"] and "rank " + str(1 - rank) in r["error"], r
 
 
 @pytest.mark.parametrize("case, env, symmetric", [
     ("no traversal: private addresses advertised", {"ERDMA_TRAVERSAL": "direct"}, frozenset()),
     ("stun without the punch: the NAT drops the dialler", {"ERDMA_TRAVERSAL": "stun",
                                                           "ERDMA_TRAVERSAL_STUN_PUNCH": "false"}, frozenset()),
-    ("a NAT mapping each destination anew (symmetric)", {"ERDMA_TRAVERSAL": "stun"}, frozenset({1})),
+    ("a NAT mapping each destination anew (symmetric), no relay", {"ERDMA_TRAVERSAL": "stun"}, frozenset({1})),
 ])
 def test_unreachable_pairs_fail_clearly_and_in_time(tmp_path, case, env, symmetric):
     with NatLab(2, tmp_path, symmetric=symmetric) as lab:

@@ -1,0 +1,55 @@
+"""Relay against direct: two ranks behind two NATs (the test bed of ``tests/natlab.py``) allreduce over
+erdma-quic, once connected directly (hole punched) and once with both relaying through coturn
+(``relay_when = "always"``); the same job, alternated. Needs root, iproute2, nftables and coturn.
+
+    python benchmarks/relay.py --count 1048576 --iters 20 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from natlab import NatLab
+from test_nat import RELAY, TURN_HOSTS, run_job
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=1 << 20, help="float32 elements per allreduce")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--datagram-size", type=int, default=0, help="transport.quic.datagram_size (0: path MTU less headers)")
+    args = ap.parse_args()
+    quic = {"ERDMA_TRANSPORT_QUIC_DATAGRAM_SIZE": str(args.datagram_size)}
+    paths = {"direct": quic | {"ERDMA_TRAVERSAL": "stun"},
+             "relayed": quic | RELAY | {"ERDMA_TRAVERSAL_STUN_RELAY_WHEN": "always"}}
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for rep in range(args.repeats):
+        for name, env in (list(paths.items()) if rep % 2 == 0 else list(paths.items())[::-1]):
+            with tempfile.TemporaryDirectory() as tmp, NatLab(2, Path(tmp)) as lab:
+                out = run_job(lab, Path(tmp), iters=args.iters, count=args.count, **env)
+            if any("error" in r or r["wrong"] for r in out):
+                print(f"{name}: failed: {out}")
+                return 1
+            if any((r["advertised"].rsplit(":", 1)[0] in TURN_HOSTS) != (name == "relayed") for r in out):
+                print(f"{name}: not the path meant: {out}")
+                return 1
+            times[name].append(max(r["seconds"] for r in out) / args.iters)
+    nbytes = args.count * 4
+    print(f"2 ranks behind two NATs, erdma-quic (datagram_size {args.datagram_size}), allreduce of "
+          f"{nbytes / 2**20:g} MiB, {args.iters} iterations, {args.repeats} repeats alternated (median)")
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        print(f"  {name:>8}: {t * 1e3:8.1f} ms per allreduce, {nbytes / t / 1e6:7.1f} MB/s algorithm bandwidth")
+    print(f"  relayed/direct time: {statistics.median(times['relayed']) / statistics.median(times['direct']):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The I/O adapter of a ``turn.TurnClient``: a UDP socket whose peers are reached through a TURN relay.
+
+``RelayedSocket`` stands in for the data socket handed to the datagram transport (erdma-quic). Every datagram
+the transport sends to a peer leaves for the relay server, framed for that peer (ChannelData, or a Send
+indication until the channel is bound); what the relay delivers comes back from ``recvfrom`` with the peer's
+address, as if it had come directly. The relay's own answers (permissions, channels, refreshes) are consumed on
+the way, and the client's timers run on every call: the transport's keepalives keep them turning. Everything
+else is the real socket's (``fileno`` for the event loop, options, the error queue).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from typing import Any
+
+from .turn import TurnClient, TurnError
+
+
+class RelayedSocket:
+    def __init__(self, sock: socket.socket, client: TurnClient, server: tuple[str, int]) -> None:
+        self.sock, self.client, self.server = sock, client, server
+        self._lock = threading.Lock()  # the transport's loop thread and its punch thread both send
+        self._errors: list[tuple[bytes, list[Any], int, tuple[str, int]]] = []
+
+    # the real socket's
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def setblocking(self, flag: bool) -> None:
+        self.sock.setblocking(flag)
+
+    def setsockopt(self, *args: Any) -> None:
+        self.sock.setsockopt(*args)
+
+    def getsockopt(self, *args: Any) -> Any:
+        return self.sock.getsockopt(*args)
+
+    def getsockname(self) -> Any:
+        return self.sock.getsockname()
+
+    def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> Any:
+        """The real socket's; an ICMP error from the relay server (its port closed: the relay is gone) stands
+        for every peer reached through it, one per call, so the transport hears that each is unreachable."""
+        if flags & socket.MSG_ERRQUEUE and self._errors:
+            return self._errors.pop()
+        got = self.sock.recvmsg(bufsize, ancbufsize, flags)
+        if flags & socket.MSG_ERRQUEUE and tuple(got[3][:2]) == self.server:
+            with self._lock:
+                peers = self.client.peers()
+            self._errors = [(got[0], got[1], got[2], (p.host, p.port)) for p in peers]
+            if self._errors:
+                return self._errors.pop()
+        return got
+
+    def close(self) -> None:
+        with self._lock:
+            self.client.close(time.monotonic())
+            self._flush()
+        self.sock.close()
+
+    # data, through the relay
+    def sendto(self, data: bytes | memoryview, addr: tuple[str, int]) -> int:
+        with self._lock:
+            now = time.monotonic()
+            self.client.on_timer(now)
+            framed = self.client.wrap(data, addr[0], addr[1], now)
+            self._flush()
+        self.sock.sendto(framed, self.server)
+        return len(data)
+
+    def sendmsg(self, *args: Any) -> int:
+        raise OSError(errno.EOPNOTSUPP, "batched sends (UDP GSO) do not go through a TURN relay")
+
+    def recvfrom(self, size: int) -> tuple[bytes, tuple[str, int]]:
+        while True:
+            data, src = self.sock.recvfrom(max(size, 65536))  # BlockingIOError ends the caller's batch
+            if tuple(src[:2]) != self.server:
+                return data, src  # not relayed (a peer that reached this socket directly)
+            with self._lock:
+                now = time.monotonic()
+                got = self.client.on_datagram(data, now)
+                self.client.on_timer(now)
+                self._flush()
+            if got is not None:
+                return got[0], (got[1].host, got[1].port)
+
+    def _flush(self) -> None:
+        for datagram in self.client.outgoing():
+            try:
+                self.sock.sendto(datagram, self.server)
+            except OSError:  # resent at its next timer
+                pass
+
+
+def allocate(sock: socket.socket, server: tuple[str, int], username: str, password: str,
+             timeout: float) -> RelayedSocket:
+    """A relay allocation for ``sock`` on ``server``, made before the socket carries data (blocking; raises
+    TurnError within ``timeout``)."""
+    client = TurnClient(username, password)
+    deadline = time.monotonic() + timeout
+    old = sock.gettimeout()
+    try:
+        client.start(time.monotonic())
+        while client.relayed is None and client.error is None:
+            for datagram in client.outgoing():
+                sock.sendto(datagram, server)
+            now = time.monotonic()
+            if now >= deadline:
+                raise TurnError(f"no relay allocation from the TURN server {server[0]}:{server[1]} within "
+                                f"{timeout:.1f}s (it is unreachable, or UDP is blocked on the way)")
+            wake = min(deadline, client.timer or deadline)
+            sock.settimeout(max(0.001, wake - now))
+            try:
+                data, src = sock.recvfrom(65536)
+            except (TimeoutError, BlockingIOError):
+                client.on_timer(time.monotonic())
+                continue
+            if tuple(src[:2]) == tuple(server):
+                client.on_datagram(data, time.monotonic())
+    finally:
+        sock.settimeout(old)
+    if client.error is not None:
+        raise TurnError(f"TURN server {server[0]}:{server[1]}: {client.error}")
+    return RelayedSocket(sock, client, tuple(server))  # type: ignore[arg-type]

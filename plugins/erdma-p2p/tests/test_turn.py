@@ -1,0 +1,168 @@
+"""The TURN client's state machine against a scripted server: the credential round, integrity both ways,
+permissions and channels, data framing both ways, retransmission and refresh timing, and junk ignored."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+from erdma_p2p import turn
+from erdma_p2p.stun import attributes
+
+KEY = hashlib.md5(b"alice:erdma.test:secret", usedforsecurity=False).digest()
+RELAYED = ("198.51.100.1", 50000)
+PEER = ("198.51.100.11", 40000)
+
+
+def parse(data: bytes) -> tuple[int, bytes, dict[int, bytes]]:
+    kind, length, magic, txid = struct.unpack_from("!HHI12s", data)
+    assert magic == turn.MAGIC and length == len(data) - 20
+    attrs = attributes(data[20:])
+    assert attrs is not None
+    return kind, txid, attrs
+
+
+def answer(kind: int, txid: bytes, *attrs: tuple[int, bytes], key: bytes | None = KEY) -> bytes:
+    return turn.message(kind, txid, b"".join(turn._attr(k, v) for k, v in attrs), key)
+
+
+def error(method: int, txid: bytes, code: int, *more: tuple[int, bytes]) -> bytes:
+    return answer(method | turn.ERROR, txid, (turn.ERROR_CODE, struct.pack("!HBB", 0, code // 100, code % 100) + b"no"),
+                  *more, key=None)
+
+
+def allocated(now: float = 0.0) -> turn.TurnClient:
+    """A client through the 401 round to a granted allocation (lifetime 600 s)."""
+    c = turn.TurnClient("alice", "secret")
+    c.start(now)
+    (first,) = c.outgoing()
+    kind, txid, attrs = parse(first)
+    assert kind == turn.ALLOCATE and turn.MESSAGE_INTEGRITY not in attrs and turn.REQUESTED_TRANSPORT in attrs
+    c.on_datagram(error(turn.ALLOCATE, txid, 401, (turn.REALM, b"erdma.test"), (turn.NONCE, b"n1")), now)
+    (second,) = c.outgoing()
+    kind, txid, attrs = parse(second)
+    assert attrs[turn.USERNAME] == b"alice" and attrs[turn.NONCE] == b"n1" and turn.integrity_ok(second, KEY)
+    c.on_datagram(answer(turn.ALLOCATE | turn.SUCCESS, txid, (turn.XOR_RELAYED_ADDRESS, turn.xor_address(*RELAYED)),
+                         (turn.XOR_MAPPED_ADDRESS, turn.xor_address("198.51.100.12", 1234)),
+                         (turn.LIFETIME, struct.pack("!I", 600))), now)
+    assert c.relayed == RELAYED and c.mapped == ("198.51.100.12", 1234) and c.error is None
+    return c
+
+
+def test_allocation_through_the_credential_round():
+    allocated()
+
+
+def test_integrity_detects_any_change():
+    msg = answer(turn.ALLOCATE | turn.SUCCESS, b"t" * 12, (turn.LIFETIME, b"\0\0\0\1"))
+    assert turn.integrity_ok(msg, KEY)
+    assert not turn.integrity_ok(msg, b"k" * 16)
+    for i in (1, 8, 25):
+        bad = bytearray(msg)
+        bad[i] ^= 1
+        assert not turn.integrity_ok(bytes(bad), KEY)
+    assert not turn.integrity_ok(answer(turn.ALLOCATE | turn.SUCCESS, b"t" * 12, key=None), KEY)
+
+
+def challenged(password: str) -> tuple[turn.TurnClient, bytes]:
+    """A client whose Allocate got the 401, and the id of its second (credentialed) Allocate."""
+    c = turn.TurnClient("alice", password)
+    c.start(0.0)
+    _, txid, _ = parse(c.outgoing()[0])
+    c.on_datagram(error(turn.ALLOCATE, txid, 401, (turn.REALM, b"erdma.test"), (turn.NONCE, b"n1")), 0.0)
+    return c, parse(c.outgoing()[0])[1]
+
+
+def test_an_unsigned_success_is_ignored():
+    c, txid = challenged("secret")
+    forged = answer(turn.ALLOCATE | turn.SUCCESS, txid, (turn.XOR_RELAYED_ADDRESS, turn.xor_address(*RELAYED)),
+                    key=b"x" * 16)
+    assert c.on_datagram(forged, 0.0) is None and c.relayed is None and c.error is None
+
+
+def test_wrong_credentials_fail_the_allocation_with_the_servers_reason():
+    c, txid = challenged("wrong")
+    c.on_datagram(error(turn.ALLOCATE, txid, 401, (turn.REALM, b"erdma.test"), (turn.NONCE, b"n2")), 0.0)
+    assert c.relayed is None and str(c.error) == "the TURN server refused Allocate: error 401 no"
+
+
+def test_a_stale_nonce_is_retried_with_the_new_one():
+    c = allocated()
+    c.wrap(b"x", *PEER, now=1.0)
+    perm = next(m for m in c.outgoing() if parse(m)[0] == turn.CREATE_PERMISSION)
+    c.on_datagram(error(turn.CREATE_PERMISSION, parse(perm)[1], 438, (turn.NONCE, b"n2")), 1.0)
+    (again,) = c.outgoing()
+    kind, _, attrs = parse(again)
+    assert kind == turn.CREATE_PERMISSION and attrs[turn.NONCE] == b"n2" and turn.integrity_ok(again, KEY)
+
+
+def test_data_goes_as_send_indication_until_the_channel_is_bound_then_as_channel_data():
+    c = allocated()
+    first = c.wrap(b"hello", *PEER, now=1.0)
+    kind, _, attrs = parse(first)
+    assert kind == turn.SEND | turn.INDICATION and attrs[turn.DATA] == b"hello"
+    assert attrs[turn.XOR_PEER_ADDRESS] == turn.xor_address(*PEER)
+    asked = {parse(m)[0]: m for m in c.outgoing()}
+    assert set(asked) == {turn.CREATE_PERMISSION, turn.CHANNEL_BIND}
+    assert parse(c.wrap(b"again", *PEER, now=1.1))[0] == turn.SEND | turn.INDICATION  # not bound yet
+    assert c.outgoing() == []  # asked once
+    bind = asked[turn.CHANNEL_BIND]
+    channel = struct.unpack("!H", parse(bind)[2][turn.CHANNEL_NUMBER][:2])[0]
+    c.on_datagram(answer(turn.CHANNEL_BIND | turn.SUCCESS, parse(bind)[1]), 1.2)
+    assert c.wrap(b"bound", *PEER, now=1.3) == struct.pack("!HH", channel, 5) + b"bound"
+
+
+def test_data_from_peers_comes_back_with_their_address():
+    c = allocated()
+    c.wrap(b"x", *PEER, now=1.0)
+    bind = next(m for m in c.outgoing() if parse(m)[0] == turn.CHANNEL_BIND)
+    channel = struct.unpack("!H", parse(bind)[2][turn.CHANNEL_NUMBER][:2])[0]
+    assert c.on_datagram(struct.pack("!HH", channel, 3) + b"abc\0", 2.0) == (b"abc", PEER)  # padding ignored
+    ind = answer(turn.DATA_IND | turn.INDICATION, b"i" * 12, (turn.XOR_PEER_ADDRESS, turn.xor_address("203.0.113.5", 7)),
+                 (turn.DATA, b"hi"), key=None)
+    assert c.on_datagram(ind, 2.0) == (b"hi", ("203.0.113.5", 7))
+
+
+@pytest.mark.parametrize("junk", [b"", b"\x40\x00\x00\x09abc", b"\x7f\xff\x00\x01a", b"\x00\x01\x00\x00" + b"x" * 16,
+                                  b"\x00\x17\x00\x04" + struct.pack("!I", turn.MAGIC) + b"t" * 12 + b"\0\x13\0\x08"])
+def test_junk_from_the_server_is_ignored(junk):
+    c = allocated()
+    assert c.on_datagram(junk, 1.0) is None and c.error is None and c.outgoing() == []
+
+
+def test_requests_are_resent_then_fail():
+    c = turn.TurnClient("alice", "secret", rto=0.5, sends=3)
+    c.start(0.0)
+    assert len(c.outgoing()) == 1 and c.timer == 0.5
+    c.on_timer(0.4)
+    assert c.outgoing() == []
+    c.on_timer(0.5)
+    assert len(c.outgoing()) == 1 and c.timer == 1.5
+    c.on_timer(1.5)
+    assert len(c.outgoing()) == 1
+    c.on_timer(3.5)
+    assert c.outgoing() == [] and str(c.error) == "no answer from the TURN server to Allocate"
+
+
+def test_allocation_permissions_and_channels_are_refreshed_before_they_expire():
+    c = allocated(0.0)
+    c.wrap(b"x", *PEER, now=0.0)
+    for m in c.outgoing():
+        c.on_datagram(answer(parse(m)[0] | turn.SUCCESS, parse(m)[1]), 0.0)
+    assert c.timer == turn.PERMISSION_REFRESH
+    c.on_timer(turn.PERMISSION_REFRESH)
+    (perm,) = c.outgoing()
+    assert parse(perm)[0] == turn.CREATE_PERMISSION
+    c.on_datagram(answer(turn.CREATE_PERMISSION | turn.SUCCESS, parse(perm)[1]), turn.PERMISSION_REFRESH)
+    c.on_timer(300.0)  # half the allocation's and the channel's lifetime
+    kinds = sorted(parse(m)[0] for m in c.outgoing())
+    assert kinds == [turn.REFRESH, turn.CHANNEL_BIND]
+
+
+def test_close_releases_the_allocation():
+    c = allocated()
+    c.close(1.0)
+    (bye,) = c.outgoing()
+    kind, _, attrs = parse(bye)
+    assert kind == turn.REFRESH and attrs[turn.LIFETIME] == b"\0\0\0\0" and turn.integrity_ok(bye, KEY)
