@@ -1,4 +1,5 @@
-"""Entry point ``erdma.plugins: p2p``: registers the ``stun`` traversal (cheap to import)."""
+"""Entry point ``erdma.plugins: p2p``: registers the ``stun`` traversal, the ``dht`` discovery and ``erdma dht``
+(cheap to import)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,37 @@ OPTIONS = {
                          choices=("dependent-mapping", "always")),
     "port": Option(int, 0, "local UDP port of the data socket; 0: any free one", minimum=0, maximum=65535),
 }
+
+
+DHT_OPTIONS = {
+    "port": Option(int, 0, "local UDP port of this rank's DHT client node; 0: any free one", minimum=0, maximum=65535),
+    "bind_address": Option(str, "", "local address of the DHT client node; empty: every address"),
+    "rpc_timeout": Option(float, 1.0, "seconds to wait for a DHT node's answer (a dead node costs this much)",
+                          minimum=0.05, maximum=60.0),
+    "ttl": Option(float, 86400.0, "seconds the job's records live in the DHT (a crashed run's expire then)",
+                  minimum=10.0, maximum=30 * 86400.0),
+    "poll_max": Option(float, 0.5, "longest pause between two reads of a key that has not appeared",
+                       minimum=0.01, maximum=60.0),
+}
+
+
+def _dht(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Any:
+    from .dht_store import dht_store
+
+    return dht_store(url, rank, world_size, timeout, config)
+
+
+@hookimpl
+def erdma_register_discovery(register: Any) -> None:
+    register("dht", _dht, options=DHT_OPTIONS,
+             description="a Kademlia DHT reached through bootstrap nodes (erdma dht serve): dht://HOST:PORT/JOB")
+
+
+@hookimpl
+def erdma_add_commands(subparsers: Any) -> None:
+    from .serve import add_parser  # argparse only: kademlia is imported when the command runs
+
+    add_parser(subparsers)
 
 
 @hookimpl

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -129,6 +130,17 @@ class NatLab:
         sh("ip", "link", "set", peer, "master", "br0", "up", ns=pub)
         sh("ip", "addr", "add", f"{self.wan(i)}/24", "dev", "eth0", ns=host)
         sh("ip", "link", "set", "eth0", "up", ns=host)
+
+    def serve_dht(self, port: int = 4222) -> str:
+        """Start a DHT server node (``erdma dht serve``) on the public segment; its ``HOST:PORT``."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns("pub"), sys.executable, "-m", "erdma_core.cli", "dht",
+                                 "serve", "--bind", STUN[0], "--port", str(port)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "serving on" not in line:
+            raise RuntimeError(f"erdma dht serve did not start: {line}")
+        return f"{STUN[0]}:{port}"
 
     def stop_turn(self) -> None:
         """Stop coturn (STUN and TURN) now."""

@@ -69,6 +69,15 @@ def test_two_ranks_behind_two_nats_connect_directly(tmp_path):
         assert r["advertised"].startswith(lab.wan(rank) + ":")  # peers dialled the NAT's public mapping
 
 
+def test_ranks_behind_nats_find_each_other_through_the_dht(tmp_path):
+    with NatLab(3, tmp_path, symmetric=frozenset({2})) as lab:
+        node = lab.serve_dht()  # killed with the namespace
+        results = run_job(lab, tmp_path, ERDMA_INIT_METHOD=f"dht://{node}/nat-job", **RELAY)
+    assert [r.get("wrong") for r in results] == [0] * 3, results
+    hosts = [r["advertised"].rsplit(":", 1)[0] for r in results]
+    assert hosts[:2] == [lab.wan(0), lab.wan(1)] and hosts[2] in TURN_HOSTS, hosts
+
+
 def test_four_ranks_one_public_three_behind_nats(tmp_path):
     with NatLab(4, tmp_path, public=frozenset({0})) as lab:
         results = run_job(lab, tmp_path, ERDMA_TRAVERSAL="stun")

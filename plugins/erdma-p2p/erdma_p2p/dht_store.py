@@ -1,0 +1,130 @@
+"""``init_method = "dht://HOST:PORT[,HOST:PORT...]/JOB"``: the job's store is a Kademlia DHT, reached through
+the bootstrap nodes named (``erdma dht serve``), with no rank serving anything and no master.
+
+Every rank runs a client node (``dht.DhtNode``) and keeps its keys in the DHT as signed records
+(``records.py``) under the job's namespace, derived from ``security.secret`` and the job name: records of
+other jobs, unsigned ones and expired ones are ignored, and of several copies the highest version wins.
+``get`` polls until the key appears (backing off to ``poll_max`` seconds). ``add`` reads, adds and writes
+a newer version: atomic for a key one rank writes (the core's per-rank join counters), not across ranks.
+At ``close`` a rank deletes (tombstones) the keys it wrote, so that a later run under the same job name does
+not read them; records of a run that crashed expire after ``ttl`` seconds. Use a new job name per run.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
+
+from . import records
+from .dht import DhtNode
+
+
+def parse_url(url: str) -> tuple[list[tuple[str, int]], str]:
+    """``(bootstrap addresses, job name)`` of a ``dht://`` URL; ConfigError naming the key otherwise."""
+    parsed = urlparse(url)
+    job = parsed.path.strip("/")
+    form = "dht://HOST:PORT[,HOST:PORT...]/JOB"
+    if not parsed.netloc or not job:
+        raise ConfigError(f"config key 'discovery.init_method': value {url!r} needs bootstrap nodes and a job name: "
+                          f"{form} (the job name is the same on every rank, and new for each run)")
+    nodes = []
+    for item in parsed.netloc.split(","):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"config key 'discovery.init_method': bootstrap node {item!r} in {url!r} is not "
+                              f"HOST:PORT ({form})")
+        try:
+            nodes.append((socket.gethostbyname(host), int(port)))
+        except OSError as exc:
+            raise ConfigError(f"config key 'discovery.init_method': bootstrap host {host!r} does not resolve: "
+                              f"{exc}") from None
+    return nodes, job
+
+
+class DhtStore:
+    def __init__(self, bootstrap: list[tuple[str, int]], job: str, secret: bytes, *, timeout: float,
+                 section: dict[str, Any]) -> None:
+        self.job, self.ttl, self.poll_max = job, float(section["ttl"]), float(section["poll_max"])
+        self.rpc_timeout = float(section["rpc_timeout"])
+        self._ns = records.namespace(secret, job)
+        self._mine: dict[str, tuple[int, bytes]] = {}  # keys this rank wrote: their version and value
+        self.node = DhtNode(server=False, rpc_timeout=self.rpc_timeout)
+        try:
+            self.node.start(section["bind_address"], section["port"], bootstrap, timeout)
+        except (OSError, TimeoutError) as exc:
+            self.node.stop()
+            nodes = ", ".join(f"{h}:{p}" for h, p in bootstrap)
+            raise ErdmaError(f"discovery: could not join the DHT through {nodes}: {exc}") from None
+
+    @property
+    def budget(self) -> float:
+        """Seconds one DHT read or write may take: a lookup's rounds, each bounded by the RPC timeout."""
+        return 4 * self.rpc_timeout + 1.0
+
+    def _write(self, key: str, value: bytes, deleted: bool = False) -> int:
+        dkey = records.dht_key(self._ns, key)
+        version = max(time.time_ns(), self._mine.get(key, (0, b""))[0] + 1)
+        blob = records.seal(self._ns, dkey, value, version, time.time() + self.ttl, deleted)
+        try:
+            took = self.node.put(dkey, blob, self.budget)
+        except TimeoutError:
+            took = 0
+        if not took:
+            raise ErdmaError(f"discovery: no DHT node stored key {key!r} of job {self.job!r} (are the bootstrap "
+                             "nodes up?)")
+        self._mine[key] = (version, value)
+        return version
+
+    def _read(self, key: str) -> records.Record | None:
+        dkey = records.dht_key(self._ns, key)
+        try:
+            blobs: list[object] = list(self.node.fetch(dkey, self.budget))
+        except TimeoutError:
+            return None
+        return records.latest(self._ns, dkey, blobs, time.time())
+
+    def set(self, key: str, value: bytes) -> None:
+        self._write(key, value)
+
+    def get(self, key: str, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        wait = 0.02
+        while True:
+            found = self._read(key)
+            if found is not None and not found.deleted:
+                return found.value
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CollectiveTimeoutError(f"discovery: key {key!r} did not appear in the DHT (job {self.job!r}) "
+                                             f"within {timeout:.1f}s (are all ranks started with the same "
+                                             "init_method, job name and world size?)")
+            time.sleep(min(wait, left))
+            wait = min(wait * 2, self.poll_max)
+
+    def add(self, key: str, amount: int) -> int:
+        found = self._read(key)
+        current = int(found.value) if found is not None and not found.deleted and found.value.isdigit() else 0
+        self._write(key, str(current + amount).encode())
+        return current + amount
+
+    def close(self) -> None:
+        for key in list(self._mine):
+            try:
+                self._write(key, b"", deleted=True)
+            except ErdmaError:  # best effort: the records expire anyway
+                break
+        self._mine.clear()
+        self.node.stop()
+
+
+def dht_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> DhtStore:
+    bootstrap, job = parse_url(url)
+    secret = config["security.secret"].encode() if config is not None else b""
+    if not secret:
+        raise ConfigError("config key 'security.secret': the dht:// discovery signs the job's records with it and "
+                          "ignores records not signed with it; set the same secret on every rank (ERDMA_SECRET)")
+    return DhtStore(bootstrap, job, secret, timeout=timeout, section=config.section("discovery.dht"))

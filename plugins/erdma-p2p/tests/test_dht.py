@@ -1,0 +1,212 @@
+"""The ``dht`` discovery: signed records, request checks, and real Kademlia nodes on loopback (``erdma dht
+serve`` processes and in-process nodes): jobs that find each other through them, foreign and forged records
+ignored, the newest of stale copies, a dead node, a job name used again, and the errors a user sees."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from erdma_p2p import records
+from erdma_p2p.dht import DhtNode, _valid
+from erdma_p2p.dht_store import DhtStore, dht_store, parse_url
+
+from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
+
+NS = records.namespace(b"secret", "job")
+KEY = records.dht_key(NS, "quic/addr/1")
+SECTION = {"port": 0, "bind_address": "127.0.0.1", "rpc_timeout": 0.5, "ttl": 60.0, "poll_max": 0.1}
+JOB = """
+import sys, numpy as np, erdma_core
+pg = erdma_core.init()
+p, r = pg.size(), pg.rank()
+a = (np.arange(1000, dtype=np.float32) * (r + 1)) % 97
+pg.allreduce(a)
+want = sum((np.arange(1000, dtype=np.float32) * (k + 1)) % 97 for k in range(p)).astype(np.float32)
+print("ok" if np.array_equal(a, want) else "WRONG", flush=True)
+pg.destroy()
+"""
+
+
+def test_a_record_opens_only_with_its_job_key_and_dht_key_until_it_expires():
+    blob = records.seal(NS, KEY, b"198.51.100.1:4000", 7, time.time() + 60)
+    assert records.unseal(NS, KEY, blob, time.time()) == (7, pytest.approx(time.time() + 60, abs=5), False,
+                                                           b"198.51.100.1:4000")
+    assert records.unseal(records.namespace(b"other", "job"), KEY, blob, time.time()) is None  # another job's key
+    assert records.unseal(NS, records.dht_key(NS, "quic/addr/2"), blob, time.time()) is None  # replayed elsewhere
+    assert records.unseal(NS, KEY, blob, time.time() + 61) is None  # expired
+    for i in (5, 20, len(blob) - 1):
+        bad = bytearray(blob)
+        bad[i] ^= 1
+        assert records.unseal(NS, KEY, bytes(bad), time.time()) is None
+
+
+def test_the_highest_valid_version_wins_and_a_tombstone_reads_as_deleted():
+    now = time.time()
+    old, new = (records.seal(NS, KEY, v, ver, now + 60) for v, ver in ((b"old", 1), (b"new", 2)))
+    forged = records.seal(records.namespace(b"evil", "job"), KEY, b"evil", 99, now + 60)
+    assert records.latest(NS, KEY, [old, forged, new, b"junk", 5], now).value == b"new"
+    gone = records.seal(NS, KEY, b"", 3, now + 60, deleted=True)
+    assert records.latest(NS, KEY, [new, gone], now).deleted
+    assert records.latest(NS, KEY, [], now) is None
+
+
+@pytest.mark.parametrize("blob", [b"", b"eRD1" + b"\0" * 40, "text", 12, records.MAGIC + b"\0" * (records.MAX_RECORD + 1)])
+def test_dht_nodes_store_only_what_is_shaped_like_a_record(blob):
+    assert not records.shape_ok(blob)
+    assert not _valid("store", [b"n" * 20, b"k" * 20, blob], stores=True)
+
+
+def test_requests_are_checked_before_they_are_served():
+    good = records.seal(NS, KEY, b"v", 1, time.time() + 60)
+    assert _valid("store", [b"n" * 20, b"k" * 20, good], stores=True)
+    assert not _valid("store", [b"n" * 20, b"k" * 20, good], stores=False)  # a client keeps nothing for others
+    assert _valid("find_value", [b"n" * 20, b"k" * 20], stores=True)
+    for args in ([b"n" * 20], [b"n" * 19, b"k" * 20], ["n" * 20, b"k" * 20], [b"n" * 20, 5], "ab"):
+        assert not _valid("find_value", args, stores=True)
+    assert not _valid("ping", [b"n" * 21], stores=True)
+
+
+def test_a_record_too_large_is_refused_when_sealed():
+    with pytest.raises(ValueError, match="a DHT record holds at most"):
+        records.seal(NS, KEY, b"x" * records.MAX_RECORD, 1, time.time() + 60)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[DhtNode]]:
+    first = DhtNode(server=True, rpc_timeout=0.5)
+    addr = first.start("127.0.0.1", 0, [], 5.0)
+    nodes = [first] + [DhtNode(server=True, rpc_timeout=0.5) for _ in range(2)]
+    for n in nodes[1:]:
+        n.start("127.0.0.1", 0, [addr], 5.0)
+    yield nodes
+    for n in nodes:
+        n.stop()
+
+
+def _addrs(nodes: list[DhtNode]) -> list[tuple[str, int]]:
+    return [n.server.transport.get_extra_info("sockname")[:2] for n in nodes]
+
+
+def test_stores_of_one_job_meet_and_other_jobs_and_secrets_see_nothing(servers):
+    a = DhtStore(_addrs(servers[:1]), "job", b"secret", timeout=5.0, section=SECTION)
+    b = DhtStore(_addrs(servers[2:]), "job", b"secret", timeout=5.0, section=SECTION)
+    stranger = DhtStore(_addrs(servers[1:2]), "job", b"another secret", timeout=5.0, section=SECTION)
+    other_job = DhtStore(_addrs(servers[1:2]), "job2", b"secret", timeout=5.0, section=SECTION)
+    try:
+        a.set("quic/addr/0", b"10.0.0.1:4000")
+        assert b.get("quic/addr/0", 5.0) == b"10.0.0.1:4000"
+        for s in (stranger, other_job):
+            with pytest.raises(CollectiveTimeoutError, match="discovery: key 'quic/addr/0' did not appear in the DHT"):
+                s.get("quic/addr/0", 0.5)
+        assert b.add("erdma/joined/1", 1) == 1 and b.add("erdma/joined/1", 0) == 1 and a.add("erdma/joined/1", 1) == 2
+    finally:
+        for s in (a, b, stranger, other_job):
+            s.close()
+
+
+def test_forged_and_stale_copies_lose_to_the_newest_signed_record(servers):
+    store = DhtStore(_addrs(servers[:1]), "job", b"secret", timeout=5.0, section=SECTION)
+    try:
+        store.set("k", b"first")
+        store.set("k", b"second")
+        dkey = records.dht_key(records.namespace(b"secret", "job"), "k")
+        stale = records.seal(records.namespace(b"secret", "job"), dkey, b"first", 1, time.time() + 60)
+        forged = records.seal(records.namespace(b"evil", "job"), dkey, b"evil", 2**63, time.time() + 60)
+        servers[1].server.storage[dkey] = stale  # one node still holds an old copy (or a forged one)
+        servers[2].server.storage[dkey] = forged
+        assert store.get("k", 2.0) == b"second"
+    finally:
+        store.close()
+
+
+def test_a_closed_job_leaves_tombstones_so_its_name_can_be_used_again(servers):
+    first = DhtStore(_addrs(servers), "run", b"secret", timeout=5.0, section=SECTION)
+    first.set("erdma/job", b"1:2:mac")
+    first.close()
+    again = DhtStore(_addrs(servers), "run", b"secret", timeout=5.0, section=SECTION)
+    try:
+        with pytest.raises(CollectiveTimeoutError):
+            again.get("erdma/job", 0.5)
+    finally:
+        again.close()
+
+
+def test_nobody_to_join_fails_at_once_naming_the_nodes():
+    with pytest.raises(ErdmaError, match=r"could not join the DHT through 127.0.0.1:9: no DHT bootstrap node answered"):
+        DhtStore([("127.0.0.1", 9)], "job", b"secret", timeout=5.0, section=SECTION)
+
+
+@pytest.mark.parametrize("url, message", [
+    ("dht://127.0.0.1:4222", "needs bootstrap nodes and a job name: dht://HOST:PORT[,HOST:PORT...]/JOB"),
+    ("dht://127.0.0.1/job", "bootstrap node '127.0.0.1' in 'dht://127.0.0.1/job' is not HOST:PORT"),
+    ("dht://127.0.0.1:4222,host.invalid:1/job", "bootstrap host 'host.invalid' does not resolve"),
+])
+def test_bad_urls_are_refused_naming_the_key(url, message):
+    with pytest.raises(ConfigError, match=re.escape("config key 'discovery.init_method'")) as err:
+        parse_url(url)
+    assert message in str(err.value)
+
+
+def test_the_job_secret_is_required():
+    class Config(dict):
+        def section(self, name: str) -> dict:
+            return SECTION
+
+    with pytest.raises(ConfigError, match=re.escape("config key 'security.secret': the dht:// discovery signs")):
+        dht_store("dht://127.0.0.1:4222/job", 0, 2, 5.0, Config({"security.secret": ""}))
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(port: int, bootstrap: str = "") -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "erdma_core.cli", "dht", "serve", "--bind", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd + (["--bootstrap", bootstrap] if bootstrap else []), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert f"erdma dht serve: serving on 127.0.0.1:{port}" in line, line
+    return proc
+
+
+def _job(url: str, world: int, tmp: Path) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    env |= {"WORLD_SIZE": str(world), "ERDMA_INIT_METHOD": url, "ERDMA_SECRET": "dht-test",
+            "ERDMA_TIMEOUTS_CONNECT": "30"}
+    script = tmp / "job.py"
+    script.write_text(JOB)
+    procs = [subprocess.Popen([sys.executable, str(script)], env=env | {"RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=90)
+        out.append(stdout.strip() or stderr.strip()[-800:])
+    return out
+
+
+def test_ranks_find_each_other_through_served_nodes_also_when_one_has_died(tmp_path):
+    ports = [_free_udp_port(), _free_udp_port()]
+    first = _serve(ports[0])
+    second = _serve(ports[1], f"127.0.0.1:{ports[0]}")
+    url = f"dht://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
+    try:
+        assert _job(f"{url}/run-1", 3, tmp_path) == ["ok"] * 3
+        assert _job(f"{url}/run-1", 2, tmp_path) == ["ok"] * 2  # the same name again, after a clean end
+        first.terminate()
+        first.wait(10)
+        assert _job(f"{url}/run-2", 2, tmp_path) == ["ok"] * 2  # one bootstrap node is dead
+    finally:
+        for p in (first, second):
+            p.terminate()
+            p.wait(10)
