@@ -17,11 +17,13 @@ import erdma_core
 
 def main() -> int:
     iters, count = int(sys.argv[1]), int(sys.argv[2])
+    start = time.monotonic()
     try:
         pg = erdma_core.init()
     except Exception as exc:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1
+    init_s = time.monotonic() - start
     p, r = pg.size(), pg.rank()
     wrong = 0
     t0 = time.monotonic()
@@ -37,7 +39,8 @@ def main() -> int:
         wrong += int(not np.array_equal(arr, want))
     seconds = time.monotonic() - t0
     advertised = pg.rt.store.get(f"quic/addr/{r}", 1.0).decode()
-    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds}),
+    print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds,
+                      "init_s": init_s}),
           flush=True)
     pg.destroy()
     return 0
