@@ -11,7 +11,10 @@ class Traversal(Protocol):
     transport (QUIC) then runs on that socket instead of binding its own, so the mapping stays in use; and
     ``punch(host, port) -> bytes | None``: a datagram the transport sends from that socket to the advertised
     address of each peer that will dial this rank, as soon as the peer has published it, so that this rank's
-    NAT lets the peer's first packets in (the transport must ignore such datagrams when they arrive)."""
+    NAT lets the peer's first packets in (the transport must ignore such datagrams when they arrive); and
+    ``udp_sockets(count) -> list[socket]``: that many more sockets prepared like ``udp_socket``'s, each with
+    its own mapping (``advertise`` answers for each by its port), for a transport that stripes its traffic
+    over several (one per lane); it raises ``ConfigError`` when it cannot."""
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """Given the address this rank listens on, return the address peers should dial."""

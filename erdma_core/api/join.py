@@ -95,6 +95,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
                                            connect_timeout=connect_timeout, advertise=traversal.advertise,
                                            udp_socket=udp() if callable(udp) else None, secret=secret,
                                            punch=getattr(traversal, "punch", None),
+                                           udp_sockets=getattr(traversal, "udp_sockets", None),
                                            max_early_bytes=conf["security.max_early_bytes"]))
         _check_unique(store, job, rank)
     except BaseException:

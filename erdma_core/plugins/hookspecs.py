@@ -56,7 +56,9 @@ def erdma_register_traversals(register: Callable[..., None]) -> None:
     once for each address the transport listens on (QUIC striping workers have one each), and returns the
     address peers should dial. Optionally ``udp_socket() -> socket | None``, called once before the
     transport connects: a bound UDP socket a datagram transport (QUIC) must use instead of its own (a
-    hole-punched NAT mapping). Returns: nothing. Every implementation is called.
+    hole-punched NAT mapping); ``punch(host, port) -> bytes | None``; and ``udp_sockets(count) -> list``,
+    more sockets prepared the same way for a transport that stripes (raises ``ConfigError`` when it cannot).
+    Returns: nothing. Every implementation is called.
     """
 
 

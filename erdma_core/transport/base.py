@@ -36,6 +36,8 @@ class TransportContext:
     udp_socket: Any = None  # a bound UDP socket handed over by the traversal (``Traversal.udp_socket``), or None
     punch: Callable[[str, int], bytes | None] | None = None  # traversal: a datagram to send from ``udp_socket``
     # to a peer's advertised address before that peer dials this rank (opens this rank's NAT to it), or None
+    udp_sockets: Callable[[int], list[Any]] | None = None  # traversal: ``count`` more sockets prepared like
+    # ``udp_socket`` (each its own mapping), for a transport that stripes over several; None when it has none
     secret: bytes = b""  # the job's secret (``security.secret``): every connection accepted must prove it
     max_early_bytes: int = DEFAULT_EARLY_BYTES  # per peer, for frames ahead of their receives (the mailbox's)
 

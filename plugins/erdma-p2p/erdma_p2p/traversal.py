@@ -57,6 +57,7 @@ class StunTraversal:
         self.mapped: stun.Mapped | None = None
         self.relayed: stun.Mapped | None = None  # the relay allocation's address, when this rank relays
         self.local_port: int | None = None  # the prepared socket's
+        self.lanes: dict[int, stun.Mapped] = {}  # local port -> mapping, of the sockets udp_sockets prepared
 
     def udp_socket(self) -> socket.socket:
         """The data socket, bound, with its mapping learned (raises StunError naming the server within the
@@ -79,8 +80,31 @@ class StunTraversal:
             sock.close()
             raise
 
+    def udp_sockets(self, count: int) -> list[socket.socket]:
+        """``count`` more data sockets for a transport that stripes (one per lane), each bound to a free port
+        with its own mapping learned; refused when this rank relays (the relay client cannot follow a socket
+        into another process)."""
+        if self.relayed is not None:
+            raise ConfigError("transport.quic.workers needs a socket per lane, each in its worker process, and this "
+                              "rank relays through a TURN server (traversal.stun.relay), whose client stays in this "
+                              "process; valid here: 0 (or a rank whose NAT lets it punch)")
+        socks: list[socket.socket] = []
+        try:
+            for _ in range(count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                socks.append(sock)
+                sock.bind((self.bind[0], 0))
+                self.lanes[sock.getsockname()[1]] = stun.query(sock, self.server, self.timeout)
+        except BaseException:
+            for sock in socks:
+                sock.close()
+            raise
+        return socks
+
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """The STUN mapping of the prepared socket; a transport that listens elsewhere cannot use it."""
+        if port in self.lanes:
+            return self.lanes[port].host, self.lanes[port].port
         if self.mapped is None or port != self.local_port:
             raise ConfigError(f"config key 'traversal.name': value 'stun' needs a datagram transport that runs on "
                               f"the UDP socket it prepared (port {self.local_port}), such as erdma-quic "

@@ -38,9 +38,10 @@ def main() -> int:
             return 1
         wrong += int(not np.array_equal(arr, want))
     seconds = time.monotonic() - t0
+    lanes = getattr(pg.rt.transport, "lane_stats", dict)()  # erdma-quic striping: parts per lane
     advertised = pg.rt.store.get(f"quic/addr/{r}", 1.0).decode()
     print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds,
-                      "init_s": init_s}),
+                      "init_s": init_s, "lane_parts": sum(lanes.get("parts_out", [0])[1:])}),
           flush=True)
     pg.destroy()
     return 0

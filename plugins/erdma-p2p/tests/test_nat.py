@@ -136,6 +136,22 @@ def test_four_ranks_none_cone_and_two_symmetric_nats_every_pair_connects(tmp_pat
     assert hosts[:2] == [lab.wan(0), lab.wan(1)] and all(h in TURN_HOSTS for h in hosts[2:]), hosts
 
 
+def test_striping_lanes_each_get_their_own_punched_mapping(tmp_path):
+    lanes = {"ERDMA_TRANSPORT_QUIC_WORKERS": "2", "ERDMA_TRANSPORT_QUIC_PART_BYTES": "65536"}
+    with NatLab(2, tmp_path) as lab:
+        results = run_job(lab, tmp_path, ERDMA_TRAVERSAL="stun", **lanes)
+    for r in results:
+        assert r.get("wrong") == 0 and r["lane_parts"] > 0, r  # parts went over the lanes' own sockets
+
+
+def test_striping_from_a_relaying_rank_is_refused_clearly(tmp_path):
+    lanes = {"ERDMA_TRANSPORT_QUIC_WORKERS": "2"}
+    with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
+        results = run_job(lab, tmp_path, **RELAY, **lanes)
+    assert "ConfigError: transport.quic.workers needs a socket per lane" in results[1]["error"], results[1]
+    assert "valid here: 0" in results[1]["error"]
+
+
 def test_a_refused_relay_fails_clearly(tmp_path):
     with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
         results = run_job(lab, tmp_path, **(RELAY | {"ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": "wrong"}))

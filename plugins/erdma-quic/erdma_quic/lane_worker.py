@@ -1,7 +1,8 @@
 """A striping worker: one process, one UDP socket, one QUIC connection to the same lane of every other
 rank, carrying the parts of large messages its rank hands it (``lanes``). Started by the rank as
-``python -m erdma_quic.lane_worker FD``; FD is its end of a socket pair that carries small pickled messages
-(payload travels in ``parcels``). Its connections are a ``mesh.Mesh`` like the rank's, authenticated the
+``python -m erdma_quic.lane_worker FD [DATA_FD]``; FD is its end of a socket pair that carries small pickled
+messages (payload travels in ``parcels``); DATA_FD, when given, is the lane's UDP socket as the traversal
+prepared it (else the worker binds one). Its connections are a ``mesh.Mesh`` like the rank's, authenticated the
 same way; its parts go to a ``Sink`` (back to the rank, whole) instead of a mailbox.
 
 Rank to worker: ``{"opts", "rank", "world", "job", "lane", "bind", "owner", "timeout"}``, then
@@ -145,12 +146,15 @@ class Lane:
         ep.loop.call_later(0.05, self.stopped.set)
 
 
-def main(fd: int) -> int:
+def main(fd: int, data_fd: int | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     control = Connection(fd)
     setup = control.recv()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind((setup["bind"], 0))
+    if data_fd is not None:  # prepared by the traversal (its NAT mapping learned): used as it is
+        sock = socket.socket(fileno=data_fd)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((setup["bind"], 0))
     control.send(("port", sock.getsockname()[1]))
     try:
         lane = Lane(setup, control)
@@ -171,4 +175,4 @@ def main(fd: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1])))
+    sys.exit(main(*map(int, sys.argv[1:3])))

@@ -58,11 +58,13 @@ class Countdown(Request):
 
 
 class Worker:
-    def __init__(self, lane: int) -> None:
-        self.lane = lane
+    def __init__(self, lane: int, sock: socket.socket | None = None) -> None:
+        """``sock``: the lane's data socket, prepared by the traversal (else the worker binds its own)."""
+        self.lane, self.sock = lane, sock
         ours, theirs = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-m", "erdma_quic.lane_worker", str(theirs.fileno())],
-                                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        fds = [theirs.fileno()] + ([sock.fileno()] if sock is not None else [])
+        self.proc = subprocess.Popen([sys.executable, "-m", "erdma_quic.lane_worker", *map(str, fds)],
+                                     pass_fds=fds, stdin=subprocess.DEVNULL)
         theirs.close()
         self.control = Connection(ours.detach())
         self.write = threading.Lock()
@@ -91,9 +93,11 @@ class Lanes:
     ``fatal(error)``."""
 
     def __init__(self, count: int, rank: int, world: int, job: int, opts: dict[str, Any],
-                 events: dict[str, Callable[..., None]]) -> None:
+                 events: dict[str, Callable[..., None]], sockets: list[socket.socket] | None = None) -> None:
+        """``sockets``: one data socket per lane, prepared by the traversal (NAT mappings learned), which the
+        workers run on and this process punches from; None: each worker binds its own."""
         self.rank, self.world, self.job, self.opts, self.events = rank, world, job, opts, events
-        self.workers = [Worker(k) for k in range(1, count + 1)]
+        self.workers = [Worker(k, sockets[k - 1] if sockets else None) for k in range(1, count + 1)]
         self.pending: dict[int, tuple[Request, int]] = {}  # send id -> (request, peer)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -118,6 +122,7 @@ class Lanes:
                 w.send(("peers", {peer: addresses.published(ctx.store, f"quic/lane/{peer}/{w.lane}",
                                                             max(0.01, deadline - time.monotonic()))
                                   for peer in range(self.rank)}))
+            self._punch(ctx, deadline)
             for w in self.workers:
                 self._step(w, "ready", deadline)
         except BaseException:
@@ -125,6 +130,25 @@ class Lanes:
             raise
         self._reader = threading.Thread(target=self._read_reports, name=f"erdma-quic-{self.rank}-lanes", daemon=True)
         self._reader.start()
+
+    def _punch(self, ctx: Any, deadline: float) -> None:
+        """From each lane's prepared socket, the traversal's datagram to that lane of every rank that will
+        dial it (as lane 0 does), so that this rank's NAT lets those ranks' lanes in."""
+        if ctx.punch is None:
+            return
+        for w in self.workers:
+            if w.sock is None:
+                continue
+            for peer in range(self.rank + 1, self.world):
+                addr = addresses.published(ctx.store, f"quic/lane/{peer}/{w.lane}", max(0.01, deadline - time.monotonic()))
+                datagram = ctx.punch(*addr)
+                if datagram:
+                    for _ in range(2):
+                        try:
+                            w.sock.sendto(datagram, addr)
+                        except OSError as exc:  # the set-up's wait for "ready" names what is missing
+                            log.debug("rank %d: no hole punched on lane %d towards rank %d: %s", self.rank, w.lane,
+                                      peer, exc)
 
     def _step(self, w: Worker, kind: str, deadline: float) -> tuple[Any, ...]:
         try:
@@ -245,4 +269,6 @@ class Lanes:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
+            if w.sock is not None:
+                w.sock.close()  # this process's copy (it punched from it)
         parcels.sweep(os.getpid())

@@ -70,9 +70,13 @@ class QuicTransport(MessageTransport):
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
         o = self.opts
+        lane_sockets = None
         if o["workers"] and ctx.udp_socket is not None:
-            raise ConfigError(f"transport.quic.workers = {o['workers']} needs every worker's own UDP port to be "
-                              "reachable, and the traversal handed over a single punched socket; valid here: 0")
+            if ctx.udp_sockets is None:
+                raise ConfigError(f"transport.quic.workers = {o['workers']} needs every worker's own UDP port to be "
+                                  "reachable, and the traversal handed over a single punched socket (it prepares "
+                                  "no socket per lane); valid here: 0")
+            lane_sockets = ctx.udp_sockets(o["workers"])  # each with its own NAT mapping
         if not o["secret"] and ctx.secret and not (o["ca_cert"] or o["ca_key"]):
             o = {**o, "secret": ctx.secret.decode()}  # the job's secret (security.secret) stands for QUIC's own
         creds = tls.load(o, self.rank, self.job)
@@ -94,7 +98,8 @@ class QuicTransport(MessageTransport):
         ctx.store.set(f"quic/addr/{self.rank}", f"{host}:{port}".encode())
         deadline = time.monotonic() + ctx.connect_timeout
         if o["workers"]:  # they start (import, bind) while lane 0 connects
-            self.lanes = Lanes(o["workers"], self.rank, self.world_size, self.job, dict(o), self._lane_events())
+            self.lanes = Lanes(o["workers"], self.rank, self.world_size, self.job, dict(o), self._lane_events(),
+                               lane_sockets)
         if ctx.punch is not None and ctx.udp_socket is not None:
             threading.Thread(target=self._punch, args=(ctx, sock, deadline), name=f"erdma-punch-{self.rank}",
                              daemon=True).start()

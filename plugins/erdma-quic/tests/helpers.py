@@ -43,15 +43,16 @@ def options(**kw: Any) -> dict[str, Any]:
 
 def start(rank: int, world: int, store: MemoryStore, job: int, opts: dict[str, Any],
           timeout: float = 10.0, udp_socket: Any = None,
-          secret: bytes = b"") -> tuple[QuicTransport, threading.Thread, list[BaseException]]:
-    """Connect one rank in a thread; ``errors`` receives what ``connect`` raised."""
+          secret: bytes = b"", **ctx: Any) -> tuple[QuicTransport, threading.Thread, list[BaseException]]:
+    """Connect one rank in a thread; ``errors`` receives what ``connect`` raised. ``ctx``: more
+    ``TransportContext`` fields (a traversal's ``advertise``, ``punch``, ``udp_sockets``)."""
     t = QuicTransport(None, opts)
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
             t.connect(TransportContext(rank=rank, world_size=world, store=store, job=job, connect_timeout=timeout,
-                                       udp_socket=udp_socket, secret=secret))
+                                       udp_socket=udp_socket, secret=secret, **ctx))
         except BaseException as exc:
             errors.append(exc)
     th = threading.Thread(target=run, daemon=True)

@@ -131,6 +131,55 @@ def test_a_dead_worker_fails_both_ranks_naming_the_lane():
             t.close()
 
 
+def test_workers_run_on_the_sockets_the_traversal_prepares_and_punch_from_them():
+    """A traversal with ``udp_sockets``: every lane runs on a socket it prepared, advertised through it, and
+    each lane punches towards the same lane of the ranks that dial it."""
+    store, advertised, punched = MemoryStore(), {0: [], 1: []}, {0: [], 1: []}
+
+    socks = {r: socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for r in range(2)}
+    for s in socks.values():
+        s.bind(("127.0.0.1", 0))
+    lane_socks: dict[int, list[socket.socket]] = {0: [], 1: []}
+
+    def ctx(rank: int) -> dict:
+        def udp_sockets(count: int) -> list[socket.socket]:
+            for _ in range(count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                s.bind(("127.0.0.1", 0))
+                lane_socks[rank].append(s)
+            return lane_socks[rank]
+
+        def advertise(host: str, port: int) -> tuple[str, int]:
+            advertised[rank].append(port)
+            return host, port
+
+        def punch(host: str, port: int) -> bytes:
+            punched[rank].append(port)
+            return b"\x00punch"
+
+        return {"udp_sockets": udp_sockets, "advertise": advertise, "punch": punch}
+
+    opts = options(secret="lanes", workers=2, part_bytes=65536)
+    ranks = [start(r, 2, store, JOB, opts, timeout=30, udp_socket=socks[r], **ctx(r)) for r in range(2)]
+    for _, th, _ in ranks:
+        th.join(40)
+    assert [e for _, _, e in ranks] == [[], []]
+    t0, t1 = (t for t, _, _ in ranks)
+    try:
+        src, dst, s, r = _transfer(t0, t1, 3 << 20, 1)
+        assert s.wait(time.monotonic() + 30) and r.wait(time.monotonic() + 30) and np.array_equal(src, dst)
+        assert sum(t0.lane_stats()["parts_out"][1:]) > 0
+        for rank in range(2):  # lane 0 and both lanes advertised through the traversal, by their own ports
+            assert advertised[rank] == [socks[rank].getsockname()[1]] + [s.getsockname()[1] for s in lane_socks[rank]]
+        lane_ports_1 = [s.getsockname()[1] for s in lane_socks[1]]
+        assert sorted(punched[0]) == sorted([socks[1].getsockname()[1], *lane_ports_1])  # rank 1 dials rank 0
+        # on every lane (lane 0's punch runs on a thread of its own: the order is not fixed)
+        assert punched[1] == []
+    finally:
+        for t in (t0, t1):
+            t.close()
+
+
 def test_workers_with_a_handed_over_socket_is_a_config_error():
     from erdma_quic.transport import QuicTransport
 
