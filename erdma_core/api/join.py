@@ -67,12 +67,17 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None 
         overrides["timeouts.collective"] = float(timeout)
     conf = load_config(config, comps, **overrides)
     url = conf["discovery.init_method"]
-    rank = _env_int("RANK", rank, "init")
     world_size = _env_int("WORLD_SIZE", world_size, "init")
-    if world_size < 1 or not 0 <= rank < world_size:
+    if world_size < 1:
+        raise ConfigError(f"init: world_size {world_size} is not at least 1")
+    method = comps.get("discovery", urlparse(url).scheme or url)
+    if rank is None and os.environ.get("RANK") is None and getattr(method.factory, "assigns_ranks", False):
+        store = instantiate(method, url, None, world_size, conf["timeouts.connect"], conf)
+        return init_with_store(store, store.rank, world_size, conf)  # the rank the ranks agreed on through it
+    rank = _env_int("RANK", rank, "init")
+    if not 0 <= rank < world_size:
         raise ConfigError(f"init: rank {rank} is not in [0, world_size={world_size})")
-    scheme = urlparse(url).scheme
-    store = comps.create("discovery", scheme or url, url, rank, world_size, conf["timeouts.connect"], conf)
+    store = instantiate(method, url, rank, world_size, conf["timeouts.connect"], conf)
     return init_with_store(store, rank, world_size, conf)
 
 

@@ -42,7 +42,10 @@ def erdma_register_discovery(register: Callable[..., None]) -> None:
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(scheme,
     factory, *, options=None, description="")``. ``factory(url, rank, world_size, timeout, config)``
     returns an ``erdma_core.discovery.Store`` (set, get with a timeout, add, close) that every rank of the job
-    shares. Returns: nothing. Every implementation is called.
+    shares. A factory with the attribute ``assigns_ranks = True`` is called with ``rank=None`` when the
+    process was given no rank (no ``init(rank=...)``, no ``RANK``): the ranks then agree on theirs through
+    the method, and the store's ``rank`` attribute says this process's. Returns: nothing. Every
+    implementation is called.
     """
 
 

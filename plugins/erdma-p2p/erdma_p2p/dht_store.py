@@ -8,10 +8,18 @@ other jobs, unsigned ones and expired ones are ignored, and of several copies th
 a newer version: atomic for a key one rank writes (the core's per-rank join counters), not across ranks.
 At ``close`` a rank deletes (tombstones) the keys it wrote, so that a later run under the same job name does
 not read them; records of a run that crashed expire after ``ttl`` seconds. Use a new job name per run.
+
+A process started with no rank claims one (``assign``): from rank 0 up, it skips ranks whose claim record
+exists, writes its own claim (a random token) for the first free one, and reads it back twice, ``settle``
+seconds apart (time for racing claims to land): the highest version wins, and a claimant keeps the rank only
+if both reads show its token; the others go on to the next. This is not a consensus protocol: two claims
+racing past the settle time could both win, which the core's duplicate-rank check or the connect then
+reports.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any
@@ -52,6 +60,7 @@ class DhtStore:
         self.rpc_timeout = float(section["rpc_timeout"])
         self._ns = records.namespace(secret, job)
         self._mine: dict[str, tuple[int, bytes]] = {}  # keys this rank wrote: their version and value
+        self.rank: int | None = None  # this process's rank, given or claimed
         self.node = DhtNode(server=False, rpc_timeout=self.rpc_timeout)
         try:
             self.node.start(section["bind_address"], section["port"], bootstrap, timeout)
@@ -87,6 +96,32 @@ class DhtStore:
             return None
         return records.latest(self._ns, dkey, blobs, time.time())
 
+    def assign(self, world_size: int, timeout: float, settle: float = 0.3) -> int:
+        """Claim the lowest free rank of ``world_size`` (see the module's text); ErdmaError when all are
+        taken, CollectiveTimeoutError past ``timeout``."""
+        token = os.urandom(16).hex().encode()
+        deadline = time.monotonic() + timeout
+        for rank in range(world_size):
+            key = f"erdma/rank/{rank}"
+            found = self._read(key)
+            if found is not None and not found.deleted:
+                continue  # claimed by another process
+            self._write(key, token)
+            if all(self._held(key, token, settle) for _ in range(2)):
+                return rank
+            self._mine.pop(key, None)  # lost the race: the winner's claim stays
+            if time.monotonic() > deadline:
+                break
+        else:
+            raise ErdmaError(f"discovery: all {world_size} ranks of job {self.job!r} are claimed (world_size "
+                             f"{world_size}; is this process one too many, or the job name in use?)")
+        raise CollectiveTimeoutError(f"discovery: no rank of job {self.job!r} claimed within {timeout:.1f}s")
+
+    def _held(self, key: str, token: bytes, settle: float) -> bool:
+        time.sleep(settle)
+        found = self._read(key)
+        return found is not None and found.value == token
+
     def set(self, key: str, value: bytes) -> None:
         self._write(key, value)
 
@@ -121,10 +156,17 @@ class DhtStore:
         self.node.stop()
 
 
-def dht_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> DhtStore:
+def dht_store(url: str, rank: int | None, world_size: int, timeout: float, config: Any) -> DhtStore:
     bootstrap, job = parse_url(url)
     secret = config["security.secret"].encode() if config is not None else b""
     if not secret:
         raise ConfigError("config key 'security.secret': the dht:// discovery signs the job's records with it and "
                           "ignores records not signed with it; set the same secret on every rank (ERDMA_SECRET)")
-    return DhtStore(bootstrap, job, secret, timeout=timeout, section=config.section("discovery.dht"))
+    store = DhtStore(bootstrap, job, secret, timeout=timeout, section=config.section("discovery.dht"))
+    try:
+        store.rank = rank if rank is not None else store.assign(world_size, timeout)
+    except BaseException:
+        store.close()
+        raise
+    return store
+

@@ -43,10 +43,13 @@ DHT_OPTIONS = {
 }
 
 
-def _dht(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Any:
+def _dht(url: str, rank: int | None, world_size: int, timeout: float, config: Any) -> Any:
     from .dht_store import dht_store
 
     return dht_store(url, rank, world_size, timeout, config)
+
+
+_dht.assigns_ranks = True  # type: ignore[attr-defined]  # a process given no rank claims one through the DHT
 
 
 @hookimpl

@@ -30,7 +30,7 @@ p, r = pg.size(), pg.rank()
 a = (np.arange(1000, dtype=np.float32) * (r + 1)) % 97
 pg.allreduce(a)
 want = sum((np.arange(1000, dtype=np.float32) * (k + 1)) % 97 for k in range(p)).astype(np.float32)
-print("ok" if np.array_equal(a, want) else "WRONG", flush=True)
+print(("ok" if np.array_equal(a, want) else "WRONG") + f" {r}", flush=True)
 pg.destroy()
 """
 
@@ -139,6 +139,17 @@ def test_a_closed_job_leaves_tombstones_so_its_name_can_be_used_again(servers):
         again.close()
 
 
+def test_a_process_with_no_rank_claims_the_lowest_free_one_and_a_full_job_refuses_it(servers):
+    stores = [DhtStore(_addrs(servers), "claims", b"secret", timeout=5.0, section=SECTION) for _ in range(3)]
+    try:
+        assert [s.assign(2, 10.0, settle=0.05) for s in stores[:2]] == [0, 1]
+        with pytest.raises(ErdmaError, match=r"all 2 ranks of job 'claims' are claimed"):
+            stores[2].assign(2, 10.0, settle=0.05)
+    finally:
+        for s in stores:
+            s.close()
+
+
 def test_nobody_to_join_fails_at_once_naming_the_nodes():
     with pytest.raises(ErdmaError, match=r"could not join the DHT through 127.0.0.1:9: no DHT bootstrap node answered"):
         DhtStore([("127.0.0.1", 9)], "job", b"secret", timeout=5.0, section=SECTION)
@@ -180,14 +191,14 @@ def _serve(port: int, bootstrap: str = "") -> subprocess.Popen[str]:
     return proc
 
 
-def _job(url: str, world: int, tmp: Path) -> list[str]:
+def _job(url: str, world: int, tmp: Path, ranks: bool = True) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     env |= {"WORLD_SIZE": str(world), "ERDMA_INIT_METHOD": url, "ERDMA_SECRET": "dht-test",
             "ERDMA_TIMEOUTS_CONNECT": "30"}
     script = tmp / "job.py"
     script.write_text(JOB)
-    procs = [subprocess.Popen([sys.executable, str(script)], env=env | {"RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, str(script)], env=env | ({"RANK": str(r)} if ranks else {}),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=90)
@@ -201,11 +212,13 @@ def test_ranks_find_each_other_through_served_nodes_also_when_one_has_died(tmp_p
     second = _serve(ports[1], f"127.0.0.1:{ports[0]}")
     url = f"dht://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
     try:
-        assert _job(f"{url}/run-1", 3, tmp_path) == ["ok"] * 3
-        assert _job(f"{url}/run-1", 2, tmp_path) == ["ok"] * 2  # the same name again, after a clean end
+        assert _job(f"{url}/run-1", 3, tmp_path) == ["ok 0", "ok 1", "ok 2"]
+        assert _job(f"{url}/run-1", 2, tmp_path) == ["ok 0", "ok 1"]  # the same name again, after a clean end
+        claimed = _job(f"{url}/run-2", 4, tmp_path, ranks=False)  # no RANK: each process claims one
+        assert sorted(claimed) == ["ok 0", "ok 1", "ok 2", "ok 3"], claimed
         first.terminate()
         first.wait(10)
-        assert _job(f"{url}/run-2", 2, tmp_path) == ["ok"] * 2  # one bootstrap node is dead
+        assert _job(f"{url}/run-3", 2, tmp_path) == ["ok 0", "ok 1"]  # one bootstrap node is dead
     finally:
         for p in (first, second):
             p.terminate()
