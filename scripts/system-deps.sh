@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages the project needs beyond Python: installs only what is missing (no apt traffic otherwise).
 #   scripts/system-deps.sh test    the network lab's tests: iproute2, ethtool, ping, a C compiler, nftables, conntrack,
-#                                  coturn (erdma-p2p's STUN server)
+#                                  coturn and stun-server (erdma-p2p's STUN/TURN servers)
 #   scripts/system-deps.sh bench   plus Open MPI (mpirun, headers for mpi4py) for the benchmark lab
 set -euo pipefail
 want=(ip:iproute2 ethtool:ethtool ping:iputils-ping cc:gcc tc:iproute2 nft:nftables conntrack:conntrack
-      turnserver:coturn)
+      turnserver:coturn stund:stun-server)
 if [[ "${1:-test}" == bench ]]; then
     want+=(mpirun:openmpi-bin mpicc:libopenmpi-dev)
 fi

@@ -7,7 +7,10 @@ destination ("symmetric": only a relay joins such a rank to a peer behind anothe
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 from typing import Any
 
 from . import stun
@@ -65,7 +68,35 @@ def report(section: dict[str, Any]) -> list[str]:
              + (f" and {found['mapped_alt']}" if check else ""),
              "  " + (VERDICTS[found["verdict"]] if found["verdict"] else
                      "mapping behaviour not tested (set traversal.stun.check_server to a second STUN server)")]
+    if section["classify_server"]:
+        try:
+            where = server_address(section["classify_server"], "config key 'traversal.stun.classify_server'")
+        except ValueError as exc:
+            return [f"problem: {exc}"]
+        lines.append(classify(where, max(CLASSIFY_S, section["timeout"])))
     return lines + _relay(section, found["verdict"])
+
+
+CLASSIFY_S = 40.0  # pystun3 takes about 16 s against a two-address server, and can loop forever
+_PYSTUN = ("import json, sys, stun; print(json.dumps(stun.get_ip_info(source_port=0, stun_host=sys.argv[1], "
+           "stun_port=int(sys.argv[2]))))")
+
+
+def classify(server: tuple[str, int], timeout: float) -> str:
+    """pystun3's RFC 3489 classification through ``server``, run in a process of its own that is killed at
+    ``timeout`` (it opens its own socket, and loops forever against some servers): a diagnostic line only,
+    never used to decide anything."""
+    head = "RFC 3489 classification (pystun3, from a socket of its own; diagnostic only): "
+    try:
+        out = subprocess.run([sys.executable, "-c", _PYSTUN, server[0], str(server[1])], capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return head + f"no result within {timeout:.0f}s (stopped)"
+    try:
+        nat, host, port = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError, TypeError):
+        return head + f"failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}"
+    return head + f"{nat}" + (f", external {host}:{port}" if host else "")
 
 
 def _relay(section: dict[str, Any], verdict: str) -> list[str]:

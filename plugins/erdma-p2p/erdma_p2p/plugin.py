@@ -28,6 +28,10 @@ OPTIONS = {
                          "(seen by asking server and check_server from the data socket), or every rank",
                          choices=("dependent-mapping", "always")),
     "port": Option(int, 0, "local UDP port of the data socket; 0: any free one", minimum=0, maximum=65535),
+    "classify_server": Option(str, "", "HOST:PORT of an RFC 3489 STUN server with two addresses (Debian's "
+                              "stun-server, stund; coturn 4.6 does not answer RFC 3489 requests) against which erdma "
+                              "doctor also runs pystun3's NAT classification (about 10-20 s, from a socket of its own; a "
+                              "diagnostic: nothing is decided by it); empty: not run"),
 }
 
 

@@ -1,6 +1,7 @@
 """A NAT test bed from network namespaces: a public segment (a bridge in namespace ``pub``, 198.51.100.0/24)
 with coturn at 198.51.100.1:3478 (and .2, for the mapping test) serving STUN, and TURN for user ``TURN_USER``
-(long-term credentials; relayed addresses on the same segment), and sites:
+(long-term credentials; relayed addresses on the same segment), stund (RFC 3489, both addresses) at port
+3490 for pystun3's classification, and sites:
 each a NAT router (WAN 198.51.100.1x, nftables masquerade, unsolicited inbound on the WAN dropped, as a home
 router does) with one private host behind it (10.<site>.0.2), or a host on the public segment itself.
 Everything is removed on exit, also after a failure.
@@ -18,13 +19,14 @@ from pathlib import Path
 STUN = ("198.51.100.1", 3478)
 STUN_CHECK = ("198.51.100.2", 3478)  # the same coturn at its second address (erdma doctor's mapping test)
 TURN_USER, TURN_PASSWORD = "erdma", "relay-test-password"
+RFC3489 = (STUN[0], 3490)  # stund (Debian's stun-server), on both addresses: pystun3's classification
 
 
 def available() -> str | None:
     """Why the bed cannot be built here, or None."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in ("ip", "nft", "turnserver"):
+    for tool in ("ip", "nft", "turnserver", "stund"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (scripts/system-deps.sh test installs it)"
     return None
@@ -119,7 +121,9 @@ class NatLab:
              "--denied-peer-ip=10.0.0.0-10.255.255.255", "--no-multicast-peers",
              "--no-tls", "--no-dtls", "--log-file", str(self.tmp / "turnserver.log"), "--simple-log",
              "--pidfile", str(self.tmp / "turnserver.pid")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.3)
+        subprocess.Popen(["ip", "netns", "exec", pub, "stund", "-h", STUN[0], "-a", STUN_CHECK[0], "-p", str(RFC3489[1]),
+                          "-o", str(RFC3489[1] + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.3)  # both listening (stund goes with the namespace)
 
     def _public_host(self, pub: str, i: int) -> None:
         host = self._add(f"h{i}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from natlab import STUN, STUN_CHECK, TURN_PASSWORD, TURN_USER, NatLab, available
+from natlab import RFC3489, STUN, STUN_CHECK, TURN_PASSWORD, TURN_USER, NatLab, available
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -86,22 +86,26 @@ def test_four_ranks_one_public_three_behind_nats(tmp_path):
 
 
 def test_doctor_tells_what_each_nat_does(tmp_path):
+    def doctor(site: int, env: dict[str, str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(["ip", "netns", "exec", lab.host(site), sys.executable, "-m", "erdma_core.cli",
+                                 "doctor"], env=clean | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     with NatLab(3, tmp_path, symmetric=frozenset({1}), public=frozenset({2})) as lab:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
-        said = [subprocess.run(["ip", "netns", "exec", lab.host(i), sys.executable, "-m", "erdma_core.cli", "doctor"],
-                               env=env | {k: v for k, v in RELAY.items() if k != "ERDMA_TRAVERSAL"}
-                               | {"ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}"},
-                               capture_output=True,
-                               text=True, timeout=60) for i in range(3)]
-        unset = subprocess.run(["ip", "netns", "exec", lab.host(0), sys.executable, "-m", "erdma_core.cli", "doctor"],
-                               env=env, capture_output=True, text=True, timeout=60)
-        gone = subprocess.run(["ip", "netns", "exec", lab.host(0), sys.executable, "-m", "erdma_core.cli", "doctor"],
-                              env=env | {"ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:9", "ERDMA_TRAVERSAL_STUN_TIMEOUT":
-                                         "0.5"}, capture_output=True, text=True, timeout=60)
-    assert all(s.returncode == 0 for s in said), [s.stdout + s.stderr for s in said]
+        asked = {k: v for k, v in RELAY.items() if k != "ERDMA_TRAVERSAL"} | {
+            "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
+            "ERDMA_TRAVERSAL_STUN_CLASSIFY_SERVER": f"{RFC3489[0]}:{RFC3489[1]}"}
+        running = [doctor(i, asked) for i in range(3)] + [doctor(0, {}), doctor(0, {
+            "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:9", "ERDMA_TRAVERSAL_STUN_TIMEOUT": "0.5"})]
+        outs = [p.communicate(timeout=90) for p in running]
+        done = [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(running, outs, strict=True)]
+        said, unset, gone = done[:3], done[3], done[4]
+    assert all(s.returncode == 0 for s in said), [(s.returncode, s.stdout + s.stderr) for s in said]
     assert "endpoint-independent mapping: hole punching works" in said[0].stdout
     assert "local address 10.1.0.2:" in said[0].stdout and f"mapped to {lab.wan(0)}:" in said[0].stdout
     assert "symmetric NAT): hole punching cannot work" in said[1].stdout
+    classified = "RFC 3489 classification (pystun3, from a socket of its own; diagnostic only): "
+    assert classified + "Restric Port NAT" in said[0].stdout and classified + "Symmetric NAT" in said[1].stdout
     assert "no NAT" in said[2].stdout
     assert any(f"relay {STUN[0]}:{STUN[1]}: granted relayed address {h}:" in said[1].stdout for h in TURN_HOSTS)
     assert "a rank here relays all its traffic through it" in said[1].stdout
