@@ -78,8 +78,9 @@ def test_ranks_behind_nats_find_each_other_through_the_dht(tmp_path):
     assert hosts[:2] == [lab.wan(0), lab.wan(1)] and hosts[2] in TURN_HOSTS, hosts
 
 
-def test_four_ranks_one_public_three_behind_nats(tmp_path):
-    with NatLab(4, tmp_path, public=frozenset({0})) as lab:
+def test_four_ranks_two_public_two_behind_nats(tmp_path):
+    """With the job below, every pair of {no NAT, masquerade, fully-random} is in a 4-rank allreduce."""
+    with NatLab(4, tmp_path, public=frozenset({0, 1})) as lab:
         results = run_job(lab, tmp_path, ERDMA_TRAVERSAL="stun")
     assert [r.get("wrong") for r in results] == [0] * 4, results
     assert all(r["advertised"].startswith(lab.wan(i) + ":") for i, r in enumerate(results))
