@@ -12,6 +12,7 @@ the socket asks ``server`` and ``check_server`` and compares the two mappings.
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Any
 
@@ -20,6 +21,7 @@ from erdma_core.errors import ConfigError
 from . import stun
 from .relayed import allocate
 
+log = logging.getLogger("erdma.p2p")
 PUNCH = b"\x00erdma-punch"  # not a QUIC packet (the fixed bit is 0): a QUIC endpoint drops it
 
 
@@ -69,12 +71,22 @@ class StunTraversal:
             self.local_port = sock.getsockname()[1]
             if self.relay is None:
                 return sock
+            why = "relay_when = 'always'"
             if self.relay_when == "dependent-mapping":
                 assert self.check is not None
-                if stun.query(sock, self.check, self.timeout) == self.mapped:
-                    return sock  # hole punching works: no relay
+                other = stun.query(sock, self.check, self.timeout)
+                if other == self.mapped:
+                    log.info("direct: this socket's NAT mapping %s:%d is the same towards %s:%d and %s:%d (hole "
+                             "punching works; no relay)", *self.mapped, *self.server, *self.check)
+                    return sock
+                why = (f"its NAT maps per destination ({self.mapped.host}:{self.mapped.port} towards "
+                       f"{self.server[0]}:{self.server[1]}, {other.host}:{other.port} towards "
+                       f"{self.check[0]}:{self.check[1]})")
             relayed = allocate(sock, self.relay, *self.credentials, self.timeout)
             self.relayed = relayed.client.relayed
+            assert self.relayed is not None
+            log.warning("relayed: all traffic goes through the TURN server %s:%d (relayed address %s:%d) because %s",
+                        *self.relay, *self.relayed, why)
             return relayed  # type: ignore[return-value]
         except BaseException:
             sock.close()

@@ -46,7 +46,7 @@ def run_job(lab: NatLab, tmp: Path, iters: int = 20, count: int = 50000, during:
         stdout, stderr = p.communicate(timeout=CONNECT_S + 60)
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
         assert lines, stderr[-2000:]
-        out.append(json.loads(lines[-1]))
+        out.append(json.loads(lines[-1]) | {"stderr": stderr[-4000:]})
     return out
 
 
@@ -130,6 +130,10 @@ def test_ranks_that_cannot_be_punched_relay_through_turn(tmp_path, symmetric, al
         assert r.get("wrong") == 0 and r["iters"] == 20, r
         host = r["advertised"].rsplit(":", 1)[0]
         assert host in TURN_HOSTS if rank in relayed else host == lab.wan(rank), (rank, r)
+        said = "relayed: all traffic goes through the TURN server 198.51.100.1:3478 (relayed address"
+        assert (said in r["stderr"]) == (rank in relayed), r["stderr"]  # each relaying rank says so, and why
+        assert ("relay_when = 'always'" if always else "because its NAT maps per destination") in r["stderr"] or \
+            rank not in relayed
 
 
 def test_four_ranks_none_cone_and_two_symmetric_nats_every_pair_connects(tmp_path):
