@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -191,7 +191,7 @@ def _serve(port: int, bootstrap: str = "") -> subprocess.Popen[str]:
     return proc
 
 
-def _job(url: str, world: int, tmp: Path, ranks: bool = True) -> list[str]:
+def _job(url: str, world: int, tmp: Path, ranks: bool = True, during: Callable[[], None] | None = None) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     env |= {"WORLD_SIZE": str(world), "ERDMA_INIT_METHOD": url, "ERDMA_SECRET": "dht-test",
             "ERDMA_TIMEOUTS_CONNECT": "30"}
@@ -199,6 +199,8 @@ def _job(url: str, world: int, tmp: Path, ranks: bool = True) -> list[str]:
     script.write_text(JOB)
     procs = [subprocess.Popen([sys.executable, str(script)], env=env | ({"RANK": str(r)} if ranks else {}),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    if during is not None:
+        during()
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=90)
@@ -206,7 +208,7 @@ def _job(url: str, world: int, tmp: Path, ranks: bool = True) -> list[str]:
     return out
 
 
-def test_ranks_find_each_other_through_served_nodes_also_when_one_has_died(tmp_path):
+def test_ranks_find_each_other_through_served_nodes_also_when_one_dies(tmp_path):
     ports = [_free_udp_port(), _free_udp_port()]
     first = _serve(ports[0])
     second = _serve(ports[1], f"127.0.0.1:{ports[0]}")
@@ -216,9 +218,14 @@ def test_ranks_find_each_other_through_served_nodes_also_when_one_has_died(tmp_p
         assert _job(f"{url}/run-1", 2, tmp_path) == ["ok 0", "ok 1"]  # the same name again, after a clean end
         claimed = _job(f"{url}/run-2", 4, tmp_path, ranks=False)  # no RANK: each process claims one
         assert sorted(claimed) == ["ok 0", "ok 1", "ok 2", "ok 3"], claimed
-        first.terminate()
-        first.wait(10)
-        assert _job(f"{url}/run-3", 2, tmp_path) == ["ok 0", "ok 1"]  # one bootstrap node is dead
+
+        def kill_first() -> None:
+            time.sleep(0.7)  # the ranks are joining, publishing and reading (imports take about 0.5 s)
+            first.kill()
+            first.wait(10)
+
+        assert _job(f"{url}/run-3", 3, tmp_path, during=kill_first) == ["ok 0", "ok 1", "ok 2"]  # a node died
+        assert _job(f"{url}/run-4", 2, tmp_path) == ["ok 0", "ok 1"]  # and stays dead
     finally:
         for p in (first, second):
             p.terminate()
