@@ -166,3 +166,25 @@ def test_close_releases_the_allocation():
     (bye,) = c.outgoing()
     kind, _, attrs = parse(bye)
     assert kind == turn.REFRESH and attrs[turn.LIFETIME] == b"\0\0\0\0" and turn.integrity_ok(bye, KEY)
+
+
+SECTION = {"server": "127.0.0.1:3478", "timeout": 1.0, "bind_address": "", "punch": True, "port": 0,
+           "check_server": "", "relay": "127.0.0.1:3478", "relay_user": "u", "relay_password": "p",
+           "relay_when": "dependent-mapping", "classify_server": ""}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({}, "config key 'traversal.stun.relay_when': value 'dependent-mapping' needs traversal.stun.check_server"),
+    ({"relay_when": "always", "relay_password": ""}, "config key 'traversal.stun.relay': a TURN server needs "
+     "traversal.stun.relay_user and traversal.stun.relay_password"),
+    ({"relay_when": "always", "relay": "nowhere"}, "config key 'traversal.stun.relay': value 'nowhere' is not "
+     "HOST:PORT"),
+])
+def test_relay_settings_that_cannot_work_are_refused_naming_the_key(changes, message):
+    from erdma_p2p.traversal import StunTraversal
+
+    from erdma_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        StunTraversal(None, SECTION | changes)
+    assert message in str(err.value)
