@@ -13,8 +13,8 @@ A process started with no rank claims one (``assign``): from rank 0 up, it skips
 exists, writes its own claim (a random token) for the first free one, and reads it back twice, ``settle``
 seconds apart (time for racing claims to land): the highest version wins, and a claimant keeps the rank only
 if both reads show its token; the others go on to the next. This is not a consensus protocol: two claims
-racing past the settle time could both win, which the core's duplicate-rank check or the connect then
-reports.
+racing past the settle time could both win, and the core's duplicate-rank check does not reliably catch it
+here (``add`` is not atomic across ranks).
 """
 
 from __future__ import annotations
