@@ -179,6 +179,7 @@ def test_a_relay_that_dies_mid_job_fails_every_rank_clearly(tmp_path):
     for rank, r in enumerate(results):
         assert r.get("iters", 0) > 0 and "error" in r, r
         assert f"rank {rank}" in r["error"] and "rank " + str(1 - rank) in r["error"], r
+        assert "a relay on the way is gone" in r["error"], r
 
 
 @pytest.mark.parametrize("case, env, symmetric", [

@@ -638,7 +638,8 @@ class Mesh:
             return
         s.terminated = True
         self._forget(s)
-        self._ended(link, s, "its port is unreachable (the process ended)", reconnectable=False)
+        self._ended(link, s, "its address answered port unreachable (its process ended, or a relay on the way is "
+                    "gone)", reconnectable=False)
 
     def _send_raw(self, s: Session, data: bytes) -> None:
         sid = s.conn.get_next_available_stream_id(is_unidirectional=True)
