@@ -5,7 +5,8 @@ Every rank runs a client node (``dht.DhtNode``) and keeps its keys in the DHT as
 (``records.py``) under the job's namespace, derived from ``security.secret`` and the job name: records of
 other jobs, unsigned ones and expired ones are ignored, and of several copies the highest version wins.
 ``get`` polls until the key appears (backing off to ``poll_max`` seconds). ``add`` reads, adds and writes
-a newer version: atomic for a key one rank writes (the core's per-rank join counters), not across ranks.
+a newer version holding each process's share; a share lost to a racing write comes back with that process's
+next ``add``.
 At ``close`` a rank deletes (tombstones) the keys it wrote, so that a later run under the same job name does
 not read them; records of a run that crashed expire after ``ttl`` seconds. Use a new job name per run.
 
@@ -13,8 +14,8 @@ A process started with no rank claims one (``assign``): from rank 0 up, it skips
 exists, writes its own claim (a random token) for the first free one, and reads it back twice, ``settle``
 seconds apart (time for racing claims to land): the highest version wins, and a claimant keeps the rank only
 if both reads show its token; the others go on to the next. This is not a consensus protocol: two claims
-racing past the settle time could both win, and the core's duplicate-rank check does not reliably catch it
-here (``add`` is not atomic across ranks).
+racing past the settle time could both win; the core's duplicate-rank check (``add``, whose shares come back
+after a racing write) is what catches such a pair.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class DhtStore:
         self._ns = records.namespace(secret, job)
         self._mine: dict[str, tuple[int, bytes]] = {}  # keys this rank wrote: their version and value
         self.rank: int | None = None  # this process's rank, given or claimed
+        self._token = os.urandom(8).hex()  # names this process's shares of add() counters
+        self._added: dict[str, int] = {}  # what this process added to each counter
         self.node = DhtNode(server=False, rpc_timeout=self.rpc_timeout)
         try:
             self.node.start(section["bind_address"], section["port"], bootstrap, timeout)
@@ -141,10 +144,19 @@ class DhtStore:
             wait = min(wait * 2, self.poll_max)
 
     def add(self, key: str, amount: int) -> int:
+        """The counter after adding ``amount``. The record holds each process's share (``token=n`` pairs), so
+        a share that a racing write overwrote comes back with this process's next ``add`` on the key (an
+        ``add`` of 0 re-asserts it): two processes that both added 1 then both count 2 once each has added
+        again, which is how the core's duplicate-rank check sees a rank claimed twice."""
         found = self._read(key)
-        current = int(found.value) if found is not None and not found.deleted and found.value.isdigit() else 0
-        self._write(key, str(current + amount).encode())
-        return current + amount
+        shares = _shares(found.value) if found is not None and not found.deleted else {}
+        before = shares.get(self._token)
+        mine = self._added.get(key, 0) + amount
+        if mine:
+            self._added[key] = shares[self._token] = mine
+        if shares.get(self._token) != before:
+            self._write(key, ",".join(f"{t}={n}" for t, n in sorted(shares.items())).encode())
+        return sum(shares.values())
 
     def close(self) -> None:
         for key in list(self._mine):
@@ -154,6 +166,16 @@ class DhtStore:
                 break
         self._mine.clear()
         self.node.stop()
+
+
+def _shares(value: bytes) -> dict[str, int]:
+    """``token=n,token=n`` (what ``add`` writes) as a dict; anything malformed counts as nothing."""
+    out = {}
+    for item in value.decode(errors="replace").split(","):
+        token, sep, n = item.partition("=")
+        if sep and n.isdigit():
+            out[token] = int(n)
+    return out
 
 
 def dht_store(url: str, rank: int | None, world_size: int, timeout: float, config: Any) -> DhtStore:

@@ -107,9 +107,24 @@ def test_stores_of_one_job_meet_and_other_jobs_and_secrets_see_nothing(servers):
             with pytest.raises(CollectiveTimeoutError, match="discovery: key 'quic/addr/0' did not appear in the DHT"):
                 s.get("quic/addr/0", 0.5)
         assert b.add("erdma/joined/1", 1) == 1 and b.add("erdma/joined/1", 0) == 1 and a.add("erdma/joined/1", 1) == 2
+        assert a.add("erdma/joined/1", 0) == 2 and b.add("erdma/joined/1", 0) == 2
     finally:
         for s in (a, b, stranger, other_job):
             s.close()
+
+
+def test_a_share_of_a_counter_lost_to_a_racing_write_comes_back(servers):
+    """Two processes that both claim rank 1 add 1 at once; the later write drops the other's share. The
+    other's next add (the core's duplicate check adds 0) writes it back, and both then count 2."""
+    a, b = (DhtStore(_addrs(servers), "race", b"secret", timeout=5.0, section=SECTION) for _ in range(2))
+    try:
+        assert a.add("erdma/joined/j/1", 1) == 1
+        b._added["erdma/joined/j/1"] = 1  # b read the counter before a wrote, then wrote its own share only
+        b._write("erdma/joined/j/1", f"{b._token}=1".encode())
+        assert a.add("erdma/joined/j/1", 0) == 2 and b.add("erdma/joined/j/1", 0) == 2
+    finally:
+        a.close()
+        b.close()
 
 
 def test_forged_and_stale_copies_lose_to_the_newest_signed_record(servers):
