@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from .stun import StunError, exchange
 from .turn import TurnClient, TurnError
 
 
@@ -24,6 +25,7 @@ class RelayedSocket:
         self.sock, self.client, self.server = sock, client, server
         self._lock = threading.Lock()  # the transport's loop thread and its punch thread both send
         self._errors: list[tuple[bytes, list[Any], int, tuple[str, int]]] = []
+        self._due = client.timer  # when the client's timers next need running (not on every datagram)
 
     # the real socket's
     def fileno(self) -> int:
@@ -65,7 +67,7 @@ class RelayedSocket:
     def sendto(self, data: bytes | memoryview, addr: tuple[str, int]) -> int:
         with self._lock:
             now = time.monotonic()
-            self.client.on_timer(now)
+            self._tick(now)
             framed = self.client.wrap(data, addr[0], addr[1], now)
             self._flush()
         self.sock.sendto(framed, self.server)
@@ -82,13 +84,23 @@ class RelayedSocket:
             with self._lock:
                 now = time.monotonic()
                 got = self.client.on_datagram(data, now)
-                self.client.on_timer(now)
+                if got is None:  # an answer of the relay's own: timers may have moved
+                    self._due = self.client.timer
+                self._tick(now)
                 self._flush()
             if got is not None:
                 return got[0], (got[1].host, got[1].port)
 
+    def _tick(self, now: float) -> None:
+        if self._due is not None and now >= self._due:
+            self.client.on_timer(now)
+            self._due = self.client.timer
+
     def _flush(self) -> None:
-        for datagram in self.client.outgoing():
+        out = self.client.outgoing()
+        if out:  # new requests (a permission, a channel): their resend timers start now
+            self._due = self.client.timer
+        for datagram in out:
             try:
                 self.sock.sendto(datagram, self.server)
             except OSError:  # resent at its next timer
@@ -100,28 +112,15 @@ def allocate(sock: socket.socket, server: tuple[str, int], username: str, passwo
     """A relay allocation for ``sock`` on ``server``, made before the socket carries data (blocking; raises
     TurnError within ``timeout``)."""
     client = TurnClient(username, password)
-    deadline = time.monotonic() + timeout
-    old = sock.gettimeout()
+    client.start(time.monotonic())
+    where = f"{server[0]}:{server[1]}"
     try:
-        client.start(time.monotonic())
-        while client.relayed is None and client.error is None:
-            for datagram in client.outgoing():
-                sock.sendto(datagram, server)
-            now = time.monotonic()
-            if now >= deadline:
-                raise TurnError(f"no relay allocation from the TURN server {server[0]}:{server[1]} within "
-                                f"{timeout:.1f}s (it is unreachable, or UDP is blocked on the way)")
-            wake = min(deadline, client.timer or deadline)
-            sock.settimeout(max(0.001, wake - now))
-            try:
-                data, src = sock.recvfrom(65536)
-            except (TimeoutError, BlockingIOError):
-                client.on_timer(time.monotonic())
-                continue
-            if tuple(src[:2]) == tuple(server):
-                client.on_datagram(data, time.monotonic())
-    finally:
-        sock.settimeout(old)
+        exchange(sock, server, timeout, take=client.outgoing, timer=lambda: client.timer, on_timer=client.on_timer,
+                 on_datagram=client.on_datagram, done=lambda: client.relayed is not None or client.error is not None,
+                 silent=f"no relay allocation from the TURN server {where} within {timeout:.1f}s (it is unreachable, "
+                        "or UDP is blocked on the way)")
+    except StunError as exc:
+        raise TurnError(str(exc)) from None
     if client.error is not None:
-        raise TurnError(f"TURN server {server[0]}:{server[1]}: {client.error}")
+        raise TurnError(f"TURN server {where}: {client.error}")
     return RelayedSocket(sock, client, tuple(server))  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 MAGIC = 0x2112A442
@@ -124,32 +125,57 @@ class Binding:
         return request(self.txid)
 
 
+def exchange(sock: socket.socket, server: tuple[str, int], timeout: float, *, take: Callable[[], list[bytes]],
+             timer: Callable[[], float | None], on_timer: Callable[[float], None],
+             on_datagram: Callable[[bytes, float], None], done: Callable[[], bool], silent: str) -> None:
+    """The blocking adapter of a request/response state machine on ``sock`` (before it carries data): send
+    what ``take()`` gives to ``server``, feed it the server's datagrams and its timer, until ``done()``;
+    ``silent`` (a StunError) at ``timeout``. Datagrams from elsewhere are dropped."""
+    deadline = time.monotonic() + timeout
+    old = sock.gettimeout()
+    try:
+        while not done():
+            for datagram in take():
+                sock.sendto(datagram, server)
+            now = time.monotonic()
+            if done():
+                return
+            if now >= deadline:
+                raise StunError(silent)
+            at = timer()
+            sock.settimeout(max(0.001, min(deadline, at if at is not None else deadline) - now))
+            try:
+                data, src = sock.recvfrom(65536)
+            except (TimeoutError, BlockingIOError):
+                on_timer(time.monotonic())
+                continue
+            if tuple(src[:2]) == tuple(server):
+                on_datagram(data, time.monotonic())
+    finally:
+        sock.settimeout(old)
+
+
 def query(sock: socket.socket, server: tuple[str, int], timeout: float, rto: float = 0.5) -> Mapped:
     """The address ``server`` sees ``sock`` as (its NAT mapping); raises StunError within ``timeout``.
     Datagrams from elsewhere that arrive meanwhile are dropped (call it before the socket carries data)."""
     b = Binding(rto=rto)
-    deadline = time.monotonic() + timeout
-    old = sock.gettimeout()
-    try:
-        sock.sendto(b.start(time.monotonic()), server)
-        while b.result is None:
-            now = time.monotonic()
-            if now >= deadline:
-                raise StunError(f"no STUN answer from {server[0]}:{server[1]} within {timeout:.1f}s (the server "
-                                "is unreachable, or UDP is blocked on the way)")
-            wake = min(deadline, b.timer if b.timer is not None else deadline)
-            sock.settimeout(max(0.001, wake - now))
-            try:
-                data, src = sock.recvfrom(2048)
-            except (TimeoutError, BlockingIOError):
-                again = b.on_timer(time.monotonic())
-                if again is not None:
-                    sock.sendto(again, server)
-                continue
-            if tuple(src[:2]) == tuple(server):
-                b.on_datagram(data)
-    finally:
-        sock.settimeout(old)
+    out = [b.start(time.monotonic())]
+
+    def on_timer(now: float) -> None:
+        again = b.on_timer(now)
+        if again is not None:
+            out.append(again)
+
+    def take() -> list[bytes]:
+        sent = out[:]
+        out.clear()
+        return sent
+
+    exchange(sock, server, timeout, take=take, timer=lambda: b.timer, on_timer=on_timer,
+             on_datagram=lambda data, now: b.on_datagram(data), done=lambda: b.result is not None,
+             silent=f"no STUN answer from {server[0]}:{server[1]} within {timeout:.1f}s (the server is unreachable, "
+                    "or UDP is blocked on the way)")
     if isinstance(b.result, StunError):
         raise b.result
+    assert b.result is not None
     return b.result

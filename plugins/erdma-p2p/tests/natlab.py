@@ -10,6 +10,7 @@ Everything is removed on exit, also after a failure.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,15 @@ def sh(*cmd: str, ns: str | None = None) -> str:
     if out.returncode:
         raise RuntimeError(f"{' '.join(full)}: {out.stderr.strip()}")
     return out.stdout
+
+
+def first_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The first line ``proc`` prints, or "" if none comes within ``timeout`` seconds (it is then killed)."""
+    assert proc.stdout is not None
+    if select.select([proc.stdout], [], [], timeout)[0]:
+        return proc.stdout.readline()
+    proc.kill()
+    return ""
 
 
 class NatLab:
@@ -140,8 +150,7 @@ class NatLab:
         proc = subprocess.Popen(["ip", "netns", "exec", self.ns("pub"), sys.executable, "-m", "erdma_core.cli", "dht",
                                  "serve", "--bind", STUN[0], "--port", str(port)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+        line = first_line(proc, 15.0)
         if "serving on" not in line:
             raise RuntimeError(f"erdma dht serve did not start: {line}")
         return f"{STUN[0]}:{port}"

@@ -17,6 +17,7 @@ import pytest
 from erdma_p2p import records
 from erdma_p2p.dht import DhtNode, _valid
 from erdma_p2p.dht_store import DhtStore, dht_store, parse_url
+from natlab import first_line
 
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
 
@@ -200,8 +201,7 @@ def _serve(port: int, bootstrap: str = "") -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "erdma_core.cli", "dht", "serve", "--bind", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd + (["--bootstrap", bootstrap] if bootstrap else []), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
+    line = first_line(proc, 15.0)
     assert f"erdma dht serve: serving on 127.0.0.1:{port}" in line, line
     return proc
 
