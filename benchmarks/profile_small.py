@@ -2,7 +2,7 @@
 another collective); each rank reports wall time, user and system CPU and context switches per op, and rank
 0's cProfile of its own thread's CPU time (a blocking collective runs there) gives each layer's share of it
 and lists the functions with the most time of their own. ``--transport quic`` runs the same over erdma-quic,
-whose I/O runs on an event-loop thread of its own: the core's layers should cost the same per op on both.
+driven the same way (by the waiting thread): the core's layers should cost the same per op on both.
 
     python -m benchmarks.profile_small --iters 3000 --ranks 2 --size 4K [--op alltoall] [--transport quic]
 """
@@ -87,6 +87,7 @@ LAYERS = (  # (name, path fragments of its modules), first match wins
                                                             "erdma_core/algorithms/")),
     ("matching and framing (transport/base, mailbox, frames, wire)", ("erdma_core/transport/",)),
     ("erdma-quic", ("erdma_quic/",)),
+    ("aioquic (QUIC itself)", ("aioquic/",)),
     ("system calls, numpy, locks (built-ins)", ("~",)),
 )
 _SOCKETS = ("progress.py", "stream.py", "tcp.py", "sockets.py")

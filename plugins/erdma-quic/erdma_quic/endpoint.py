@@ -1,7 +1,8 @@
-"""The asyncio adapter of a ``mesh.Mesh``: one UDP socket, an event loop in a thread of its own, and the
-mesh's one timer. It moves datagrams and time between the socket and the mesh, turns ICMP errors into
-``Mesh.unreachable``, and hands the mesh's events to ``on_event``; nothing protocol-shaped happens here.
-Other threads reach the loop through ``call`` and ``run_sync``.
+"""The I/O adapters of a ``mesh.Mesh``: one UDP socket whose datagrams and time they move between the
+socket and the mesh, ICMP errors turned into ``Mesh.unreachable``, the mesh's events handed to ``on_event``;
+nothing protocol-shaped happens here. ``UdpPort`` is the socket side both share. ``Endpoint`` runs the mesh on
+an asyncio loop in a thread of its own, which other threads reach through ``call`` and ``run_sync`` (a
+striping lane's worker process); ``driver.Driver`` lets the threads that wait drive it themselves (a rank).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,106 +48,53 @@ def datagram_size(addr: tuple[str, int], configured: int) -> int:
     return max(1200, min(path_mtu(addr) - 28, 16000))
 
 
-class Endpoint:
-    def __init__(self, sock: socket.socket, mesh: Mesh, on_event: Callable[[Event], None], name: str,
-                 gso: bool = False) -> None:
-        """``on_event(event)`` runs on the loop thread for every event the mesh reports."""
+class UdpPort:
+    """The socket side of a mesh's adapter: non-blocking, ICMP errors queued, large buffers, optional UDP GSO."""
+
+    def __init__(self, sock: socket.socket, mesh: Mesh, on_event: Callable[[Event], None], gso: bool) -> None:
+        """``on_event(event)`` runs for every event the mesh reports, wherever the mesh is being driven."""
         self.sock, self.mesh, self.on_event = sock, mesh, on_event
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.IPPROTO_IP, _IP_RECVERR, 1)
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
-        self.loop = asyncio.new_event_loop()
         self.send_drops = 0
         self.gso = gso and hasattr(socket, "SOL_UDP")
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    # ---- thread bridge -------------------------------------------------------------------------------
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.add_reader(self.sock.fileno(), self._readable)
-        self.loop.run_forever()
-        self.loop.remove_reader(self.sock.fileno())
-        self.loop.close()
 
     @property
     def now(self) -> float:
-        return self.loop.time()
+        """The mesh's clock (asyncio's loop time is the same clock)."""
+        return time.monotonic()
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop thread soon (from any thread), then let the mesh act on it."""
-        try:
-            self.loop.call_soon_threadsafe(self._do, fn, args)
-        except RuntimeError:  # loop closed: the transport is shutting down
-            pass
-
-    def run_sync(self, fn: Callable[..., Any], *args: Any, timeout: float = 5.0) -> Any:
-        """Run ``fn(*args)`` on the loop thread and return its result (from another thread)."""
-        if threading.current_thread() is self._thread:
-            return self._do(fn, args)
-        done: cf.Future[Any] = cf.Future()
-
-        def job() -> None:
-            try:
-                done.set_result(self._do(fn, args))
-            except BaseException as exc:
-                done.set_exception(exc)
-        self.loop.call_soon_threadsafe(job)  # RuntimeError once the loop is closed
-        return done.result(timeout)
-
-    def _do(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        result = fn(*args)
-        self.pump()
-        return result
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.call(self.loop.stop)
-        self._thread.join(5.0)
-        self.sock.close()
-
-    # ---- the mesh -------------------------------------------------------------------------------------
-    def pump(self) -> None:
-        """Send what the mesh has, hand its events on (which may give it more to send), re-arm its timer."""
-        mesh = self.mesh
-        while True:
-            self._transmit(mesh.datagrams_to_send(self.now))
-            ev = mesh.next_event()
-            if ev is None:
-                break
-            while ev is not None:
-                self.on_event(ev)
-                ev = mesh.next_event()
-        at = mesh.get_timer()
-        if at != self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = at
-            self._timer = self.loop.call_at(at, self._on_timer) if at is not None else None
-
-    def _on_timer(self) -> None:
-        self._timer = self._timer_at = None
-        self.mesh.handle_timer(self.now)
-        self.pump()
-
-    # ---- socket --------------------------------------------------------------------------------------
-    def _readable(self) -> None:
+    def read(self) -> int:
+        """Hand the mesh what the socket holds (at most a batch), each datagram with the time it was read;
+        returns how many datagrams that was."""
+        n = 0
         for _ in range(_RECV_BATCH):
             try:
                 data, addr = self.sock.recvfrom(65536)
             except BlockingIOError:
                 break
             except OSError:
-                self._read_errors()
+                self._read_errors(self.now)
                 continue
             self.mesh.receive(data, addr, self.now)
-        self.pump()
+            n += 1
+        return n
 
-    def _read_errors(self) -> None:
+    def flush(self) -> None:
+        """Send what the mesh has and hand its events on (which may give it more to send)."""
+        mesh = self.mesh
+        while True:
+            self._transmit(mesh.datagrams_to_send(self.now))
+            ev = mesh.next_event()
+            if ev is None:
+                return
+            while ev is not None:
+                self.on_event(ev)
+                ev = mesh.next_event()
+
+    def _read_errors(self, now: float) -> None:
         """Drain the socket's error queue: the mesh hears of every peer whose port answered 'unreachable'."""
         while True:
             try:
@@ -154,7 +103,7 @@ class Endpoint:
                 return
             except OSError:
                 return
-            self.mesh.unreachable(addr, self.now)
+            self.mesh.unreachable(addr, now)
 
     def _transmit(self, out: list[tuple[bytes, Any]]) -> None:
         if not self.gso or len(out) < 2:
@@ -197,3 +146,76 @@ class Endpoint:
             self.gso = False
             for data, a in parts:
                 self._send(data, a)
+
+
+class Endpoint(UdpPort):
+    def __init__(self, sock: socket.socket, mesh: Mesh, on_event: Callable[[Event], None], name: str,
+                 gso: bool = False) -> None:
+        """``on_event(event)`` runs on the loop thread for every event the mesh reports."""
+        super().__init__(sock, mesh, on_event, gso)
+        self.loop = asyncio.new_event_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- thread bridge -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.add_reader(self.sock.fileno(), self._readable)
+        self.loop.run_forever()
+        self.loop.remove_reader(self.sock.fileno())
+        self.loop.close()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread soon (from any thread), then let the mesh act on it."""
+        try:
+            self.loop.call_soon_threadsafe(self._do, fn, args)
+        except RuntimeError:  # loop closed: the transport is shutting down
+            pass
+
+    def run_sync(self, fn: Callable[..., Any], *args: Any, timeout: float = 5.0) -> Any:
+        """Run ``fn(*args)`` on the loop thread and return its result (from another thread)."""
+        if threading.current_thread() is self._thread:
+            return self._do(fn, args)
+        done: cf.Future[Any] = cf.Future()
+
+        def job() -> None:
+            try:
+                done.set_result(self._do(fn, args))
+            except BaseException as exc:
+                done.set_exception(exc)
+        self.loop.call_soon_threadsafe(job)  # RuntimeError once the loop is closed
+        return done.result(timeout)
+
+    def _do(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        result = fn(*args)
+        self.pump()
+        return result
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.call(self.loop.stop)
+        self._thread.join(5.0)
+        self.sock.close()
+
+    # ---- the mesh -------------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Send what the mesh has, hand its events on, re-arm its timer."""
+        self.flush()
+        at = self.mesh.get_timer()
+        if at != self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = at
+            self._timer = self.loop.call_at(at, self._on_timer) if at is not None else None
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        self.mesh.handle_timer(self.now)
+        self.pump()
+
+    def _readable(self) -> None:
+        self.read()
+        self.pump()

@@ -4,8 +4,9 @@ already identified), the HELLO exchange, each peer's queue of message parts, and
 
 Like aioquic's ``QuicConnection`` underneath, it takes the time as an argument and returns what to do as
 data: ``receive``, ``unreachable``, ``dial``, ``send`` and ``handle_timer`` feed it; ``datagrams_to_send``,
-``get_timer`` and ``next_event`` (``Joined``, ``Refused``, ``Lost``) say what follows. ``endpoint`` is the
-thin asyncio adapter that moves datagrams and time; tests drive two meshes in memory.
+``get_timer`` and ``next_event`` (``Joined``, ``Refused``, ``Lost``) say what follows. ``driver`` (a rank)
+and ``endpoint`` (a striping lane) are the thin adapters that move datagrams and time; tests drive two
+meshes in memory.
 
 A connection to a live peer can end without either process failing: an outage longer than
 ``idle_timeout``, or a NAT that forgot the path. When it ends by idle timeout and ``reconnect_timeout`` is

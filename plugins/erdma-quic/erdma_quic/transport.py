@@ -1,7 +1,7 @@
 """The QUIC transport: one mutually authenticated QUIC connection per pair of ranks, all on one UDP socket,
 every message on streams of its own (``streams``). The core's ``MessageTransport`` does the matching, ABORT,
-BYE and lost peers; the connection logic is the sans-IO ``mesh``, driven by an asyncio loop in a thread
-(``endpoint``); striping over worker processes is ``lanes``.
+BYE and lost peers; the connection logic is the sans-IO ``mesh``, driven by the threads that post and wait
+(``driver``; a background thread between collectives); striping over worker processes is ``lanes``.
 
 Higher ranks dial lower ranks, as in the TCP transport. A listener asks the dialler for its certificate,
 checks it names a rank of this job signed by the job's CA (``tls``, ``credentials``), then waits for its
@@ -26,7 +26,7 @@ from erdma_core.transport.wire import Header
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import tls
-from .endpoint import Endpoint
+from .driver import Driver
 from .lanes import Countdown, Lanes
 from .mesh import Event, Joined, Lost, Mesh, Refused, Settings
 from .streams import Inbound, message_parts
@@ -61,7 +61,7 @@ class QuicTransport(MessageTransport):
         self.opts = section
         self.part_bytes = int(section["part_bytes"])
         self.mesh: Mesh | None = None
-        self.endpoint: Endpoint | None = None
+        self.endpoint: Driver | None = None
         self.lanes: Lanes | None = None  # striping workers (transport.quic.workers)
         self._cond = threading.Condition()
         self._joined: set[int] = set()
@@ -94,7 +94,7 @@ class QuicTransport(MessageTransport):
             host, port = ctx.advertise(host, port)
         self.mesh = Mesh(settings(o, self.rank, self.world_size, self.job, creds.verify), creds.configure,
                          creds.identify, self._inbound_for, self.mailbox.waiting_on)
-        self.endpoint = Endpoint(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
+        self.endpoint = Driver(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
         ctx.store.set(f"quic/addr/{self.rank}", f"{host}:{port}".encode())
         deadline = time.monotonic() + ctx.connect_timeout
         if o["workers"]:  # they start (import, bind) while lane 0 connects
@@ -148,7 +148,7 @@ class QuicTransport(MessageTransport):
         return {"land": land, "lost": lost, "fatal": fatal}
 
     def _on_event(self, ev: Event) -> None:
-        """On the loop thread: what the mesh reports."""
+        """On the thread driving the mesh, under its lock: what the mesh reports."""
         if isinstance(ev, Joined):
             with self._cond:
                 self._joined.add(ev.peer)
@@ -179,7 +179,7 @@ class QuicTransport(MessageTransport):
                     raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect over QUIC within "
                                                  f"{timeout:.1f}s{more}", rank=self.rank, op="connect")
                 self._cond.wait(min(left, 0.5))
-                self._cond.release()  # the store is asked without the lock the loop thread reports under
+                self._cond.release()  # the store is asked without the lock the mesh's events are reported under
                 try:
                     why = gave_up()
                 finally:
@@ -188,7 +188,7 @@ class QuicTransport(MessageTransport):
                     raise ConfigError(f"rank {self.rank}: set-up stopped: {why}")
 
     def _refusals(self) -> str:
-        """The listener's latest refusals, read on the loop thread that records them."""
+        """The listener's latest refusals, read under the mesh's lock."""
         if self.mesh is None or self.endpoint is None:
             return ""
         mesh = self.mesh
@@ -207,7 +207,16 @@ class QuicTransport(MessageTransport):
                 if i % n:
                     self.lanes.send(i % n, peer, head, body, countdown)
             parts, req = mine, countdown
-        self.endpoint.call(self.mesh.send, peer, parts, req, urgent)
+        try:  # built and sent on this thread, under the mesh's lock, which is never held for long
+            self.endpoint.run_sync(self.mesh.send, peer, parts, req, urgent, timeout=max(0.01, deadline - time.monotonic()))
+        except TimeoutError:
+            req.complete(CollectiveTimeoutError(f"rank {self.rank}: QUIC could not take a message to rank {peer} "
+                                                "before the collective's deadline", rank=self.rank, op="send"))
+
+    def wait(self, req: Request, deadline: float) -> bool:
+        if self.endpoint is None:
+            return req.wait(deadline)
+        return self.endpoint.wait(req, deadline)
 
     def link_rate(self, peer: int) -> float | None:
         """Bytes per second the congestion controller measured towards ``peer`` (lane 0's connection)."""
