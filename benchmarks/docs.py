@@ -80,9 +80,10 @@ def build(src: Path, dest: Path) -> str:
                "writes the sockets, so the profile of that one thread holds the whole path.", "", "```",
                *profile.read_text().splitlines(), "```"]
     if quic.exists():
-        md += ["", "The same over erdma-quic (`--transport quic`). Its connections run on an asyncio thread of "
-               "their own, outside this profile; the core's layers (API and engine, matching and framing) "
-               "should cost about what they cost over TCP.", "", "```", *quic.read_text().splitlines(), "```"]
+        md += ["", "The same over erdma-quic (`--transport quic`). The waiting thread drives QUIC too (erdma-quic's "
+               "`driver`), so this profile holds the whole path here as well: the core's layers (API and engine, "
+               "matching and framing) should cost about what they cost over TCP, and the rest is erdma-quic and "
+               "aioquic itself.", "", "```", *quic.read_text().splitlines(), "```"]
     md += ["", "## Alpha-beta check", "",
            "`python -m benchmarks.alphabeta --ranks 2,3,4,5,6,7,8 --iters 3` (see its docstring for the model):",
            "", "```"]
