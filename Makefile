@@ -34,10 +34,10 @@ test: $(VENV)/.test
 	cd tests/torch_suite && ../../$(PY) -m pytest -q -p no:randomly -p no:cacheprovider test_pytorch_distributed.py
 	set -e; for p in $(PLUGINS); do (cd $$p && $(abspath $(PY)) -m pytest -q -p no:randomly); done
 	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret \
-		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py
+		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py
 	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_WORKERS=1 \
 		ERDMA_TRANSPORT_QUIC_PART_BYTES=65536 \
-		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py
+		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py
 
 $(VENV)/.bench: $(VENV)/.test
 	scripts/system-deps.sh bench

@@ -1,12 +1,15 @@
 """Who runs a collective: a blocking call on the caller's own thread; async calls on the group's runner
 threads, one at a time in issue order; a completion callback may issue collectives and wait for them,
-even behind others queued before (DDP's communication hooks, e.g. PowerSGD, do exactly this)."""
+even behind others queued before (DDP's communication hooks, e.g. PowerSGD, do exactly this). ``make test``
+runs this file over QUIC too, whose waiting threads drive its connections as TCP's drive their sockets."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
+import pytest
 
 
 def who_runs(pg):
@@ -98,6 +101,7 @@ def spin_of(pg):
     return pg.rt.transport._progress.spin
 
 
+@pytest.mark.skipif(os.environ.get("ERDMA_TRANSPORT", "tcp") != "tcp", reason="a TCP option (this file also runs over QUIC)")
 def test_spin_us_reaches_the_socket_driver(erdma_shared_world):
     """``transport.tcp.spin_us`` is what the driver spins for (test_progress_driver shows what spinning does)."""
     assert erdma_shared_world(2, {"transport.tcp.spin_us": 750}).run(spin_of) == [750 / 1e6] * 2
