@@ -72,7 +72,7 @@ class Driver(UdpPort):
     def wait(self, req: Request, deadline: float) -> bool:
         """Drive the mesh until ``req`` is done (True; raises its error) or ``deadline`` passes (False)."""
         first = True
-        while not req.done():
+        while not req.done() and not self._stopping:
             left = deadline - time.monotonic()
             if left <= 0:
                 break

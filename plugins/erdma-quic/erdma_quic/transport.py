@@ -174,7 +174,11 @@ class QuicTransport(MessageTransport):
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    refused = self._refusals()
+                    self._cond.release()  # the mesh's lock is taken without this one (events are reported under it)
+                    try:
+                        refused = self._refusals()
+                    finally:
+                        self._cond.acquire()
                     more = f" (refused: {refused}{secret_hint(refused)})" if refused else ""
                     raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect over QUIC within "
                                                  f"{timeout:.1f}s{more}", rank=self.rank, op="connect")
