@@ -25,6 +25,7 @@ from collections.abc import Callable
 from ..errors import PeerLostError, ProtocolError
 from .frames import StreamReader
 from .mailbox import Request
+from .wakeup import WakePipe
 
 POLL = 0.2  # seconds a driver sleeps in poll before it looks at its deadline again
 QUIET = 0.05  # seconds without a driver before the background thread watches the sockets itself
@@ -80,15 +81,13 @@ class Progress:
         self._driving = False
         self._last_driven = 0.0
         self._stopping = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wakeup = WakePipe()
         # the driver's poll set (the background thread, which runs without the drive lock, uses select)
         self._poller = select.poll()
         self._by_fd = {ch.fd: ch for ch in channels}
         for ch in channels:
             self._poller.register(ch.fd, _READABLE)
-        self._poller.register(self._wake_r, select.POLLIN)
+        self._poller.register(self._wakeup.fd, select.POLLIN)
         self._background = threading.Thread(target=self._run_background, name=name, daemon=True)
         self._background.start()
 
@@ -133,7 +132,7 @@ class Progress:
             if req is not None:  # never queued: _end did not see it
                 req.complete(error)
         elif watch and self._driving:
-            self._wake()  # a driver already polling does not watch this socket for writing yet
+            self._wakeup.wake()  # a driver already polling does not watch this socket for writing yet
 
     def _flush(self, ch: Channel) -> str | None:
         """Write queued frames until the socket is full (call with ``ch.lock`` held). Returns why the
@@ -215,7 +214,7 @@ class Progress:
         for fd, events in ready:
             ch = self._by_fd.get(fd)
             if ch is None:
-                self._drain_wake()
+                self._wakeup.drain()
                 continue
             if events & _WRITABLE:
                 with ch.lock:
@@ -274,7 +273,7 @@ class Progress:
                 continue
             live = [ch for ch in self.channels if not ch.dead]
             try:
-                readable, writable, _ = select.select([ch.sock for ch in live] + [self._wake_r],
+                readable, writable, _ = select.select([ch.sock for ch in live] + [self._wakeup.fd],
                                                       [ch.sock for ch in live if ch.out], [], QUIET)
             except (OSError, ValueError):
                 time.sleep(QUIET)
@@ -289,26 +288,9 @@ class Progress:
                 self._last_driven = 0.0  # the background's own turns do not count as a collective driving
                 self._drive.release()
 
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
     def stop(self) -> None:
         self._stopping = True
-        self._wake()
+        self._wakeup.wake()
         if self._background is not threading.current_thread():
             self._background.join(2 * POLL + 1.0)
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wakeup.close()

@@ -11,7 +11,6 @@ The mesh is used under one lock, held only while the mesh works (never while a t
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import threading
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from erdma_core.transport.mailbox import Request
+from erdma_core.transport.wakeup import WakePipe
 
 from .endpoint import UdpPort
 from .mesh import Event, Mesh
@@ -42,14 +42,12 @@ class Driver(UdpPort):
         self._last_driven = 0.0
         self._stopping = False
         self._asleep: dict[str, float] = {}  # "driver", "background": when each, asleep in poll, wakes by itself
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wakeup = WakePipe()
         self._pollers = {}
         for who in ("driver", "background"):  # one each: poll() may not run twice at once on one poller
             self._pollers[who] = p = select.poll()
             p.register(sock.fileno(), _IN)
-            p.register(self._wake_r, select.POLLIN)
+            p.register(self._wakeup.fd, select.POLLIN)
         self._background = threading.Thread(target=self._run_background, name=name, daemon=True)
         self._background.start()
 
@@ -95,28 +93,28 @@ class Driver(UdpPort):
         unless that finished ``req``, sleep in poll until a datagram, a wake-up, the mesh's timer or
         ``longest`` seconds, then work it again."""
         if first:
-            self._service()
+            at = self._service()
             if req.done():
                 return
-        with self.lock:
-            at = self.mesh.get_timer()
+        else:
+            with self.lock:
+                at = self.mesh.get_timer()
         self._sleep("driver", longest, at)
         self._service()
 
-    def _sleep(self, who: str, longest: float, at: float | None) -> bool:
-        """Sleep in poll until a datagram (True), a wake-up, the timer ``at`` or ``longest`` seconds."""
+    def _sleep(self, who: str, longest: float, at: float | None) -> None:
+        """Sleep in poll until a datagram, a wake-up, the timer ``at`` or ``longest`` seconds."""
         now = self.now
         until = now + longest if at is None else min(now + longest, at)
         self._asleep[who] = until
         try:
             ready = self._pollers[who].poll(max(0.0, until - now) * 1000.0)
         except (OSError, ValueError, RuntimeError):  # closed under us: the transport is shutting down
-            return False
+            return
         finally:
             self._asleep.pop(who, None)
-        if any(fd == self._wake_r for fd, _ in ready):
-            self._drain_wake()
-        return bool(ready)
+        if any(fd == self._wakeup.fd for fd, _ in ready):
+            self._wakeup.drain()
 
     def _service(self) -> float | None:
         """Read what arrived, run the timer when due, send; returns when the timer is next due."""
@@ -133,7 +131,7 @@ class Driver(UdpPort):
         self.flush()
         at = self.mesh.get_timer()
         if at is not None and any(at < until for until in list(self._asleep.values())):
-            self._wake()
+            self._wakeup.wake()
         return at
 
     # ---- the background thread -------------------------------------------------------------------------
@@ -155,29 +153,12 @@ class Driver(UdpPort):
             finally:
                 self._drive.release()
 
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
     def stop(self) -> None:
         if self._stopping:
             return
         self._stopping = True
-        self._wake()
+        self._wakeup.wake()
         if self._background is not threading.current_thread():
             self._background.join(2 * POLL + 1.0)
         self.sock.close()
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._wakeup.close()

@@ -76,7 +76,7 @@ class UdpPort:
             except BlockingIOError:
                 break
             except OSError:
-                self._read_errors(self.now)
+                self._read_errors()
                 continue
             self.mesh.receive(data, addr, self.now)
             n += 1
@@ -94,7 +94,7 @@ class UdpPort:
                 self.on_event(ev)
                 ev = mesh.next_event()
 
-    def _read_errors(self, now: float) -> None:
+    def _read_errors(self) -> None:
         """Drain the socket's error queue: the mesh hears of every peer whose port answered 'unreachable'."""
         while True:
             try:
@@ -103,7 +103,7 @@ class UdpPort:
                 return
             except OSError:
                 return
-            self.mesh.unreachable(addr, now)
+            self.mesh.unreachable(addr, self.now)
 
     def _transmit(self, out: list[tuple[bytes, Any]]) -> None:
         if not self.gso or len(out) < 2:
