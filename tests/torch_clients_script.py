@@ -1,6 +1,6 @@
 """Run by tests/test_torch_clients.py on every rank: what PyTorch's own clients ask of a backend beyond the
-plain ops. argv: backend ("erdma", "cpu:erdma" or "gloo"), a checkpoint folder. Rank 0 prints one JSON line
-of results for the test to compare across backends; every rank prints "done".
+plain ops. argv: backend ("erdma", "cpu:erdma" or "gloo"), a checkpoint folder. Rank 0 writes its results
+as JSON next to that folder (``<folder>.json``) for the test to compare across backends; every rank prints "done".
 
 - BAND, BOR, BXOR on integer and bool tensors (all_reduce, reduce, reduce_scatter), as Gloo offers them;
 - ReduceOp.AVG on int64 (Lightning's sync_dist sends it to every backend not named "gloo"): the sum divided
@@ -13,6 +13,7 @@ of results for the test to compare across backends; every rank prints "done".
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -68,7 +69,7 @@ loaded = {"w": torch.zeros(3, 4), "step": torch.tensor(0)}
 dcp.load(loaded, checkpoint_id=folder)
 out["dcp"] = {"w": loaded["w"].tolist(), "step": loaded["step"].item()}
 
-if r == 0:
-    print(json.dumps(out), flush=True)
+if r == 0:  # a file, not stdout: torchrun's ranks share one pipe, and another rank's line can cut into this one
+    Path(folder + ".json").write_text(json.dumps(out))
 print("done", flush=True)
 dist.destroy_process_group()
