@@ -158,10 +158,27 @@ def test_allgather_reduce_scatter(erdma_shared_world, size):
     assert erdma_shared_world(size, CONFIG).run(gather_like_cases) == [[]] * size
 
 
-@pytest.mark.parametrize("algorithm", ["pairwise", "sequential"])
+@pytest.mark.parametrize("algorithm", ["pairwise", "linear", "sequential"])
 @pytest.mark.parametrize("size", WORLDS)
 def test_alltoall(erdma_shared_world, size, algorithm):
     assert erdma_shared_world(size, CONFIG).run(alltoall_cases, algorithm) == [[]] * size
+
+
+def uneven_alltoall_auto(pg):
+    """Rank r sends r + 1 rows of 4 float32 (16 bytes) to every rank: its input is 16 p (r + 1) bytes."""
+    p, r = pg.size(), pg.rank()
+    inp = np.concatenate([np.full((r + 1, 4), 100 * r + q, np.float32) for q in range(p)])
+    out = np.zeros((sum(q + 1 for q in range(p)), 4), np.float32)
+    pg.alltoall(out, inp, output_split_sizes=[q + 1 for q in range(p)], input_split_sizes=[r + 1] * p)
+    want = np.concatenate([np.full((q + 1, 4), 100 * q + r, np.float32) for q in range(p)])
+    return pg._algorithm("alltoall", inp.nbytes, None), bool(np.array_equal(out, want))
+
+
+def test_alltoall_ranks_that_chose_different_algorithms_still_meet(erdma_world):
+    """auto picks by the rank's own input, which uneven splits make differ: with a 128-byte threshold ranks
+    0 and 1 (64 and 128 bytes) run linear, ranks 2 and 3 (192 and 256) pairwise, and all get their blocks."""
+    got = erdma_world(4, {**CONFIG, "collectives.small_message_bytes": 128}).run(uneven_alltoall_auto)
+    assert got == [("linear", True), ("linear", True), ("pairwise", True), ("pairwise", True)]
 
 
 def p2p_and_async(pg):

@@ -52,8 +52,9 @@ def test_reduce_scatter_schedules(p, name, n):
         assert (b["out"] == total[r * n:(r + 1) * n]).all(), (r, b["out"])
 
 
-def test_small_allgather_and_reduce_scatter_take_the_fewest_steps():
-    """auto: log2(p) exchanges while the whole buffer is at most tiny_message_bytes, the ring above."""
+def test_small_allgather_reduce_scatter_and_alltoall_take_the_fewest_steps():
+    """auto: log2(p) exchanges while the whole buffer is at most tiny_message_bytes, the ring above; alltoall
+    in one step (linear) while the local input is at most small_message_bytes, among 3 or more ranks."""
     from erdma_core import load_config
 
     conf = load_config({})
@@ -65,6 +66,11 @@ def test_small_allgather_and_reduce_scatter_take_the_fewest_steps():
     assert choose(op="broadcast", nbytes=(1 << 20) + 1, world_size=3, config=conf) == "scatter_allgather"
     assert choose(op="broadcast", nbytes=1 << 20, world_size=3, config=conf) == "tree"
     assert choose(op="broadcast", nbytes=64 << 20, world_size=2, config=conf) == "tree"
+    assert choose(op="alltoall", nbytes=1 << 20, world_size=3, config=conf) == "linear"
+    assert choose(op="alltoall", nbytes=(1 << 20) + 1, world_size=3, config=conf) == "pairwise"
+    assert choose(op="alltoall", nbytes=4096, world_size=2, config=conf) == "pairwise"
+    linear = ALGOS[("alltoall", "linear")](Spec("alltoall", 1, 4, 0, send_counts=(1,) * 4, recv_counts=(1,) * 4))
+    assert len(linear) == 1 and [x.peer for x in linear[0].sends] == [2, 3, 0]  # one wait; rank r+1 first
     steps = ALGOS[("allgather", "recursive_doubling")](Spec("allgather", 0, 8, 4))
     assert sum(1 for s in steps if s.sends) == 3  # against the ring's 7
 
@@ -88,7 +94,7 @@ def test_rooted_and_barrier_schedules(p):
 
 
 @pytest.mark.parametrize("p", range(1, 8))
-@pytest.mark.parametrize("name", ["pairwise", "sequential"])
+@pytest.mark.parametrize("name", ["pairwise", "linear", "sequential"])
 def test_alltoall_schedules(p, name):
     send = [tuple((r + q) % 3 for q in range(p)) for r in range(p)]
     recv = [tuple(send[q][r] for q in range(p)) for r in range(p)]

@@ -32,6 +32,17 @@ def pairwise(spec: Spec) -> Schedule:
     return [_own(spec)] + [_exchange(spec, (r + k) % p, (r - k) % p) for k in range(1, p)]
 
 
+def linear(spec: Spec) -> Schedule:
+    """One step: every block sent and every receive posted at once (MPI's basic linear algorithm). One wait
+    instead of p-1, so small messages pay one round of latency; every rank sends p-1 blocks back to back."""
+    p, r = spec.size, spec.rank
+    so, ro = _offsets(spec.send_counts), _offsets(spec.recv_counts)
+    order = [(r + k) % p for k in range(1, p)]  # rank r+1 first: the ranks do not all send to rank 0 first
+    return [Step(copies=_own(spec).copies,
+                 sends=tuple(Xfer(q, "in", so[q], spec.send_counts[q]) for q in order),
+                 recvs=tuple(Xfer(q, "out", ro[q], spec.recv_counts[q]) for q in reversed(order)))]
+
+
 def sequential(spec: Spec) -> Schedule:
     """One pair at a time, in strict order (0,1), (0,2), ..., (p-2,p-1).
 

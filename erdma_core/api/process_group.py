@@ -118,7 +118,8 @@ class ProcessGroup:
     def _compile(self, name: str, count: int, dtype: str, itemsize: int, reduce_op: ReduceOp | None,
                  algorithm: str | None, spec_fields: dict[str, Any]) -> _Compiled:
         """The checked plan of a collective, compiled for this group: worked out once per (op, size, dtype)."""
-        algo = self._algorithm(name, count * itemsize, algorithm)
+        local = sum(spec_fields["send_counts"]) if name == "alltoall" else count  # alltoall's count is 0
+        algo = self._algorithm(name, local * itemsize, algorithm)
         component, options = self.rt.algorithm(name, algo)
         spec = Spec(name, self._rank, self.size(), count, options=options, **spec_fields)
         try:

@@ -26,8 +26,9 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                                      minimum=0),
         "small_message_bytes": Option(int, 1 << 20, "allreduce inputs up to this size (and above "
                                       "tiny_message_bytes) use halving_doubling, larger ones ring; broadcasts "
-                                      "larger than this among 3 or more ranks use scatter_allgather (when the op "
-                                      "is 'auto')", minimum=0),
+                                      "larger than this among 3 or more ranks use scatter_allgather, alltoalls "
+                                      "whose local input is up to this size linear, larger ones pairwise (when "
+                                      "the op is 'auto')", minimum=0),
         "chunk_bytes": Option(int, 4 << 20, "largest message an algorithm sends in one piece; "
                               "larger slices are split and pipelined", minimum=1024),
     }

@@ -98,6 +98,8 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
     register("gather", "direct", direct.gather, description="root receives from every rank")
     register("scatter", "direct", direct.scatter, description="root sends to every rank")
     register("alltoall", "pairwise", alltoall.pairwise, description="p-1 steps of pairwise exchange")
+    register("alltoall", "linear", alltoall.linear,
+             description="one step: all blocks sent and received at once (fewest waits, small messages)")
     register("alltoall", "sequential", alltoall.sequential,
              description="one pair at a time in strict order (lowest peak memory)")
     register("barrier", "dissemination", direct.barrier, description="log2(p) rounds of zero-byte messages")
@@ -131,5 +133,7 @@ def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -
         return "recursive_halving"
     if op == "broadcast" and world_size > 2 and nbytes > config["collectives.small_message_bytes"]:
         return "scatter_allgather"
+    if op == "alltoall" and world_size > 2:  # up to small_message_bytes one wait, not p-1; pairwise above
+        return "linear" if nbytes <= config["collectives.small_message_bytes"] else "pairwise"
     info = OPS.get(op)
     return info.default if info is not None else None

@@ -110,8 +110,10 @@ def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -
     Called by: ``erdma_core.api.process_group.ProcessGroup`` before it builds a schedule, only when the
     config leaves the op on ``auto``: once per group, op and size (the answer is kept for later collectives
     of the same shape). Arguments: ``op`` (e.g. ``"allreduce"``), ``nbytes`` (bytes of the local input),
-    ``world_size``, ``config`` (the effective ``Config``). Every rank calls it with the same arguments, so
-    the answer must be a pure function of them. Returns: a registered
+    ``world_size``, ``config`` (the effective ``Config``). Every rank calls it with the same arguments (except
+    alltoall with uneven splits, where each rank passes its own input's bytes), so the answer must be a pure
+    function of them. For alltoall, answer only algorithms that meet whatever the other ranks chose: the
+    core picks ``linear`` or ``pairwise``, which both send each peer exactly one message and receive one. Returns: a registered
     algorithm name, or None to defer to the next implementation. firstresult: the first non-None answer
     wins; the core's answer (by the ``[collectives]`` size thresholds) is registered first and so runs last.
     """
