@@ -34,7 +34,7 @@ _EMPTY = np.empty(0, np.uint8)
 
 class _Compiled(NamedTuple):
     program: Program
-    op: executor.Op | None  # the op's fields every call shares (None: a group of one, nothing to run)
+    op: executor.Op | None  # the op's fields every call shares (None: no steps to run, as in most ops of a group of one)
     work: int | None  # elements of the 'work' buffer (None: the schedule does not use one)
 
 
@@ -131,7 +131,7 @@ class ProcessGroup:
             self._plans.clear()
         program = compile_plan(checked, self.ranks, self._chunk_bytes // itemsize, itemsize)
         op = None
-        if self.size() > 1:
+        if program.stages:  # a group of one still runs its local copies (allgather, alltoall, ...)
             op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
                              dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
                              seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=self.ranks,

@@ -132,7 +132,7 @@ def lookahead(schedule: Sequence[Step]) -> tuple[bool, ...]:
     def spans(xs: Sequence[Xfer]) -> list[tuple[str, int, int]]:
         return [(x.buf, x.offset, x.offset + x.count) for x in xs]
 
-    out = [False]
+    out = [False] if schedule else []  # a group of one runs no steps
     for prev, step in itertools.pairwise(schedule):
         busy = spans(prev.sends) + spans(prev.recvs) + [(c.dst, c.dst_offset, c.dst_offset + c.count)
                                                          for c in prev.copies]
