@@ -191,6 +191,73 @@ def test_frames_that_arrived_before_a_peer_closed_are_still_delivered():
     assert box.post_recv(1, hdr(), memoryview(out)).wait(1) and out == b"last"
 
 
+def _in_two_calls(box, peer, h, payload):
+    buf, token = box.on_header(peer, h)
+    if buf is not None:
+        buf[:] = payload
+    box.on_payload(token)
+
+
+def _whole(box, peer, h, payload):
+    box.on_frame(peer, h, memoryview(payload))
+
+
+def _scenario(arrive, name):
+    """What a frame does to a mailbox, delivered by ``arrive``: the receives' outcomes (their errors' types
+    and messages, their memory, what came encoded), the mismatches reported and the frames rejected."""
+    told = []
+    box, out, other = Mailbox(0, JOB, on_mismatch=told.append), bytearray(8), bytearray(4)
+    reqs = []
+    if name == "posted":
+        reqs.append(box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(out)))
+        arrive(box, 1, hdr(nbytes=8, numel=2), b"abcdefgh")
+    elif name == "early":
+        arrive(box, 1, hdr(nbytes=8, numel=2), b"abcdefgh")
+        reqs.append(box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(out)))
+    elif name == "other size":
+        reqs.append(box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(out)))
+        arrive(box, 1, hdr(nbytes=4, numel=1), b"abcd")
+    elif name == "wrong raw bytes":
+        reqs.append(box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(out)))
+        arrive(box, 1, hdr(nbytes=4, numel=2, count=2), b"abcd")
+    elif name == "encoded":
+        reqs.append(box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(out)))
+        arrive(box, 1, hdr(nbytes=3, numel=2, count=2, codec=0xABC), b"xyz")
+    elif name == "stale":
+        box.begin(0, 5)
+        arrive(box, 1, hdr(seq=4), b"old!")
+    elif name == "another op under way":
+        box.begin(0, 5)
+        reqs.append(box.post_recv(2, hdr(seq=5), memoryview(other)))
+        arrive(box, 1, hdr(seq=5)._replace(opcode=2, redop=0, root=1), b"root")
+    elif name == "p2p":
+        reqs.append(box.post_recv(1, hdr(group=1 << 31, seq=3), memoryview(other)))
+        arrive(box, 1, hdr(group=1 << 31, seq=3), b"p2p!")
+    results = []
+    for r in reqs:
+        r.settled(1)
+        enc = None if r.encoded is None else (r.encoded[0].codec, bytes(r.encoded[1]))
+        results.append((r.done(), type(r.error).__name__, str(r.error), enc))
+    return results, bytes(out), bytes(other), [str(e) for e in told], box.rejected
+
+
+@pytest.mark.parametrize("name", ["posted", "early", "other size", "wrong raw bytes", "encoded", "stale",
+                                  "another op under way", "p2p"])
+def test_a_whole_frame_at_once_does_what_header_then_payload_do(name):
+    """``on_frame`` (a reader holding the whole frame) takes a shortcut for the common case; every case
+    must end exactly as ``on_header`` + ``on_payload`` end it."""
+    got, want = _scenario(_whole, name), _scenario(_in_two_calls, name)
+    assert got == want
+    assert any(want)  # the scenario did something to compare
+    if name == "posted":
+        assert want[0] == [(True, "NoneType", "None", None)] and want[1] == b"abcdefgh"
+
+
+def test_a_whole_frame_of_another_job_is_rejected():
+    with pytest.raises(ProtocolError, match="carries job 0x1, this job is 0xcdef0123"):
+        Mailbox(0, JOB).on_frame(1, hdr(job=1), memoryview(b"abcd"))
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_stream_reader_takes_frames_in_any_slicing(seed):
     """Small frames come through the staging buffer several at a time; large ones land in place; every

@@ -129,5 +129,12 @@ def test_lookahead_posts_early_only_when_safe():
     with_copy = Step(copies=(Copy("in", 0, "out", 12, 1),), recvs=(Xfer(1, "out", 12, 1),))
     assert lookahead((send_a, recv_into_a)) == (False, False)
     assert lookahead((send_a, recv_elsewhere, reduce_into_a, with_copy)) == (False, True, True, False)
+    copy_then_reduce = Step(copies=(Copy("out", 0, "work", 0, 4),), sends=(Xfer(1, "work", 0, 4),),
+                            recvs=(Xfer(1, "out", 0, 4, reduce=True),))  # recursive doubling's step
+    copy_reads_landing = Step(copies=(Copy("out", 8, "work", 0, 4),), recvs=(Xfer(1, "out", 8, 4),))
+    assert lookahead((send_a, copy_then_reduce, copy_then_reduce)) == (False, True, True)
+    assert lookahead((recv_elsewhere, copy_reads_landing)) == (False, False)
+    rd = tuple(ALGOS[("allreduce", "recursive_doubling")](Spec("allreduce", 0, 8, 100)))
+    assert lookahead(rd) == (False, True, True)
     ring = tuple(ALGOS[("allreduce", "ring")](Spec("allreduce", 0, 4, 100)))
     assert lookahead(ring) == (False,) + (True,) * 5  # every ring step after the first can pre-post

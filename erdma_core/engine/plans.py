@@ -126,17 +126,20 @@ def _clash(step: Step) -> str | None:
 
 
 def lookahead(schedule: Sequence[Step]) -> tuple[bool, ...]:
-    """For each step: may its receives be posted while the step before it is still running? Yes when it
-    makes no local copies and its in-place receives touch nothing the previous step reads or writes."""
+    """For each step: may its receives be posted while the step before it is still running? Yes when its
+    in-place receives touch nothing the previous step reads or writes, nor what its own copies (made when it
+    starts) read or write. Reducing receives land in scratch memory of their own, so they always may."""
 
     def spans(xs: Sequence[Xfer]) -> list[tuple[str, int, int]]:
         return [(x.buf, x.offset, x.offset + x.count) for x in xs]
 
+    def copied(step: Step) -> list[tuple[str, int, int]]:  # what a step's copies read and write
+        return [(b, lo, lo + c.count) for c in step.copies for b, lo in ((c.src, c.src_offset), (c.dst, c.dst_offset))]
+
     out = [False] if schedule else []  # a group of one runs no steps
     for prev, step in itertools.pairwise(schedule):
         busy = spans(prev.sends) + spans(prev.recvs) + [(c.dst, c.dst_offset, c.dst_offset + c.count)
-                                                         for c in prev.copies]
+                                                         for c in prev.copies] + copied(step)
         mine = spans([x for x in step.recvs if not x.reduce])
-        clash = any(b == m and lo < mhi and mlo < hi for b, lo, hi in busy for m, mlo, mhi in mine)
-        out.append(not step.copies and not clash)
+        out.append(not any(b == m and lo < mhi and mlo < hi for b, lo, hi in busy for m, mlo, mhi in mine))
     return tuple(out)

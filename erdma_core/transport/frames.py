@@ -39,6 +39,19 @@ class FrameInbox:
         body = bytearray(h.nbytes)  # ABORT/BYE: Header.parse bounds them to MAX_CONTROL_BYTES
         return memoryview(body), (h, body)
 
+    def whole(self, h: Header, payload: memoryview) -> None:
+        """A whole frame at once: ``frame``, the copy and ``landed`` in one call."""
+        if h.kind == DATA:
+            self.mailbox.on_frame(self.peer, h, payload)
+            self.completed += 1
+            if self.bye_after is not None:
+                self._maybe_gone()
+            return
+        buf, token = self.frame(h)
+        if buf is not None and h.nbytes:
+            buf[:h.nbytes] = payload
+        self.landed(token)
+
     def landed(self, token: object) -> None:
         h, rest = token  # type: ignore[misc]
         if h.kind == DATA:
@@ -118,15 +131,13 @@ class StreamReader:
             elif self._have >= _HEAD:
                 start = self._start
                 h = Header.parse(self._sv[start:start + _HEAD])
-                buf, token = self.inbox.frame(h)
                 nbytes = h.nbytes
                 self._big = nbytes >= _DIRECT
                 if self._have - _HEAD >= nbytes:  # the whole frame is staged (small frames): land it now
-                    if nbytes and buf is not None:
-                        buf[:nbytes] = self._sv[start + _HEAD:start + _HEAD + nbytes]
-                    self._consume(_HEAD + nbytes)
-                    self.inbox.landed(token)
+                    self._consume(_HEAD + nbytes)  # the stage is not written until this returns
+                    self.inbox.whole(h, self._sv[start + _HEAD:start + _HEAD + nbytes])
                     continue
+                buf, token = self.inbox.frame(h)
                 self._consume(_HEAD)
                 self._token, self._left, self._done = token, nbytes, 0
                 self._target = buf[:nbytes] if buf is not None else None

@@ -2,7 +2,8 @@
 
 A transport's reader calls ``on_header`` when a frame header arrives and gets back the buffer to read the
 payload into (the posted receive's own memory when one is waiting and the payload is raw, so large messages
-land in place), then ``on_payload`` once the payload is in. An encoded payload (a compressor's, ``codec`` in
+land in place), then ``on_payload`` once the payload is in; a reader that has a whole frame at once (small
+frames) calls ``on_frame``. An encoded payload (a compressor's, ``codec`` in
 the header) lands in a buffer of its own, bounded by what the receive expects, and the completed request
 carries it for the engine to decode. The collective side calls ``post_recv`` / ``begin``. No sockets here.
 """
@@ -244,6 +245,30 @@ class Mailbox:
             posted.req.encoded = (h, staged)
             return staged, ("done", key, None)
         return posted.out, ("done", key, None)
+
+    def on_frame(self, peer: int, h: Header, payload: memoryview) -> None:
+        """A whole frame at once (a reader that has the payload already): ``on_header``, the copy and
+        ``on_payload`` in one step. The common case, a raw frame whose receive is posted and agrees with
+        it, takes the lock once; anything else goes the long way."""
+        if h.codec == RAW and h.job & 0xFFFFFFFF == self.job32:
+            key = (peer, (h.group, h.seq, h.tag))
+            with self._lock:
+                posted = self._posted.get(key)
+                if posted is not None and (posted.meta.nbytes != h.nbytes or posted.meta[OP_FIELDS] != h[OP_FIELDS]
+                                           or posted.meta[SIZE_FIELDS] != h[SIZE_FIELDS]
+                                           or (not h.group & P2P_GROUP_BIT and h.seq < self._floor.get(h.group, 0))):
+                    posted = None
+                if posted is not None:
+                    del self._posted[key]
+            if posted is not None:
+                if h.nbytes:
+                    posted.out[:] = payload
+                posted.req.complete()
+                return
+        buf, token = self.on_header(peer, h)
+        if buf is not None and h.nbytes:
+            buf[:h.nbytes] = payload
+        self.on_payload(token)
 
     def on_payload(self, token: object) -> None:
         if token is None:

@@ -182,24 +182,32 @@ class Progress:
         data comes, which costs more than a small message itself."""
         spin_until = time.monotonic() + self.spin
         while not req.done():
-            now = time.monotonic()
-            left = deadline - now
-            if left <= 0:
-                break
-            if self._drive.acquire(blocking=False):
-                self._driving = True
-                try:
+            if not self._drive.acquire(blocking=False):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                req.settled(min(left, 0.002))  # another thread is driving and completes it
+                continue
+            self._driving = True
+            try:  # drive until the request is done, the deadline passes, or a sleeping poll returns
+                while not req.done():
+                    now = time.monotonic()
+                    if now >= deadline:
+                        break
                     if now < spin_until:
                         if not self._round(0, req):
                             os.sched_yield()
                     else:
-                        self._round(min(left, POLL) * 1000.0, req)
-                finally:
-                    self._driving = False
-                    self._last_driven = time.monotonic()
-                    self._drive.release()
-            else:
-                req.settled(min(left, 0.002))  # another thread is driving and completes it
+                        self._round(min(deadline - now, POLL) * 1000.0, req)
+                        break  # let a thread that waits for the lock in between have a turn
+            finally:
+                self._driving = False
+                self._last_driven = time.monotonic()
+                self._drive.release()
+            if time.monotonic() >= deadline:
+                break
+        if req.done() and req.error is None:
+            return True
         return req.wait(deadline)
 
     def _round(self, timeout_ms: float, req: Request | None) -> bool:
