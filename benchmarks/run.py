@@ -40,10 +40,12 @@ def _list(text: str, valid: Any, what: str) -> list[str]:
 
 def run_cell(systems: list[str], n: int, op: str, sizes: str, iters: int, warmup: int, repeats: int,
              max_seconds: float, lab: Lab | None, log: Any, job_timeout: float = 900.0,
-             baseline: str = "erdma", small_iters: int | None = None) -> dict[str, Any]:
+             baseline: str = "erdma", small_iters: int | None = None,
+             small_warmup: int | None = None) -> dict[str, Any]:
     """All systems on one (link, ranks, op), alternating: repeat r starts with system r mod len(systems)."""
     args = ["--op", op, "--sizes", sizes, "--iters", str(iters), "--warmup", str(warmup),
-            "--max-seconds", str(max_seconds)] + (["--small-iters", str(small_iters)] if small_iters else [])
+            "--max-seconds", str(max_seconds)] + (["--small-iters", str(small_iters)] if small_iters else []) \
+        + (["--small-warmup", str(small_warmup)] if small_warmup is not None else [])
     jobs: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in systems}
     failures: dict[str, str] = {}
     for rep in range(repeats):
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--small-iters", type=int, default=None, help="iterations for sizes up to 64 KiB (default: --iters)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--small-warmup", type=int, default=None,
+                    help="untimed iterations before sizes up to 64 KiB (default: --warmup; OSU skips 200)")
     ap.add_argument("--repeats", type=int, default=3, help="jobs per system, alternated")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="per size and job: skip larger sizes beyond it")
     ap.add_argument("--job-timeout", type=float, default=900.0, help="seconds one job may take before it fails")
@@ -113,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                         log(f"== {title}")
                         cell = run_cell(systems, n, op, args.sizes, args.iters, args.warmup, args.repeats,
                                         args.max_seconds, lab, log, args.job_timeout, args.baseline,
-                                        args.small_iters)
+                                        args.small_iters, args.small_warmup)
                         cell |= {"scenario": name, "cc": cc, "ranks": n, "op": op,
                                  "link": attrs.asdict(spec) if spec else None,
                                  "relay": lab.relay_counters() if lab else None}

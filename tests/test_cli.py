@@ -75,6 +75,39 @@ def test_bench_other_ops():
         assert f" {op} " in r.stdout
 
 
+def test_bench_warms_small_sizes_up_as_told():
+    """``--small-warmup`` runs that many untimed iterations before each size up to 64 KiB, ``--warmup``
+    before larger ones; only the timed ones count."""
+    import numpy as np
+
+    from erdma_core.cli.bench import bench
+
+    class Counting:  # one rank that does the op by writing the expected value
+        name, rank, size = "counting", 0, 1
+
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        def wrap(self, arr):
+            return arr
+
+        def op(self, op, out, inp):
+            self.calls.append(out.nbytes)
+            out[...] = 1
+
+        def max_over_ranks(self, value):
+            return value
+
+    b = Counting()
+    rows = bench(b, "allreduce", [4096, 1 << 20], np.dtype(np.float32), iters=2, warmup=1, small_iters=3,
+                 small_warmup=5)
+    assert [b.calls.count(4096), b.calls.count(1 << 20)] == [5 + 3, 1 + 2]
+    assert [r["wrong"] for r in rows] == [0, 0]
+    b = Counting()
+    bench(b, "allreduce", [4096], np.dtype(np.float32), iters=2, warmup=1)
+    assert len(b.calls) == 1 + 2  # without it, small sizes warm up as --warmup says
+
+
 def test_doctor_reports_host():
     r = erdma("doctor")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -179,7 +179,8 @@ SMALL = 64 << 10  # sizes up to this take ``small_iters`` iterations: their time
 
 
 def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int,
-          max_seconds: float | None = None, small_iters: int | None = None, rtol: float = 0.0) -> list[dict[str, Any]]:
+          max_seconds: float | None = None, small_iters: int | None = None, rtol: float = 0.0,
+          small_warmup: int | None = None) -> list[dict[str, Any]]:
     """Time ``op`` at each size (``small_iters`` iterations up to 64 KiB when given, like OSU's
     micro-benchmarks, else ``iters``); with ``max_seconds``, stop before a size whose loop would take
     longer than that, predicted from the sizes before (from the max over ranks: every rank stops alike).
@@ -189,25 +190,26 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
     shown = 0.0
     for nbytes in sizes:
         n_iters = small_iters if small_iters and nbytes <= SMALL else iters
-        if max_seconds is not None and rows and _predict(rows, nbytes) * (warmup + n_iters) > max_seconds:
+        n_warm = small_warmup if small_warmup is not None and nbytes <= SMALL else warmup
+        if max_seconds is not None and rows and _predict(rows, nbytes) * (n_warm + n_iters) > max_seconds:
             break
         count = max(1, nbytes // dtype.itemsize)
         template, inp, expected = _buffers(op, count, backend.rank, p, dtype)
         out = template.copy()
         t_out, t_in = backend.wrap(out), backend.wrap(inp)
         wrong, elapsed = 0, 0.0
-        for i in range(warmup + n_iters):
+        for i in range(n_warm + n_iters):
             np.copyto(out, template)
             start = time.perf_counter()
             backend.op(op, t_out, t_in)
             took = time.perf_counter() - start
             wrong += int(np.count_nonzero(np.abs(out - expected) > rtol * np.abs(expected)) if rtol
                          else np.count_nonzero(out != expected))
-            if i >= warmup:
+            if i >= n_warm:
                 elapsed += took
             if backend.rank == 0 and time.perf_counter() - shown > 0.5:  # now and then: a write skews the ranks
                 shown = time.perf_counter()
-                sys.stderr.write(f"\r[bench] {backend.name} {op} {human(nbytes)} {i + 1}/{warmup + n_iters}   ")
+                sys.stderr.write(f"\r[bench] {backend.name} {op} {human(nbytes)} {i + 1}/{n_warm + n_iters}   ")
                 sys.stderr.flush()
         t = backend.max_over_ranks(elapsed / n_iters)
         algbw = count * dtype.itemsize / t / 1e9
@@ -249,6 +251,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--small-iters", type=int, default=None,
                     help="timed iterations for sizes up to 64 KiB (default: --iters)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations before them")
+    ap.add_argument("--small-warmup", type=int, default=None,
+                    help="untimed iterations before sizes up to 64 KiB (default: --warmup). OSU's micro-benchmarks "
+                         "skip 200 there: with more busy ranks than cores, the host's scheduler takes tens of "
+                         "milliseconds to settle, which is hundreds of small collectives")
     ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
     ap.add_argument("--backend", choices=sorted(BACKENDS), default="erdma",
                     help="the system to time (mpi: start the ranks with mpirun)")
@@ -287,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     for cls in [BACKENDS[args.backend]] + ([_Gloo] if args.compare == "gloo" else []):
         backend = cls(args.algorithm)
         rows = bench(backend, args.op, sizes, dtype, args.iters, args.warmup, args.max_seconds, args.small_iters,
-                     args.rtol or 0.0)
+                     args.rtol or 0.0, args.small_warmup)
         if backend.rank == 0:
             print(table(rows), flush=True)
         results.append(rows)
