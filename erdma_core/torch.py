@@ -100,6 +100,13 @@ class _Staging:
         return _map(result, lambda t: self.pairs.get(id(t), (t,))[0])
 
 
+def _async(opts: Any) -> bool:
+    """Whether the op may run on after the call returns. torch says when its caller waits at once
+    (``opts.asyncOp`` False: ``dist.all_reduce(t)``, not ``async_op=True``): such an op runs as a blocking
+    eRDMA call on the caller's thread, with no hand-off to a runner thread and back."""
+    return getattr(opts, "asyncOp", True) is not False
+
+
 def _staged(method: Any) -> Any:
     """Run the op on host copies of tensors that live on a device the transport cannot move."""
 
@@ -125,46 +132,56 @@ class ErdmaWork(dist.Work):
     The future handed to torch must fail in C++ terms: ``Future.set_exception`` only stores the exception
     as the future's *value*, which C++ consumers such as DDP's reducer then read as tensors (a segfault).
     So the future torch sees is ``then()`` of an internal one, and its callback raises the eRDMA error,
-    which torch records as the future's error (surfacing as RuntimeError naming the eRDMA error type)."""
+    which torch records as the future's error (surfacing as RuntimeError naming the eRDMA error type).
+    Futures cost a ``then()`` in torch's C++: they are made on the first ``get_future()`` (DDP asks; a plain
+    ``dist.all_reduce`` only waits)."""
 
     def __init__(self, works: Sequence[Any], result: Any, staging: _Staging | None = None) -> None:
         super().__init__()
         self._works = list(works)
         self._result = result
         self._staging = staging
-        self._error: BaseException | None = None
-        settled: Future[None] = Future()
-        self._future: Future[Any] = settled.then(self._outcome)
-        futures = [w.get_future() for w in self._works]
+        self._restoring = threading.Lock()  # the copies back to the device run once, on whichever thread
+        self._making = threading.Lock()
+        self._future: Future[Any] | None = None  # made by the first get_future(): a plain wait() needs none
 
-        lock = threading.Lock()  # callbacks may run on different eRDMA threads at once
-
-        def settle(_: object) -> None:
-            with lock:
-                if settled.done() or not all(f.done() for f in futures):
-                    return
-                self._error = next((f.exception() for f in futures if f.exception() is not None), None)
-                settled.set_result(None)
-
-        if not futures:
-            settled.set_result(None)
-        for f in futures:
-            f.add_done_callback(settle)
-
-    def _outcome(self, _: Future[None]) -> Any:
-        if self._error is not None:
-            raise self._error
-        if self._staging is not None:
-            self._result = self._staging.restore(self._result)
-            self._staging = None
+    def _finish(self) -> Any:
+        """Once every eRDMA work is done: raise the first error, or return the result (staged tensors copied
+        back to their device first, once)."""
+        error = next((w.exception() for w in self._works if w.exception() is not None), None)
+        if error is not None:
+            raise error
+        with self._restoring:
+            if self._staging is not None:
+                self._result = self._staging.restore(self._result)
+                self._staging = None
         return self._result
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         seconds = None if not timeout else timeout.total_seconds()
         for w in self._works:
             w.wait(seconds)  # raises the op's own error, with its type
-        self._future.wait()  # the completion callback (and copies back to the device) may still be running
+        self._finish()  # the copies back to the device are done when this returns
         return True
+
+    def get_future(self) -> Future[Any]:
+        with self._making:
+            if self._future is None:
+                settled: Future[None] = Future()
+                self._future = settled.then(lambda _: self._finish())
+                futures = [w.get_future() for w in self._works]
+                lock = threading.Lock()  # callbacks may run on different eRDMA threads at once
+
+                def settle(_: object) -> None:
+                    with lock:
+                        if not settled.done() and all(f.done() for f in futures):
+                            settled.set_result(None)
+
+                if not futures:
+                    settled.set_result(None)
+                for f in futures:
+                    f.add_done_callback(settle)
+            return self._future
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
@@ -178,9 +195,6 @@ class ErdmaWork(dist.Work):
     def result(self) -> Any:
         self.wait()
         return self._result
-
-    def get_future(self) -> Future[Any]:
-        return self._future
 
 
 class ErdmaProcessGroup(dist.ProcessGroup):
@@ -220,42 +234,44 @@ class ErdmaProcessGroup(dist.ProcessGroup):
 
     # ---- Work plumbing ----------------------------------------------------------------------------------
     def _work(self, works: Sequence[Any], result: Any) -> ErdmaWork:
-        return ErdmaWork(works, result, getattr(self._local, "staging", None))
+        """A torch Work over ``works`` (None: a call that ran blocking, already done)."""
+        return ErdmaWork([w for w in works if w is not None], result, getattr(self._local, "staging", None))
 
     # ---- collectives ----------------------------------------------------------------------------------
     @_staged
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _reduce_op(opts) if opts is not None else "sum"
-        return self._work([self.pg.allreduce(t, op=op, async_op=True) for t in tensors], tensors)
+        return self._work([self.pg.allreduce(t, op=op, async_op=_async(opts)) for t in tensors], tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
     @_staged
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        return self._work([self.pg.broadcast(t, src=opts.rootRank, async_op=True) for t in tensors], tensors)
+        return self._work([self.pg.broadcast(t, src=opts.rootRank, async_op=_async(opts)) for t in tensors],
+                          tensors)
 
     @_staged
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        return self._work([self.pg.reduce(t, dst=opts.rootRank, op=_reduce_op(opts), async_op=True)
+        return self._work([self.pg.reduce(t, dst=opts.rootRank, op=_reduce_op(opts), async_op=_async(opts))
                            for t in tensors], tensors)
 
     @_staged
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._work([self.pg.allgather(o, i, async_op=True) for o, i in zip(outputs, inputs, strict=True)],
-                          outputs)
+        return self._work([self.pg.allgather(o, i, async_op=_async(opts))
+                           for o, i in zip(outputs, inputs, strict=True)], outputs)
 
     @_staged
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> Any:
         """``outputs[q][j]`` receives rank q's ``inputs[j]`` (outer index: rank, unlike ``allgather``)."""
-        works = [self.pg.allgather([outputs[q][j] for q in range(len(outputs))], t, async_op=True)
+        works = [self.pg.allgather([outputs[q][j] for q in range(len(outputs))], t, async_op=_async(opts))
                  for j, t in enumerate(inputs)]
         return self._work(works, outputs)
 
     @_staged
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        return self._work([self.pg.allgather(output, input, async_op=True)], [output])
+        return self._work([self.pg.allgather(output, input, async_op=_async(opts))], [output])
 
     all_gather_single = _allgather_base
 
@@ -264,12 +280,13 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     @_staged
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         op = _reduce_op(opts)
-        return self._work([self.pg.reduce_scatter(o, i, op=op, async_op=True)
+        return self._work([self.pg.reduce_scatter(o, i, op=op, async_op=_async(opts))
                            for o, i in zip(outputs, inputs, strict=True)], outputs)
 
     @_staged
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
-        return self._work([self.pg.reduce_scatter(output, input, op=_reduce_op(opts), async_op=True)], [output])
+        return self._work([self.pg.reduce_scatter(output, input, op=_reduce_op(opts), async_op=_async(opts))],
+                          [output])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -279,7 +296,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> Any:
         return self._work([self.pg.alltoall(output, input, list(output_split_sizes) or None,
-                                            list(input_split_sizes) or None, async_op=True)], [output])
+                                            list(input_split_sizes) or None, async_op=_async(opts))], [output])
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None,
                           input_split_sizes: list[int] | None, opts: Any = None) -> Any:
@@ -287,22 +304,22 @@ class ErdmaProcessGroup(dist.ProcessGroup):
 
     @_staged
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        return self._work([self.pg.alltoall(outputs, inputs, async_op=True)], outputs)
+        return self._work([self.pg.alltoall(outputs, inputs, async_op=_async(opts))], outputs)
 
     @_staged
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> Any:
         root = opts.rootRank
         gather_list = outputs[0] if self.pg.rank() == root else None
-        return self._work([self.pg.gather(inputs[0], gather_list, dst=root, async_op=True)], outputs)
+        return self._work([self.pg.gather(inputs[0], gather_list, dst=root, async_op=_async(opts))], outputs)
 
     @_staged
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
         root = opts.rootRank
         scatter_list = inputs[0] if self.pg.rank() == root else None
-        return self._work([self.pg.scatter(outputs[0], scatter_list, src=root, async_op=True)], outputs)
+        return self._work([self.pg.scatter(outputs[0], scatter_list, src=root, async_op=_async(opts))], outputs)
 
     def barrier(self, opts: Any = None) -> Any:
-        return self._work([self.pg.barrier(async_op=True)], [])
+        return self._work([self.pg.barrier(async_op=_async(opts))], [])
 
     @_staged
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:

@@ -13,10 +13,11 @@ import pytest
 
 
 def who_runs(pg):
+    import time
+
     seen = []
     a = np.ones(10)
     pg.allreduce(a)
-    seen.append(threading.current_thread().name)
     caller = threading.current_thread().name
 
     import erdma_core.api.process_group as mod
@@ -30,19 +31,28 @@ def who_runs(pg):
     mod.executor.run = spy
     try:
         pg.allreduce(a)  # blocking: this thread
-        works = [pg.allreduce(np.ones(10) * i, async_op=True) for i in range(3)]  # the worker, in order
-        for w in works:
-            w.wait(30)
+        works = [pg.allreduce(np.ones(10) * i, async_op=True) for i in range(3)]  # nobody waits: the runners
+        deadline = time.monotonic() + 30
+        while not all(w.is_completed() for w in works) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        progressed = [w.is_completed() for w in works]
+        waited = [pg.allreduce(np.ones(10) * i, async_op=True) for i in range(3)]
+        for w in waited:
+            w.wait(30)  # a queued one is run by this thread, one already started by its runner
         pg.allreduce(a)
     finally:
         mod.executor.run = orig
-    return caller, seen[1:]
+    return caller, seen, progressed
 
 
 def test_blocking_calls_run_on_the_caller_and_async_ones_on_the_worker(erdma_shared_world):
-    for caller, seen in erdma_shared_world(2, {"timeouts.collective": 30.0}).run(who_runs):
-        assert seen[0] == caller and seen[-1] == caller
+    """Async calls progress on the group's runners with nobody waiting; a thread that waits for one that has
+    not started runs it itself (no thread hand-off); blocking calls run on the caller."""
+    for caller, seen, progressed in erdma_shared_world(2, {"timeouts.collective": 30.0}).run(who_runs):
+        assert progressed == [True] * 3
+        assert len(seen) == 8 and seen[0] == caller and seen[-1] == caller
         assert all(name.startswith("erdma-pg0") for name in seen[1:4]), seen
+        assert all(name == caller or name.startswith("erdma-pg0") for name in seen[4:7]), seen
 
 
 def collective_in_a_callback(pg):

@@ -2,7 +2,8 @@
 
 Calls are validated in the caller's thread (bad input raises at once) and run in issue order (``Serial``): a
 blocking call on the caller's own thread when nothing is queued ahead of it, an ``async_op=True`` call on the
-group's runner threads, which returns the ``Work`` instead of waiting for it.
+group's runner threads (or on the thread that waits for it, if none has started it), which returns the
+``Work`` instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class ProcessGroup:
     def _submit(self, name: str, fn: Callable[[], Any], async_op: bool, serial: Serial | None = None) -> Work | None:
         serial = serial or self._serial
         if async_op:
-            return Work(serial.submit(fn), name, self.rt.rank)
+            return Work(serial.submit(fn), name, self.rt.rank, serial.help)
         serial.call(fn)  # raises the op's own error
         return None
 

@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import CollectiveTimeoutError
+from .serial import blocking
 
 
 class Work:
-    def __init__(self, future: cf.Future[Any], op: str, rank: int) -> None:
+    def __init__(self, future: cf.Future[Any], op: str, rank: int,
+                 run_here: Callable[[cf.Future[Any]], None] | None = None) -> None:
+        """``run_here(future)``: run the collective on the waiting thread if it has not started (``Serial.help``)."""
         self._future = future
         self.op = op
         self._rank = rank
+        self._run_here = run_here
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done (at most ``timeout`` seconds); raise the op's error. Returns True."""
-        done, _ = cf.wait([self._future], timeout)
-        if not done:
-            raise CollectiveTimeoutError(f"rank {self._rank}: Work.wait({timeout}) for {self.op} timed out",
-                                         rank=self._rank, op=self.op)
+        if timeout is None and not self._future.done() and self._run_here is not None:
+            self._run_here(self._future)  # (not with a timeout: the call may take as long as it takes here)
+        if not self._future.done():
+            with blocking():  # from a completion callback: the queue must not wait for this thread
+                try:
+                    self._future.exception(timeout)
+                except cf.TimeoutError:
+                    raise CollectiveTimeoutError(f"rank {self._rank}: Work.wait({timeout}) for {self.op} timed out",
+                                                 rank=self._rank, op=self.op) from None
         self._future.result()
         return True
 
