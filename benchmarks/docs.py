@@ -74,10 +74,12 @@ def build(src: Path, dest: Path) -> str:
     if profile.exists():
         md += ["", "## Where a 4 KiB allreduce's time goes", "",
                "Two ranks on loopback, blocking 4 KiB allreduces (`python -m benchmarks.profile_small`): wall "
-               "time, CPU and context switches per op on each rank, then rank 0 under cProfile counting that thread's "
-               "CPU time (waiting for the peer or the GIL is not charged): each layer's own time per op, then the "
-               "functions with the most. A blocking collective runs on the caller's thread, which also reads and "
-               "writes the sockets, so the profile of that one thread holds the whole path.", "", "```",
+               "time, CPU and context switches per op on each rank; rank 0's wall time per op split by phase with no "
+               "profiler (clock reads at the seams between the engine's phases, `benchmarks/phases.py`); then rank 0 "
+               "under cProfile counting that thread's CPU time (waiting for the peer or the GIL is not charged): each "
+               "layer's own time per op, then the functions with the most. A blocking collective runs on the "
+               "caller's thread, which also reads and writes the sockets, so the profile of that one thread holds "
+               "the whole path.", "", "```",
                *profile.read_text().splitlines(), "```"]
     if quic.exists():
         md += ["", "The same over erdma-quic (`--transport quic`). The waiting thread drives QUIC too (erdma-quic's "

@@ -1,7 +1,9 @@
 """Where a small collective's time goes: 2 ranks on loopback run N blocking 4 KiB allreduces (``--op`` for
-another collective); each rank reports wall time, user and system CPU and context switches per op, and rank
-0's cProfile of its own thread's CPU time (a blocking collective runs there) gives each layer's share of it
-and lists the functions with the most time of their own. ``--transport quic`` runs the same over erdma-quic,
+another collective); each rank reports wall time, user and system CPU and context switches per op; rank 0
+splits its wall time per op by phase with no profiler (``phases.py``: API, posting receives, sending, waiting
+for peers' data, reducing, the rest); and rank 0's cProfile of its own thread's CPU time (a blocking
+collective runs there) gives each layer's share of it and lists the functions with the most time of their
+own. ``--transport quic`` runs the same over erdma-quic,
 driven the same way (by the waiting thread): the core's layers should cost the same per op on both.
 
     python -m benchmarks.profile_small --iters 3000 --ranks 2 --size 4K [--op alltoall] [--transport quic]
@@ -22,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from erdma_core.cli.bench import parse_size
+
+from .phases import Timeline
 
 
 def _collective(pg: Any, op: str, size: int) -> Callable[[], object]:
@@ -59,6 +63,11 @@ def _rank(op: str, iters: int, size: int, top: int) -> None:
             f"us; context switches per op: {(r1.ru_nvcsw - r0.ru_nvcsw) / iters:.2f} voluntary, "
             f"{(r1.ru_nivcsw - r0.ru_nivcsw) / iters:.2f} involuntary")
     pg.barrier()
+    timeline = Timeline(pg.rt.transport)
+    for _ in range(iters):
+        timeline.call(call)
+    timeline.restore()
+    pg.barrier()
     prof = cProfile.Profile(time.thread_time)  # CPU time of this thread: waiting for the GIL or a peer is not charged
     if pg.rank() == 0:
         prof.enable()
@@ -70,6 +79,7 @@ def _rank(op: str, iters: int, size: int, top: int) -> None:
     time.sleep(0.2 * pg.rank())
     print(line, flush=True)
     if pg.rank() == 0:
+        print(timeline.report())
         out = io.StringIO()
         stats = pstats.Stats(prof, stream=out)
         stats.sort_stats("tottime").print_stats(top)
