@@ -113,9 +113,10 @@ def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -
     ``world_size``, ``config`` (the effective ``Config``). Every rank calls it with the same arguments (except
     alltoall with uneven splits, where each rank passes its own input's bytes), so the answer must be a pure
     function of them. For alltoall, answer only algorithms that meet whatever the other ranks chose: the
-    core picks ``linear`` or ``pairwise``, which both send each peer exactly one message and receive one. Returns: a registered
-    algorithm name, or None to defer to the next implementation. firstresult: the first non-None answer
-    wins; the core's answer (by the ``[collectives]`` size thresholds) is registered first and so runs last.
+    core picks ``linear`` or ``pairwise``, which both send each peer exactly one message and receive one.
+    Returns: a registered algorithm name, or None to defer to the next implementation. firstresult: the first
+    non-None answer wins; the core's answer (by the ``[collectives]`` size thresholds) is registered first
+    and so runs last.
     """
 
 
