@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 before = lab.queue_drops()
                 res = run_job("erdma", p, ["--op", "allreduce", "--sizes", args.size, "--iters", str(args.iters),
-                                           "--warmup", "1", "--algorithm", algorithm], lab)
+                                           "--warmup", "1", "--small-warmup", "1", "--algorithm", algorithm], lab)
                 drops = lab.queue_drops() - before
                 t = res[0]["time_us"] * 1e-6
                 rows.append({"ranks": p, "algorithm": algorithm, "measured_s": t, "model_s": expect,

@@ -20,14 +20,15 @@ LINKS=(--systems erdma,gloo,mpi)
 if [[ "${QUICK:-0}" == 1 ]]; then
     ALLREDUCE=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
     OTHERS=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
-    WAN=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 2 --warmup 1)
+    WAN=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 2 --warmup 1 --small-warmup 1)
     AB=(--ranks 2,4 --iters 2)
     PROFILE_ITERS=300
 else
     ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --small-iters 200 --small-warmup 200
                --max-seconds 30)
     OTHERS=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 5 --small-iters 100 --small-warmup 200 --max-seconds 30)
-    WAN=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 1 --iters 1 --small-iters 5 --warmup 1 --max-seconds 400)
+    WAN=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 1 --iters 1 --small-iters 5 --warmup 1 --small-warmup 1
+         --max-seconds 400)
     AB=(--ranks 2,3,4,5,6,7,8 --iters 3)
 fi
 $PY -m benchmarks.ceiling --json "$OUT/ceiling.json" | tee "$OUT/ceiling.txt"

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-iters", type=int, default=None, help="iterations for sizes up to 64 KiB (default: --iters)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--small-warmup", type=int, default=None,
-                    help="untimed iterations before sizes up to 64 KiB (default: --warmup; OSU skips 200)")
+                    help="untimed iterations before sizes up to 64 KiB (default: erdma bench's, 200, as OSU skips)")
     ap.add_argument("--repeats", type=int, default=3, help="jobs per system, alternated")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="per size and job: skip larger sizes beyond it")
     ap.add_argument("--job-timeout", type=float, default=900.0, help="seconds one job may take before it fails")

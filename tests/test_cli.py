@@ -108,6 +108,21 @@ def test_bench_warms_small_sizes_up_as_told():
     assert len(b.calls) == 1 + 2  # without it, small sizes warm up as --warmup says
 
 
+def test_bench_command_warms_small_sizes_up_200_times_unless_told():
+    """``erdma bench`` (and ``make demo``) time small sizes after OSU's 200 untimed iterations by default: a
+    user who only says ``--warmup`` still gets them; ``--small-warmup`` changes it, and the ranks are told."""
+    import argparse
+
+    from erdma_core.cli.bench import add_arguments, forwarded
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    assert ap.parse_args(["--warmup", "1"]).small_warmup == 200
+    args = ap.parse_args(["--small-warmup", "7"])
+    line = forwarded(args)
+    assert line[line.index("--small-warmup") + 1] == "7"
+
+
 def test_doctor_reports_host():
     r = erdma("doctor")
     assert r.returncode == 0, r.stdout + r.stderr

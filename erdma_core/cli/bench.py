@@ -176,6 +176,7 @@ def _predict(rows: list[dict[str, Any]], nbytes: int) -> float:
 
 
 SMALL = 64 << 10  # sizes up to this take ``small_iters`` iterations: their times are short and noisy
+SMALL_WARMUP = 200  # untimed iterations before them, by default (``--small-warmup``)
 
 
 def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, warmup: int,
@@ -251,10 +252,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--small-iters", type=int, default=None,
                     help="timed iterations for sizes up to 64 KiB (default: --iters)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed iterations before them")
-    ap.add_argument("--small-warmup", type=int, default=None,
-                    help="untimed iterations before sizes up to 64 KiB (default: --warmup). OSU's micro-benchmarks "
-                         "skip 200 there: with more busy ranks than cores, the host's scheduler takes tens of "
-                         "milliseconds to settle, which is hundreds of small collectives")
+    ap.add_argument("--small-warmup", type=int, default=SMALL_WARMUP,
+                    help=f"untimed iterations before sizes up to 64 KiB (default {SMALL_WARMUP}, as OSU's "
+                         "micro-benchmarks skip there): with more busy ranks than cores, the host's scheduler takes "
+                         "tens of milliseconds to settle, which is hundreds of small collectives")
     ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
     ap.add_argument("--backend", choices=sorted(BACKENDS), default="erdma",
                     help="the system to time (mpi: start the ranks with mpirun)")
