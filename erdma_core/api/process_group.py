@@ -130,14 +130,15 @@ class ProcessGroup:
             raise
         if len(self._plans) >= 1024:
             self._plans.clear()
-        program = compile_plan(checked, self.ranks, self._chunk_bytes // itemsize, itemsize)
+        program = compile_plan(checked, self.ranks, self._chunk_bytes // itemsize, itemsize,
+                               elide=not self.rt.codecs.for_op(name).lossy)
         op = None
         if program.stages:  # a group of one still runs its local copies (allgather, alltoall, ...)
             op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
                              dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
                              seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=self.ranks,
                              rank=self.rt.rank, root=spec_fields.get("root", NO_ROOT))
-        return _Compiled(program, op, buffer_sizes(spec)["work"] if checked.uses_work else None)
+        return _Compiled(program, op, buffer_sizes(spec)["work"] if program.uses_work else None)
 
     def _scratch(self, count: int, dtype: np.dtype, slot: int) -> np.ndarray:
         key = (slot, count, dtype)

@@ -4,10 +4,20 @@ walking these tuples; nothing per call depends on the schedule's shape beyond th
 
 Tags: the k-th message this rank sends to a peer carries tag k, and the k-th receive it posts from that peer
 expects tag k (both sides cut slices into the same chunks, and receives are posted in step order).
+
+Copies only there to be sent are left out (``elide``): a schedule copies what it sends into ``work`` when
+the step also reduces into the original (recursive doubling does, every step), since algorithms may not
+assume how the executor orders a step's sends and receives. This executor writes a step's single message
+completely before it reduces anything the step received (reducing receives land in scratch memory), so that
+message can be read from the original, unless a receive lands there directly meanwhile. That saves a copy
+of the whole message per step, and on some hosts a far slower one: glibc's memcpy on AMD cores takes 10-17
+times as long when the destination lies 1-31 bytes past the source modulo 4 KiB, which is where one
+malloc'd array lands after another of a whole number of pages.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -42,6 +52,7 @@ class Stage(NamedTuple):
 
 class Program(NamedTuple):
     stages: tuple[Stage, ...]
+    uses_work: bool  # some stage still reads or writes the ``work`` buffer
 
 
 def chunks(offset: int, count: int, chunk: int) -> list[tuple[int, int]]:
@@ -52,8 +63,10 @@ def chunks(offset: int, count: int, chunk: int) -> list[tuple[int, int]]:
     return [(o, min(chunk, end - o)) for o in range(offset, end, chunk)]
 
 
-def compile_plan(plan: Plan, ranks: Sequence[int], chunk_elems: int, itemsize: int) -> Program:
-    """``plan`` for a group whose rank i is global rank ``ranks[i]``, messages cut at ``chunk_elems``."""
+def compile_plan(plan: Plan, ranks: Sequence[int], chunk_elems: int, itemsize: int, elide: bool = False) -> Program:
+    """``plan`` for a group whose rank i is global rank ``ranks[i]``, messages cut at ``chunk_elems``;
+    ``elide``: leave out copies into ``work`` that are only there to be sent (not with a lossy compressor,
+    whose error feedback works on such copies)."""
     chunk = max(1, chunk_elems)
     sent: dict[int, int] = {}
     received: dict[int, int] = {}
@@ -76,4 +89,40 @@ def compile_plan(plan: Plan, ranks: Sequence[int], chunk_elems: int, itemsize: i
         recvs, scratch = msgs(step.recvs, received, True)
         sends, _ = msgs(step.sends, sent, False)
         stages.append(Stage(step.copies, recvs, sends, scratch, early, bool(step.copies and step.sends)))
-    return Program(tuple(stages))
+    if elide and plan.uses_work and _only_sent(stages):
+        stages = [_elided(st, nxt) for st, nxt in itertools.zip_longest(stages, stages[1:])]
+        return Program(tuple(stages), any(_touches_work(st) for st in stages))
+    return Program(tuple(stages), plan.uses_work)
+
+
+def _touches_work(st: Stage) -> bool:
+    return any(m.buf == "work" for m in (*st.sends, *st.recvs)) or any("work" in (c.src, c.dst) for c in st.copies)
+
+
+def _only_sent(stages: Sequence[Stage]) -> bool:
+    """``work`` serves only as the copy a step sends: written by copies of the step that sends it in one
+    message, never received into, never copied from."""
+    for st in stages:
+        if any(m.buf == "work" for m in st.recvs) or any(c.src == "work" for c in st.copies):
+            return False
+        into = [c for c in st.copies if c.dst == "work"]
+        if into and (len(st.sends) != 1 or st.sends[0].buf != "work" or len(st.copies) != 1):
+            return False
+        if not into and any(m.buf == "work" for m in st.sends):
+            return False
+    return True
+
+
+def _elided(st: Stage, nxt: Stage | None) -> Stage:
+    """``st`` sending from the copy's source instead of ``work``, when nothing lands there meanwhile (a
+    receive of this step or of the next, which may be posted early, that is not reduced through scratch)."""
+    if len(st.copies) != 1 or st.copies[0].dst != "work" or len(st.sends) != 1 or st.sends[0].buf != "work":
+        return st
+    m, c = st.sends[0], st.copies[0]
+    if not (c.dst_offset <= m.offset and m.offset + m.count <= c.dst_offset + c.count):
+        return st
+    src = c.src_offset + m.offset - c.dst_offset
+    landing = [r for r in (*st.recvs, *(nxt.recvs if nxt is not None and nxt.early else ())) if not r.reduce]
+    if any(r.buf == c.src and r.offset < src + m.count and src < r.offset + r.count for r in landing):
+        return st
+    return st._replace(copies=(), sends=(m._replace(buf=c.src, offset=src),), sends_copied=False)

@@ -1,0 +1,75 @@
+"""Compiling a checked plan into the executor's program: copies into ``work`` that are only there to be sent
+are left out where this executor makes them unnecessary, and kept where they are not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from erdma_core.algorithms import recursive_doubling
+from erdma_core.algorithms.schedule import Copy, Spec, Step, Xfer
+from erdma_core.engine.plans import Plan
+from erdma_core.engine.program import compile_plan
+from erdma_core.testing import World
+
+
+def _doubling(size: int, rank: int, count: int = 8) -> Plan:
+    steps = tuple(recursive_doubling.allreduce(Spec("allreduce", rank, size, count)))
+    return Plan(steps, (False,) * len(steps), True)
+
+
+@pytest.mark.parametrize("size", [2, 4, 3])
+def test_recursive_doubling_sends_from_out_without_copies(size):
+    for rank in range(size):
+        kept = compile_plan(_doubling(size, rank), range(size), 1 << 20, 4)
+        elided = compile_plan(_doubling(size, rank), range(size), 1 << 20, 4, elide=True)
+        assert not elided.uses_work and all(not st.copies for st in elided.stages)
+        assert [[(m.buf, m.offset, m.count) for m in st.sends] for st in elided.stages] == \
+               [[("out" if m.buf == "work" else m.buf, m.offset, m.count) for m in st.sends] for st in kept.stages]
+        assert [st.recvs for st in elided.stages] == [st.recvs for st in kept.stages]
+        if rank < 2:  # the exchanging ranks copy without elision
+            assert kept.uses_work and any(st.copies for st in kept.stages)
+
+
+def test_copies_stay_when_the_message_is_cut_into_chunks():
+    """Between the chunks of one send the executor reduces what has landed: the copy is needed."""
+    program = compile_plan(_doubling(2, 0, count=8), range(2), 4, 4, elide=True)
+    assert program.uses_work and program.stages[0].copies and len(program.stages[0].sends) == 2
+
+
+@pytest.mark.parametrize("target, early, elided", [
+    (("out", 4, 4), False, True),   # lands beside what is sent
+    (("out", 2, 4), False, False),  # lands in what is sent, while it may still be on its way out
+])
+def test_copies_stay_when_a_receive_lands_in_what_is_sent(target, early, elided):
+    buf, off, cnt = target
+    steps = (Step(copies=(Copy("out", 0, "work", 0, 4),), sends=(Xfer(1, "work", 0, 4),),
+                  recvs=(Xfer(1, buf, off, cnt),)),)
+    program = compile_plan(Plan(steps, (early,), True), range(2), 1 << 20, 4, elide=True)
+    assert (not program.stages[0].copies) is elided
+    assert program.uses_work is not elided
+
+
+def test_copies_stay_when_the_next_steps_early_receive_lands_in_what_is_sent():
+    steps = (Step(copies=(Copy("out", 0, "work", 0, 4),), sends=(Xfer(1, "work", 0, 4),)),
+             Step(recvs=(Xfer(1, "out", 0, 4),)))
+    assert compile_plan(Plan(steps, (False, True), True), range(2), 1 << 20, 4, elide=True).stages[0].copies
+    assert not compile_plan(Plan(steps, (False, False), True), range(2), 1 << 20, 4, elide=True).stages[0].copies
+
+
+def _allreduce_sizes(pg):
+    """Float32 values whose sums are exact (small integers), so any order gives the numpy reference's bits."""
+    out = []
+    for n in (1, 1000, 16384, 100_003):
+        base = np.arange(n, dtype=np.float32) % 1024
+        a = base * (pg.rank() + 1)
+        pg.allreduce(a, algorithm="recursive_doubling")
+        out.append(a.tobytes() == (base * (pg.size() * (pg.size() + 1) // 2)).tobytes())
+    return out, [c.work for c in pg._plans.values()]
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_recursive_doubling_allreduce_without_the_work_buffer(size):
+    with World(size) as w:
+        for results, works in w.run(_allreduce_sizes):
+            assert all(results) and works == [None] * len(works)
