@@ -18,7 +18,7 @@ import numpy as np
 
 from ..algorithms.schedule import Spec
 from ..engine import dtypes, executor, reduce_ops
-from ..engine.buffers import Buffer, as_buffer
+from ..engine.buffers import Buffer, as_buffer, page_aligned
 from ..engine.ops import OPS, buffer_sizes
 from ..engine.plans import plan
 from ..engine.program import Program, compile_plan
@@ -146,7 +146,7 @@ class ProcessGroup:
         if view is None:
             nbytes = count * dtype.itemsize
             if self._arenas[slot].nbytes < nbytes:
-                self._arenas[slot] = np.empty(nbytes, np.uint8)
+                self._arenas[slot] = page_aligned(nbytes)
                 self._views.clear()  # views of the old arena
             if len(self._views) >= 64:
                 self._views.clear()
