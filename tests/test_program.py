@@ -50,6 +50,13 @@ def test_copies_stay_when_a_receive_lands_in_what_is_sent(target, early, elided)
     assert program.uses_work is not elided
 
 
+def test_nothing_is_left_out_when_a_step_sends_what_another_copied():
+    steps = (Step(copies=(Copy("out", 0, "work", 0, 4),), sends=(Xfer(1, "work", 0, 4),)),
+             Step(copies=(Copy("out", 4, "work", 4, 4),), sends=(Xfer(1, "work", 0, 4),)))
+    program = compile_plan(Plan(steps, (False, False), True), range(2), 1 << 20, 4, elide=True)
+    assert [len(st.copies) for st in program.stages] == [1, 1] and program.uses_work
+
+
 def test_copies_stay_when_the_next_steps_early_receive_lands_in_what_is_sent():
     steps = (Step(copies=(Copy("out", 0, "work", 0, 4),), sends=(Xfer(1, "work", 0, 4),)),
              Step(recvs=(Xfer(1, "out", 0, 4),)))

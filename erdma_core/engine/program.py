@@ -100,15 +100,18 @@ def _touches_work(st: Stage) -> bool:
 
 
 def _only_sent(stages: Sequence[Stage]) -> bool:
-    """``work`` serves only as the copy a step sends: written by copies of the step that sends it in one
-    message, never received into, never copied from."""
+    """``work`` serves only as the copy a step sends: every step that touches it copies into it once and
+    sends, in one message, only what that copy wrote; nothing is received into it or copied from it. Then
+    no step reads what another wrote there, and each step's copy can go or stay on its own."""
     for st in stages:
-        if any(m.buf == "work" for m in st.recvs) or any(c.src == "work" for c in st.copies):
+        if not _touches_work(st):
+            continue
+        if len(st.copies) != 1 or len(st.sends) != 1 or any(m.buf == "work" for m in st.recvs):
             return False
-        into = [c for c in st.copies if c.dst == "work"]
-        if into and (len(st.sends) != 1 or st.sends[0].buf != "work" or len(st.copies) != 1):
+        c, m = st.copies[0], st.sends[0]
+        if c.dst != "work" or c.src == "work" or m.buf != "work":
             return False
-        if not into and any(m.buf == "work" for m in st.sends):
+        if not (c.dst_offset <= m.offset and m.offset + m.count <= c.dst_offset + c.count):
             return False
     return True
 
@@ -116,11 +119,9 @@ def _only_sent(stages: Sequence[Stage]) -> bool:
 def _elided(st: Stage, nxt: Stage | None) -> Stage:
     """``st`` sending from the copy's source instead of ``work``, when nothing lands there meanwhile (a
     receive of this step or of the next, which may be posted early, that is not reduced through scratch)."""
-    if len(st.copies) != 1 or st.copies[0].dst != "work" or len(st.sends) != 1 or st.sends[0].buf != "work":
+    if not _touches_work(st):
         return st
-    m, c = st.sends[0], st.copies[0]
-    if not (c.dst_offset <= m.offset and m.offset + m.count <= c.dst_offset + c.count):
-        return st
+    m, c = st.sends[0], st.copies[0]  # (as _only_sent found them)
     src = c.src_offset + m.offset - c.dst_offset
     landing = [r for r in (*st.recvs, *(nxt.recvs if nxt is not None and nxt.early else ())) if not r.reduce]
     if any(r.buf == c.src and r.offset < src + m.count and src < r.offset + r.count for r in landing):
