@@ -47,9 +47,14 @@ def plan(component: Any, spec: Spec) -> Plan:
     problem = check(steps, spec)
     if problem:
         raise PluginError(f"{_who(component)} gave an invalid schedule for {_spec_text(spec)}: {problem}")
-    uses_work = any(x.buf == "work" for s in steps for x in (*s.sends, *s.recvs)) or \
-        any("work" in (c.src, c.dst) for s in steps for c in s.copies)
-    return Plan(steps, lookahead(steps), uses_work)
+    return Plan(steps, lookahead(steps), any(touches_work(s) for s in steps))
+
+
+def touches_work(step: Any) -> bool:
+    """Whether ``step`` (a schedule's Step, or a compiled Stage: both have copies, sends and recvs) reads or
+    writes the ``work`` buffer."""
+    return any(x.buf == "work" for x in (*step.sends, *step.recvs)) or \
+        any("work" in (c.src, c.dst) for c in step.copies)
 
 
 def _who(component: Any) -> str:

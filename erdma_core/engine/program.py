@@ -10,9 +10,8 @@ the step also reduces into the original (recursive doubling does, every step), s
 assume how the executor orders a step's sends and receives. This executor writes a step's single message
 completely before it reduces anything the step received (reducing receives land in scratch memory), so that
 message can be read from the original, unless a receive lands there directly meanwhile. That saves a copy
-of the whole message per step, and on some hosts a far slower one: glibc's memcpy on AMD cores takes 10-17
-times as long when the destination lies 1-31 bytes past the source modulo 4 KiB, which is where one
-malloc'd array lands after another of a whole number of pages.
+of the whole message per step, on some hosts a far slower one than its size suggests (see
+``buffers.page_aligned``).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..algorithms.schedule import Copy, Xfer
-from .plans import Plan
+from .plans import Plan, touches_work
 
 
 class Msg(NamedTuple):
@@ -91,12 +90,8 @@ def compile_plan(plan: Plan, ranks: Sequence[int], chunk_elems: int, itemsize: i
         stages.append(Stage(step.copies, recvs, sends, scratch, early, bool(step.copies and step.sends)))
     if elide and plan.uses_work and _only_sent(stages):
         stages = [_elided(st, nxt) for st, nxt in itertools.zip_longest(stages, stages[1:])]
-        return Program(tuple(stages), any(_touches_work(st) for st in stages))
+        return Program(tuple(stages), any(touches_work(st) for st in stages))
     return Program(tuple(stages), plan.uses_work)
-
-
-def _touches_work(st: Stage) -> bool:
-    return any(m.buf == "work" for m in (*st.sends, *st.recvs)) or any("work" in (c.src, c.dst) for c in st.copies)
 
 
 def _only_sent(stages: Sequence[Stage]) -> bool:
@@ -104,7 +99,7 @@ def _only_sent(stages: Sequence[Stage]) -> bool:
     sends, in one message, only what that copy wrote; nothing is received into it or copied from it. Then
     no step reads what another wrote there, and each step's copy can go or stay on its own."""
     for st in stages:
-        if not _touches_work(st):
+        if not touches_work(st):
             continue
         if len(st.copies) != 1 or len(st.sends) != 1 or any(m.buf == "work" for m in st.recvs):
             return False
@@ -119,7 +114,7 @@ def _only_sent(stages: Sequence[Stage]) -> bool:
 def _elided(st: Stage, nxt: Stage | None) -> Stage:
     """``st`` sending from the copy's source instead of ``work``, when nothing lands there meanwhile (a
     receive of this step or of the next, which may be posted early, that is not reduced through scratch)."""
-    if not _touches_work(st):
+    if not touches_work(st):
         return st
     m, c = st.sends[0], st.copies[0]  # (as _only_sent found them)
     src = c.src_offset + m.offset - c.dst_offset
