@@ -291,3 +291,31 @@ def test_stream_reader_takes_frames_in_any_slicing(seed):
     for i in range(len(sizes)):
         req = reqs.get(i) or box.post_recv(1, h(i), memoryview(outs[i]))
         assert req.wait(1) and np.array_equal(outs[i], payloads[i]), (i, sizes[i])
+
+
+def test_memory_of_a_delivered_early_frame_serves_the_next_one():
+    """A large frame that came before its receive is held in memory of its own; once its payload is copied
+    out that memory is kept for the next early frame (no allocation whose pages the kernel must zero), but
+    never while anything still reads it: an encoded frame's payload goes to the engine to decode."""
+    box, n = Mailbox(0, JOB), 1 << 20
+    first, token = box.on_header(1, hdr(tag=0, nbytes=n, numel=n // 4))
+    first[:] = b"a" * n
+    box.on_payload(token)
+    out = bytearray(n)
+    assert box.post_recv(1, hdr(tag=0, nbytes=n, numel=n // 4), memoryview(out)).wait(1) and out == b"a" * n
+    again, token = box.on_header(1, hdr(tag=1, nbytes=n, numel=n // 4))
+    assert again.obj is first.obj  # the same memory, not cleared: every byte is read into it before use
+    again[:] = b"b" * n
+    box.on_payload(token)
+    assert box.post_recv(1, hdr(tag=1, nbytes=n, numel=n // 4), memoryview(out)).wait(1) and out == b"b" * n
+    coded, token = box.on_header(1, hdr(tag=2, nbytes=n - 8, numel=n // 4, count=n // 4, codec=0xABC))
+    assert coded.obj is first.obj  # (the spare fits: at most twice the size asked for)
+    coded[:] = b"c" * (n - 8)
+    box.on_payload(token)
+    req = box.post_recv(1, hdr(tag=2, nbytes=n, numel=n // 4), memoryview(out))
+    assert req.wait(1) and bytes(req.encoded[1]) == b"c" * (n - 8)
+    later, token = box.on_header(1, hdr(tag=3, nbytes=n, numel=n // 4))
+    assert later.obj is not first.obj  # the encoded payload is still the engine's to decode
+    box.on_payload(token)
+    small, token = box.on_header(1, hdr(tag=4, nbytes=64))
+    assert isinstance(small.obj, bytearray)  # small frames are allocated afresh

@@ -91,7 +91,7 @@ class _Early:
 
     __slots__ = ("data", "header", "landed", "waiter")
 
-    def __init__(self, header: Header, data: bytearray) -> None:
+    def __init__(self, header: Header, data: memoryview) -> None:
         self.header, self.data, self.landed = header, data, False
         self.waiter: _Posted | None = None
 
@@ -127,7 +127,7 @@ class Mailbox:
     """Thread-safe matching of (peer, group, seq, tag) keys; rejects stale and foreign frames. A frame that
     arrives before its receive is held in memory of its own, at most ``early_bytes`` per peer
     (``security.max_early_bytes``): a peer that claims more is breaking the protocol, and nothing is
-    allocated for it."""
+    allocated for it. That memory is used again for later early frames once copied out (``Spares``)."""
 
     def __init__(self, rank: int, job: int, early_bytes: int = DEFAULT_EARLY_BYTES,
                  on_mismatch: Callable[[MismatchError], None] | None = None) -> None:
@@ -145,6 +145,7 @@ class Mailbox:
         self._inflight: dict[tuple[int, tuple[int, int, int]], Request] = {}  # matched, payload still arriving
         self._floor: dict[int, int] = {}  # group -> lowest sequence still live
         self._gone: dict[int, BaseException] = {}  # peers that closed: nothing more will come from them
+        self._spares = Spares()  # memory of delivered early frames, for the next ones
         self.aborted: BaseException | None = None
         self.rejected = 0
 
@@ -196,7 +197,7 @@ class Mailbox:
                 early.waiter = _Posted(meta, out, req)
                 return req
             self._release(peer, self._unexpected.pop(key))
-        _deliver(self.rank, peer, _Posted(meta, out, req), early)
+        _deliver(self.rank, peer, _Posted(meta, out, req), early, self._spares)
         return req
 
     def on_header(self, peer: int, h: Header) -> tuple[memoryview | None, object]:
@@ -225,7 +226,7 @@ class Mailbox:
                                         f"({describe(h)}, {h.nbytes} bytes); at most {self.early_limit} are held "
                                         "(security.max_early_bytes)")
                 self._early_bytes[peer] = held
-                early = _Early(h, bytearray(h.nbytes))
+                early = _Early(h, self._spares.take(h.nbytes))
                 self._unexpected[key] = early
                 return memoryview(early.data), ("early", key, early)
             if posted is not None:
@@ -286,7 +287,7 @@ class Mailbox:
                 return
             if self._unexpected.pop(a, None) is not None:
                 self._release(a[0], b)
-        _deliver(self.rank, a[0], b.waiter, b)
+        _deliver(self.rank, a[0], b.waiter, b, self._spares)
 
     def waiting_on(self) -> set[int]:
         """The peers this rank has posted receives for that have not completed (a transport that cannot
@@ -327,14 +328,48 @@ class Mailbox:
                 e.waiter.req.complete(self.aborted)
 
 
-def _deliver(rank: int, peer: int, posted: _Posted, early: _Early) -> None:
+def _deliver(rank: int, peer: int, posted: _Posted, early: _Early, spares: Spares) -> None:
     err = check_match(rank, peer, posted.meta, early.header)
     if err is None:
         if early.header.codec != RAW:
             posted.req.encoded = (early.header, memoryview(early.data))
         else:
             posted.out[:] = early.data
+            spares.give(early.data)
     posted.req.complete(err)
+
+
+class Spares:
+    """Memory of early frames whose payload has been copied out, kept for the next early frames: a large
+    message whose receive is posted late (a peer a step ahead) then costs one copy, not an allocation whose
+    pages the kernel must also find and zero. At most ``KEEP`` buffers of ``MAX_BYTES`` in all are kept;
+    only memory this rank allocated for its own bounded early frames comes here. Thread-safe."""
+
+    KEEP = 4
+    MAX_BYTES = 64 << 20
+    SMALL = 1 << 16  # smaller frames are allocated afresh: cheap, and not worth holding memory for
+
+    def __init__(self) -> None:
+        self._free: list[memoryview] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> memoryview:
+        """Memory for ``nbytes`` (its contents are not cleared)."""
+        if nbytes >= self.SMALL and self._free:
+            with self._lock:
+                for i, buf in enumerate(self._free):
+                    if nbytes <= len(buf) <= 2 * nbytes:
+                        return self._free.pop(i)[:nbytes]
+        return memoryview(np.empty(nbytes, np.uint8) if nbytes >= self.SMALL else bytearray(nbytes))
+
+    def give(self, data: memoryview) -> None:
+        """``data`` (from ``take``) is no longer read by anyone."""
+        if len(data) < self.SMALL:
+            return
+        whole = memoryview(data.obj)  # the whole buffer a take() cut it from
+        with self._lock:
+            if len(self._free) < self.KEEP and sum(map(len, self._free)) + len(whole) <= self.MAX_BYTES:
+                self._free.append(whole)
 
 
 def as_bytes(arr: np.ndarray) -> memoryview:
