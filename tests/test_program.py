@@ -3,14 +3,21 @@ are left out where this executor makes them unnecessary, and kept where they are
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import attrs
 import numpy as np
 import pytest
 
-from erdma_core.algorithms import recursive_doubling
+from erdma_core.algorithms import recursive_doubling, ring
 from erdma_core.algorithms.schedule import Copy, Spec, Step, Xfer
-from erdma_core.engine.plans import Plan
+from erdma_core.engine import executor
+from erdma_core.engine.executor import Op
+from erdma_core.engine.plans import Plan, plan
 from erdma_core.engine.program import compile_plan
+from erdma_core.engine.reduce_ops import ReduceOp
 from erdma_core.testing import World
+from erdma_core.transport.mailbox import Request
 
 
 def _doubling(size: int, rank: int, count: int = 8) -> Plan:
@@ -94,3 +101,68 @@ def test_scratch_memory_starts_on_a_page():
     on some AMD cores, and malloc places arrays exactly so after whole-page ones."""
     with World(2) as w:
         assert w.run(_scratch_addresses) == [([0, 0, 0], True)] * 2
+
+
+class _Recording:
+    """A transport that records the executor's calls: sends complete at once, receives only when waited
+    for (then holding ones), so the order shows when each receive was posted relative to the sends and to
+    the landing of the step before."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def isend(self, peer, header, data, deadline):
+        self.calls.append(("send", header.tag))
+        req = Request()
+        req.complete()
+        return req
+
+    def irecv(self, peer, header, out):
+        self.calls.append(("post", header.tag))
+        out[:] = b"\x00" * len(out)
+        return _Tagged(header.tag)
+
+    def wait(self, req, deadline):
+        self.calls.append(("land", req.tag))
+        req.complete()
+        return True
+
+    def abort(self, error):
+        raise AssertionError(f"aborted: {error}")
+
+
+@attrs.frozen
+class _Component:
+    factory: Callable[[Spec], list[Step]]
+    name: str
+    plugin: str
+
+
+class _Tagged(Request):
+    __slots__ = ("tag",)
+
+    def __init__(self, tag: int) -> None:
+        super().__init__()
+        self.tag = tag
+
+
+def test_two_rank_ring_posts_the_allgather_receive_once_its_sends_are_done():
+    """The second step receives into what the first sent from: it cannot be posted before the first step's
+    sends, but it is posted as soon as they are done, before the first step's receive lands (the peer's
+    second-step data then finds it posted instead of being buffered)."""
+    steps = tuple(ring.allreduce(Spec("allreduce", 0, 2, 8)))
+    p = plan(_Component(ring.allreduce, "ring", "test"), Spec("allreduce", 0, 2, 8))
+    assert p.early == (False, False) and p.after_sends == (False, True)
+    program = compile_plan(p, range(2), 2, 4)
+    assert [st.after_sends for st in program.stages] == [False, True]
+    transport = _Recording()
+    op = Op(name="allreduce", opcode=1, dtype="float32", dtype_code=1, numel=8, job=1, group=0, seq=0,
+            reduce_op=ReduceOp.SUM, timeout=10.0, ranks=range(2), rank=0)
+    out = np.arange(8, dtype=np.float32)
+    executor.run(program, {"in": out, "out": out, "work": np.empty(0, np.float32)}, transport, op)
+    assert len(steps) == 2 and transport.calls == [
+        ("post", 0), ("post", 1), ("send", 0), ("send", 1),  # step 1: 4 elements each way, in 2 chunks
+        ("post", 2), ("post", 3),                            # step 2's receives, once step 1 has sent
+        ("land", 0), ("land", 1), ("send", 2), ("send", 3), ("land", 2), ("land", 3)]
+    # it reduced zeros into the half it keeps and received zeros into the other
+    np.testing.assert_array_equal(out, [0, 0, 0, 0, 4, 5, 6, 7])

@@ -134,6 +134,12 @@ def test_lookahead_posts_early_only_when_safe():
     copy_reads_landing = Step(copies=(Copy("out", 8, "work", 0, 4),), recvs=(Xfer(1, "out", 8, 4),))
     assert lookahead((send_a, copy_then_reduce, copy_then_reduce)) == (False, True, True)
     assert lookahead((recv_elsewhere, copy_reads_landing)) == (False, False)
+    # once the step before has sent everything, only its receives and copies are in the way
+    send_only = Step(sends=(Xfer(1, "out", 0, 4),))
+    assert lookahead((send_only, recv_into_a)) == (False, False)
+    assert lookahead((send_only, recv_into_a), sends_done=True) == (False, True)
+    assert lookahead((send_a, recv_into_a), sends_done=True) == (False, False)  # lands where send_a receives
+    assert lookahead((recv_elsewhere, copy_reads_landing), sends_done=True) == (False, False)
     rd = tuple(ALGOS[("allreduce", "recursive_doubling")](Spec("allreduce", 0, 8, 100)))
     assert lookahead(rd) == (False, True, True)
     ring = tuple(ALGOS[("allreduce", "ring")](Spec("allreduce", 0, 4, 100)))

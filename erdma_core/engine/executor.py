@@ -78,7 +78,8 @@ def run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpor
 
     ``scratch_for(count, dtype, slot)`` lends the memory reducing receives land in (slots 0 and 1, used by
     alternate steps). The next step's receives are posted before this step's sends whenever the plan says
-    that is safe, so a fast neighbour's data lands in place instead of being buffered.
+    that is safe, or else once this step's sends are done where only they were in the way, so a fast
+    neighbour's data lands in place instead of being buffered.
     """
     try:
         _run(program, buffers, transport, op, scratch_for, codecs)
@@ -125,6 +126,8 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
             while done < len(pending) and pending[done][0].done():
                 _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
                 done += 1
+        if i < last and stages[i + 1].after_sends:  # what the sends read is free: post before peers send
+            posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         for item in pending[done:]:
             _land(item, buffers, op, transport, codecs, fwd, exchanged)
 

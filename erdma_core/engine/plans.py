@@ -28,6 +28,7 @@ class Plan:
     steps: tuple[Step, ...]
     early: tuple[bool, ...]  # step i's receives may be posted while step i-1 runs
     uses_work: bool
+    after_sends: tuple[bool, ...] = ()  # else, once step i-1's sends are done (before its receives land)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -47,7 +48,7 @@ def plan(component: Any, spec: Spec) -> Plan:
     problem = check(steps, spec)
     if problem:
         raise PluginError(f"{_who(component)} gave an invalid schedule for {_spec_text(spec)}: {problem}")
-    return Plan(steps, lookahead(steps), any(touches_work(s) for s in steps))
+    return Plan(steps, lookahead(steps), any(touches_work(s) for s in steps), lookahead(steps, sends_done=True))
 
 
 def touches_work(step: Any) -> bool:
@@ -130,10 +131,13 @@ def _clash(step: Step) -> str | None:
     return None
 
 
-def lookahead(schedule: Sequence[Step]) -> tuple[bool, ...]:
+def lookahead(schedule: Sequence[Step], sends_done: bool = False) -> tuple[bool, ...]:
     """For each step: may its receives be posted while the step before it is still running? Yes when its
     in-place receives touch nothing the previous step reads or writes, nor what its own copies (made when it
-    starts) read or write. Reducing receives land in scratch memory of their own, so they always may."""
+    starts) read or write. Reducing receives land in scratch memory of their own, so they always may.
+    ``sends_done``: the same once the previous step's sends are done (their memory is free again), so what
+    they read does not count; a step that lands where the step before sent from (a two-rank ring's
+    allgather) can then still post its receives before its peer's data comes, instead of buffering it."""
 
     def spans(xs: Sequence[Xfer]) -> list[tuple[str, int, int]]:
         return [(x.buf, x.offset, x.offset + x.count) for x in xs]
@@ -143,7 +147,7 @@ def lookahead(schedule: Sequence[Step]) -> tuple[bool, ...]:
 
     out = [False] if schedule else []  # a group of one runs no steps
     for prev, step in itertools.pairwise(schedule):
-        busy = spans(prev.sends) + spans(prev.recvs) + [(c.dst, c.dst_offset, c.dst_offset + c.count)
+        busy = ([] if sends_done else spans(prev.sends)) + spans(prev.recvs) + [(c.dst, c.dst_offset, c.dst_offset + c.count)
                                                          for c in prev.copies] + copied(step)
         mine = spans([x for x in step.recvs if not x.reduce])
         out.append(not any(b == m and lo < mhi and mlo < hi for b, lo, hi in busy for m, mlo, mhi in mine))

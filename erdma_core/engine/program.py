@@ -46,6 +46,7 @@ class Stage(NamedTuple):
     sends: tuple[Msg, ...]
     scratch: int  # elements of scratch memory its reducing receives need
     early: bool  # its receives may be posted while the step before it runs
+    after_sends: bool  # else, once the step before has sent everything (see ``plans.lookahead``)
     sends_copied: bool  # it copies and sends (a lossy compressor encodes such copies first)
 
 
@@ -84,10 +85,12 @@ def compile_plan(plan: Plan, ranks: Sequence[int], chunk_elems: int, itemsize: i
         return tuple(out), used
 
     stages = []
-    for step, early in zip(plan.steps, plan.early, strict=True):
+    after = plan.after_sends or (False,) * len(plan.steps)
+    for step, early, after_sends in zip(plan.steps, plan.early, after, strict=True):
         recvs, scratch = msgs(step.recvs, received, True)
         sends, _ = msgs(step.sends, sent, False)
-        stages.append(Stage(step.copies, recvs, sends, scratch, early, bool(step.copies and step.sends)))
+        stages.append(Stage(step.copies, recvs, sends, scratch, early, after_sends and not early,
+                            bool(step.copies and step.sends)))
     if elide and plan.uses_work and _only_sent(stages):
         stages = [_elided(st, nxt) for st, nxt in itertools.zip_longest(stages, stages[1:])]
         return Program(tuple(stages), any(touches_work(st) for st in stages))
