@@ -147,8 +147,8 @@ def lookahead(schedule: Sequence[Step], sends_done: bool = False) -> tuple[bool,
 
     out = [False] if schedule else []  # a group of one runs no steps
     for prev, step in itertools.pairwise(schedule):
-        busy = ([] if sends_done else spans(prev.sends)) + spans(prev.recvs) + [(c.dst, c.dst_offset, c.dst_offset + c.count)
-                                                         for c in prev.copies] + copied(step)
+        written = [(c.dst, c.dst_offset, c.dst_offset + c.count) for c in prev.copies]
+        busy = ([] if sends_done else spans(prev.sends)) + spans(prev.recvs) + written + copied(step)
         mine = spans([x for x in step.recvs if not x.reduce])
         out.append(not any(b == m and lo < mhi and mlo < hi for b, lo, hi in busy for m, mlo, mhi in mine))
     return tuple(out)

@@ -60,7 +60,8 @@ class Transport(Protocol):
     """A full mesh of reliable message channels between the ranks of one job.
 
     Contract: ``connect`` returns once every peer is reachable or raises (within ``connect_timeout``).
-    ``isend``/``irecv`` never block for long and return a ``Request``; ``wait(req, deadline)`` waits for one
+    ``isend``/``irecv`` never block for long and return a ``Request``; a send is done once its payload's
+    memory may be written again (the executor receives into it next). ``wait(req, deadline)`` waits for one
     (True; raises its error) or until ``deadline`` (False), and may move bytes meanwhile on the waiting thread
     (the socket transports do; a transport with an I/O thread of its own just waits). A receive matches a
     send by (peer,

@@ -228,7 +228,7 @@ class Mailbox:
                 self._early_bytes[peer] = held
                 early = _Early(h, self._spares.take(h.nbytes))
                 self._unexpected[key] = early
-                return memoryview(early.data), ("early", key, early)
+                return early.data, ("early", key, early)
             if posted is not None:
                 self._inflight[key] = posted.req  # abort() must still reach it while its payload arrives
         if stale:  # a message of a collective this rank has finished: nobody here will ever take it
@@ -332,7 +332,7 @@ def _deliver(rank: int, peer: int, posted: _Posted, early: _Early, spares: Spare
     err = check_match(rank, peer, posted.meta, early.header)
     if err is None:
         if early.header.codec != RAW:
-            posted.req.encoded = (early.header, memoryview(early.data))
+            posted.req.encoded = (early.header, early.data)
         else:
             posted.out[:] = early.data
             spares.give(early.data)
