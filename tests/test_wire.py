@@ -25,7 +25,8 @@ def test_layouts_and_sizes():
 
 
 def test_codes():
-    assert (wire.DATA, wire.ABORT, wire.BYE) == (1, 2, 3)
+    assert (wire.DATA, wire.ABORT, wire.BYE, wire.PULL, wire.PULLED) == (1, 2, 3, 4, 5)
+    assert (wire.LENT.format, wire.LENT.size) == ("<QQQ", 24)
     assert (wire.HELLO_REQUEST, wire.HELLO_ACCEPTED, wire.HELLO_REJECTED) == (0, 1, 2)
     assert wire.RAW == 0 and wire.P2P_GROUP_BIT == 1 << 31
     assert {name: op.code for name, op in OPS.items()} == {
@@ -58,6 +59,8 @@ def test_header_round_trip_keeps_every_field():
 
 @pytest.mark.parametrize("fields,message", [
     ({"kind": 9}, "unknown frame kind 9"),
+    ({"kind": 0}, "unknown frame kind 0"),
+    ({"kind": wire.PULL, "nbytes": 25}, "PULL frame of 25 bytes; its payload is 24"),
     ({"nbytes": 5, "meta": 6}, "6 bytes of codec metadata in a 5-byte payload"),
     ({"kind": wire.ABORT, "nbytes": 70000}, "control frame (kind 2) of 70000 bytes exceeds 65536"),
     ({"nbytes": (1 << 40) + 1}, "exceeds 1099511627776"),

@@ -41,6 +41,11 @@ TCP_OPTIONS = {
                       "than a small message; 0: sleep at once", minimum=0, maximum=1_000_000),
     "local_sockets": Option(bool, True, "ranks on the same host and network namespace connect over a Unix-domain "
                             "socket instead of TCP"),
+    "single_copy_bytes": Option(int, 1 << 20, "between ranks on one host that may read each other's memory "
+                                "(same user, ptrace allowed: tried at set-up), messages of at least this many bytes "
+                                "are read by the receiver straight from the sender's memory (process_vm_readv), one "
+                                "copy instead of two through a Unix socket; 0: always through the socket",
+                                minimum=0, maximum=1 << 40),
     "tls": Option(bool, False, "encrypt every TCP connection with TLS 1.3 (the standard library's ssl), bound to "
                   "the job's secret; needs the cryptography package (erdma-core[tls]); Unix sockets between ranks "
                   "of one host stay plaintext"),

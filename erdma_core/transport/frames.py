@@ -7,8 +7,8 @@ No sockets, no threads, no clock.
 from __future__ import annotations
 
 from ..errors import PeerLostError, ProtocolError
-from .mailbox import Mailbox
-from .wire import ABORT, BYE, DATA, FRAME, Header, abort_error
+from .mailbox import Lent, Mailbox
+from .wire import ABORT, BYE, DATA, FRAME, LENT, MAX_PAYLOAD, PULL, PULLED, Header, abort_error
 
 _STAGE = 1 << 16  # bytes read at a time between large payloads
 _DIRECT = 1 << 15  # a payload with at least this much left is read straight into its place
@@ -19,7 +19,9 @@ class FrameInbox:
     """One peer's frames: ``frame(header)`` returns ``(buffer, token)`` (read the ``header.nbytes`` payload
     bytes into ``buffer``; None: read and drop them), then ``landed(token)`` once they are in. Data frames
     go to the mailbox; an ABORT aborts it with the peer's reason; a BYE (which says how many data frames
-    came before it) marks the peer gone once that many have landed, whatever order they completed in."""
+    came before it) marks the peer gone once that many have landed, whatever order they completed in.
+    A PULL (a data frame the peer lends, ``single_copy``) goes to the mailbox as such, and so does a PULLED
+    (the peer has read a send of ours)."""
 
     __slots__ = ("bye_after", "closed_cleanly", "completed", "mailbox", "peer", "rank")
 
@@ -63,6 +65,15 @@ class FrameInbox:
         elif h.kind == BYE:
             self.bye_after = h.seq
             self._maybe_gone()
+        elif h.kind == PULL:
+            address, nbytes, ticket = LENT.unpack(rest)
+            if nbytes > MAX_PAYLOAD:
+                raise ProtocolError(f"rank {self.rank}: rank {self.peer} lent a message of {nbytes} bytes")
+            self.mailbox.on_lent(self.peer, h._replace(kind=DATA, nbytes=nbytes), Lent(address, ticket))
+            self.completed += 1
+            self._maybe_gone()
+        elif h.kind == PULLED:
+            self.mailbox.returned(self.peer, h.seq)
 
     def _maybe_gone(self) -> None:
         if self.bye_after is not None and self.completed >= self.bye_after:

@@ -5,7 +5,9 @@ payload into (the posted receive's own memory when one is waiting and the payloa
 land in place), then ``on_payload`` once the payload is in; a reader that has a whole frame at once (small
 frames) calls ``on_frame``. An encoded payload (a compressor's, ``codec`` in
 the header) lands in a buffer of its own, bounded by what the receive expects, and the completed request
-carries it for the engine to decode. The collective side calls ``post_recv`` / ``begin``. No sockets here.
+carries it for the engine to decode. A message a peer lends (``on_lent``: it stays in the peer's memory,
+``single_copy``) is read by the transport's ``pull`` straight into the receive's memory once that receive
+is posted. The collective side calls ``post_recv`` / ``begin``. No sockets here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,13 +89,26 @@ class _Posted:
         self.meta, self.out, self.req = meta, out, req
 
 
+class Lent(NamedTuple):
+    """A message a peer lends: ``address`` in its process, the ``ticket`` its PULLED answer names."""
+
+    address: int
+    ticket: int
+
+
+Pull = Callable[[int, Lent, "memoryview | None"], "BaseException | None"]
+"""``pull(peer, lent, out)``: read a lent message into ``out`` (None: not wanted, only give it back) and tell
+the peer its memory is free; returns the error that fails the receive, or None."""
+
+
 class _Early:
-    """A frame that arrived before its receive was posted; ``waiter`` is a receive posted mid-payload."""
+    """A frame that arrived before its receive was posted; ``waiter`` is a receive posted mid-payload.
+    A lent frame (``lent``) holds no payload here: it has landed as soon as it came."""
 
-    __slots__ = ("data", "header", "landed", "waiter")
+    __slots__ = ("data", "header", "landed", "lent", "waiter")
 
-    def __init__(self, header: Header, data: memoryview) -> None:
-        self.header, self.data, self.landed = header, data, False
+    def __init__(self, header: Header, data: memoryview | None, lent: Lent | None = None) -> None:
+        self.header, self.data, self.landed, self.lent = header, data, lent is not None, lent
         self.waiter: _Posted | None = None
 
 
@@ -130,12 +146,14 @@ class Mailbox:
     allocated for it. That memory is used again for later early frames once copied out (``Spares``)."""
 
     def __init__(self, rank: int, job: int, early_bytes: int = DEFAULT_EARLY_BYTES,
-                 on_mismatch: Callable[[MismatchError], None] | None = None) -> None:
+                 on_mismatch: Callable[[MismatchError], None] | None = None, pull: Pull | None = None) -> None:
         """``on_mismatch(error)``: a peer sent a collective's message this rank can never receive (it ran
         another collective at that sequence number, or the same with another root or size); the transport
-        aborts the job with it. Without it, the error fails this mailbox only."""
+        aborts the job with it. Without it, the error fails this mailbox only. ``pull``: how the transport
+        reads a lent message (None: it lends nothing, and a lent frame breaks the protocol)."""
         self.rank = rank
         self.on_mismatch = on_mismatch
+        self.pull = pull
         self.job32 = job & 0xFFFFFFFF
         self.early_limit = early_bytes
         self._early_bytes: dict[int, int] = {}  # peer -> bytes held for frames that came before their receive
@@ -145,6 +163,8 @@ class Mailbox:
         self._inflight: dict[tuple[int, tuple[int, int, int]], Request] = {}  # matched, payload still arriving
         self._floor: dict[int, int] = {}  # group -> lowest sequence still live
         self._gone: dict[int, BaseException] = {}  # peers that closed: nothing more will come from them
+        self._lent: dict[tuple[int, int], tuple[Request, memoryview]] = {}  # (peer, ticket): our sends it reads
+        self._tickets = 0
         self._spares = Spares()  # memory of delivered early frames, for the next ones
         self.aborted: BaseException | None = None
         self.rejected = 0
@@ -163,6 +183,7 @@ class Mailbox:
                 self.rejected += 1
         if not stale:
             return None
+        self._give_back(stale)
         return self._never_received(stale[0][0], stale[0][1].header)
 
     def _never_received(self, peer: int, h: Header) -> MismatchError:
@@ -197,11 +218,42 @@ class Mailbox:
                 early.waiter = _Posted(meta, out, req)
                 return req
             self._release(peer, self._unexpected.pop(key))
-        _deliver(self.rank, peer, _Posted(meta, out, req), early, self._spares)
+        self._deliver(peer, _Posted(meta, out, req), early)
         return req
 
-    def on_header(self, peer: int, h: Header) -> tuple[memoryview | None, object]:
-        """Return ``(buffer, token)``: read ``h.nbytes`` into ``buffer`` (None: discard), then ``on_payload(token)``."""
+    def lend(self, peer: int, req: Request, payload: memoryview) -> int | None:
+        """A send whose ``payload`` ``peer`` will read from this rank's memory: the ticket its PULL frame
+        carries (``req`` completes when the peer gives it back), or None when this rank has aborted (``req``
+        failed). The payload is kept referenced until then."""
+        with self._lock:
+            if self.aborted is None and peer not in self._gone:
+                self._tickets += 1
+                self._lent[(peer, self._tickets)] = (req, payload)
+                return self._tickets
+            error = self.aborted or self._gone[peer]
+        req.complete(error)
+        return None
+
+    def returned(self, peer: int, ticket: int) -> None:
+        """``peer`` has read (or will never read) the send lent under ``ticket``: it is done."""
+        with self._lock:
+            lent = self._lent.pop((peer, ticket), None)
+        if lent is None:
+            if self.aborted is not None:
+                return  # failed already
+            raise ProtocolError(f"rank {self.rank}: rank {peer} gave back ticket {ticket}, which was not lent to it")
+        lent[0].complete()
+
+    def fail_lent(self, peer: int, error: BaseException) -> None:
+        """The connection to ``peer`` ended: what it had not read yet never will be."""
+        with self._lock:
+            failed = [self._lent.pop(k)[0] for k in [k for k in self._lent if k[0] == peer]]
+        for req in failed:
+            req.complete(error)
+
+    def on_header(self, peer: int, h: Header, lent: Lent | None = None) -> tuple[memoryview | None, object]:
+        """Return ``(buffer, token)``: read ``h.nbytes`` into ``buffer`` (None: discard), then ``on_payload(token)``.
+        ``lent``: the payload stays in the peer's memory (``on_lent``); an early one is held as it is."""
         if h.job & 0xFFFFFFFF != self.job32:
             raise ProtocolError(f"rank {self.rank}: frame from rank {peer} carries job {h.job:#x}, "
                                 f"this job is {self.job32:#x}")
@@ -219,6 +271,9 @@ class Mailbox:
                                   and (p.meta[OP_FIELDS] != h[OP_FIELDS] or p.meta.numel != h.numel)), None)
                 if clash_key is not None:
                     clash = self._posted.pop(clash_key)
+            if posted is None and not stale and clash is None and lent is not None:
+                self._unexpected[key] = _Early(h, None, lent)  # nothing held here: the peer keeps the bytes
+                return None, ("early", key, None)
             if posted is None and not stale and clash is None:
                 held = self._early_bytes.get(peer, 0) + h.nbytes
                 if held > self.early_limit:
@@ -271,6 +326,21 @@ class Mailbox:
             buf[:h.nbytes] = payload
         self.on_payload(token)
 
+    def on_lent(self, peer: int, h: Header, lent: Lent) -> None:
+        """A DATA frame whose ``h.nbytes`` raw payload bytes ``peer`` lends: read into its receive now when
+        that is posted, else once it is (``post_recv``); given back unread when nobody will receive it."""
+        if self.pull is None:
+            raise ProtocolError(f"rank {self.rank}: rank {peer} lent a message over a connection that cannot read it")
+        if h.codec != RAW:
+            raise ProtocolError(f"rank {self.rank}: rank {peer} lent an encoded message (codec {h.codec:#x})")
+        buf, token = self.on_header(peer, h, lent)
+        if token is not None and token[0] == "early":  # type: ignore[index]
+            return
+        error = self.pull(peer, lent, buf)
+        if error is not None and token is not None:
+            token = ("done", token[1], error)  # type: ignore[index]
+        self.on_payload(token)
+
     def on_payload(self, token: object) -> None:
         if token is None:
             return
@@ -287,7 +357,7 @@ class Mailbox:
                 return
             if self._unexpected.pop(a, None) is not None:
                 self._release(a[0], b)
-        _deliver(self.rank, a[0], b.waiter, b, self._spares)
+        self._deliver(a[0], b.waiter, b)
 
     def waiting_on(self) -> set[int]:
         """The peers this rank has posted receives for that have not completed (a transport that cannot
@@ -298,7 +368,28 @@ class Mailbox:
 
     def _release(self, peer: int, early: _Early) -> None:
         """An early frame left the mailbox (delivered or dropped): its bytes no longer count (lock held)."""
-        self._early_bytes[peer] -= early.header.nbytes
+        if early.lent is None:
+            self._early_bytes[peer] -= early.header.nbytes
+
+    def _give_back(self, dropped: list[tuple[int, _Early]]) -> None:
+        """Lent frames nobody will receive: their memory is the peers' again (lock not held)."""
+        for peer, early in dropped:
+            if early.lent is not None and self.pull is not None:
+                self.pull(peer, early.lent, None)
+
+    def _deliver(self, peer: int, posted: _Posted, early: _Early) -> None:
+        err = check_match(self.rank, peer, posted.meta, early.header)
+        if early.lent is not None:
+            error = self.pull(peer, early.lent, None if err else posted.out)  # type: ignore[misc]
+            posted.req.complete(err or error)
+            return
+        if err is None:
+            if early.header.codec != RAW:
+                posted.req.encoded = (early.header, early.data)
+            else:
+                posted.out[:] = early.data
+                self._spares.give(early.data)
+        posted.req.complete(err)
 
     def peer_gone(self, peer: int, error: BaseException) -> None:
         """``peer`` closed in good order: fail what still waits for data from it, and later receives from it."""
@@ -307,7 +398,8 @@ class Mailbox:
             posted = [self._posted.pop(k) for k in [k for k in self._posted if k[0] == peer]]
             inflight = [self._inflight.pop(k) for k in [k for k in self._inflight if k[0] == peer]]
             waiters = [e.waiter for k, e in self._unexpected.items() if k[0] == peer and e.waiter is not None]
-        for req in [p.req for p in posted] + inflight + [w.req for w in waiters]:
+            lent = [self._lent.pop(k)[0] for k in [k for k in self._lent if k[0] == peer]]
+        for req in [p.req for p in posted] + inflight + [w.req for w in waiters] + lent:
             req.complete(error)
 
     def abort(self, error: BaseException) -> None:
@@ -318,7 +410,10 @@ class Mailbox:
             posted, self._posted = self._posted, {}
             early, self._unexpected = self._unexpected, {}
             inflight, self._inflight = self._inflight, {}
+            lent, self._lent = self._lent, {}
             self._early_bytes.clear()
+        for req, _ in lent.values():
+            req.complete(self.aborted)
         for req in inflight.values():
             req.complete(self.aborted)
         for p in posted.values():
@@ -326,17 +421,6 @@ class Mailbox:
         for e in early.values():
             if e.waiter is not None:
                 e.waiter.req.complete(self.aborted)
-
-
-def _deliver(rank: int, peer: int, posted: _Posted, early: _Early, spares: Spares) -> None:
-    err = check_match(rank, peer, posted.meta, early.header)
-    if err is None:
-        if early.header.codec != RAW:
-            posted.req.encoded = (early.header, early.data)
-        else:
-            posted.out[:] = early.data
-            spares.give(early.data)
-    posted.req.complete(err)
 
 
 class Spares:

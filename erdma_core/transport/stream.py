@@ -3,7 +3,8 @@ ranks. A subclass says how to listen and how to dial; this module does the rest:
 ranks, and a connection is used only once the dialler has proved it knows the job's secret and which rank
 it is (``auth``: a mutual challenge-response; ``accept``: many handshakes at once, each bounded in time). Bytes then
 move on non-blocking sockets driven by the threads that wait for them (``progress``): no reader threads,
-no hand-off between threads on the way of a small collective.
+no hand-off between threads on the way of a small collective. Between ranks of one host that may read each
+other's memory, large messages are lent instead of written (``single_copy``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ import threading
 import time
 
 from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, ProtocolError
-from . import auth
+from . import auth, single_copy
 from .accept import Acceptor
 from .base import MessageTransport, TransportContext, failed_elsewhere
 from .frames import StreamReader
-from .mailbox import Request
+from .mailbox import Lent, Request
 from .progress import Channel, Progress
 from .sockets import recv_exact
-from .wire import Header
+from .wire import DATA, LENT, PULL, PULLED, RAW, Header, control
 
 log = logging.getLogger("erdma.transport")
 _TCP_INFO_BYTES = 168  # struct tcp_info up to tcpi_delivery_rate (Linux 4.9 and later)
@@ -49,12 +50,15 @@ class SocketTransport(MessageTransport):
     key = "stream"
     spin = 0.0  # seconds a thread waiting for a message polls before it sleeps (see ``Progress.wait``)
     tls = False  # TLS over each TCP connection once it is authenticated (``transport.tcp.tls``)
+    lend_bytes = 0  # messages of at least this many bytes are lent to a peer that can read them (0: never)
 
     def __init__(self) -> None:
         super().__init__()
         self.channels: dict[int, Channel] = {}
         self._progress: Progress | None = None
         self._key = b""  # the job's transport key (``auth.job_key``)
+        self._lend_to: frozenset[int] = frozenset()  # peers that read this rank's memory (``single_copy``)
+        self._pids: dict[int, int] = {}  # peers whose memory this rank reads, and their processes
 
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         raise NotImplementedError
@@ -101,8 +105,28 @@ class SocketTransport(MessageTransport):
             raise CollectiveTimeoutError(f"rank {self.rank}: ranks {brief(missing)} did not connect within "
                                          f"{ctx.connect_timeout:.1f}s" + (f" (refused: {refused})" if refused else ""),
                                          rank=self.rank, op="connect")
+        if self.lend_bytes:
+            self._probe_single_copy(deadline)
         self._progress = Progress(list(self.channels.values()), self._channel_ended, f"erdma-io-{self.rank}",
                                   self.spin)
+
+    def _probe_single_copy(self, deadline: float) -> None:
+        """Which same-host peers lend and borrow memory (both ends of every Unix socket do this here)."""
+        local = single_copy.peers_of((p, ch.sock) for p, ch in self.channels.items())
+        if not local:
+            return
+        try:
+            lend_to, self._pids = single_copy.probe(local, deadline)
+        except (OSError, ConnectionError) as exc:
+            raise CollectiveTimeoutError(f"rank {self.rank}: a peer on this host stopped answering during set-up "
+                                         f"(single-copy probe): {exc}", rank=self.rank, op="connect") from None
+        finally:
+            for sock in local.values():
+                sock.setblocking(False)
+        self._lend_to = frozenset(lend_to)
+        if self._pids:
+            self.mailbox.pull = self._pull
+        log.debug("rank %d: lends to %s, reads from %s", self.rank, sorted(lend_to), sorted(self._pids))
 
     def _address_of(self, ctx: TransportContext, peer: int, deadline: float) -> str:
         """``peer``'s published addresses, waiting for them (and looking whether a rank gave up meanwhile)."""
@@ -194,7 +218,36 @@ class SocketTransport(MessageTransport):
         if ch is None or self._progress is None:
             req.complete(ErdmaError(f"rank {self.rank}: no connection to rank {peer}"))
             return
+        if (peer in self._lend_to and payload.nbytes >= self.lend_bytes and header.kind == DATA
+                and header.codec == RAW and payload.c_contiguous):
+            self._lend(ch, header, payload, req)
+            return
         self._progress.send(ch, header.pack(), payload, req, urgent)
+
+    def _lend(self, ch: Channel, header: Header, payload: memoryview, req: Request) -> None:
+        """Send where ``payload`` lies instead of its bytes; ``req`` completes when the peer has read it."""
+        ticket = self.mailbox.lend(ch.peer, req, payload)
+        if ticket is None:
+            return
+        body = LENT.pack(single_copy.address_of(payload), payload.nbytes, ticket)
+        assert self._progress is not None
+        self._progress.send(ch, header._replace(kind=PULL, nbytes=LENT.size).pack(), memoryview(body), None)
+        if ch.dead:  # it closed before or while the frame was handed over: nobody will read it
+            self.mailbox.fail_lent(ch.peer, ErdmaError(f"rank {self.rank}: no connection to rank {ch.peer}"))
+
+    def _pull(self, peer: int, lent: Lent, out: memoryview | None) -> BaseException | None:
+        """Read what ``peer`` lent into ``out`` (None: it is not wanted) and give the peer its memory back."""
+        error = None
+        if out is not None:
+            try:
+                single_copy.read(self._pids[peer], lent.address, out)
+            except (OSError, KeyError) as exc:
+                error = self.peer_lost(peer, f"the message it lent could not be read: {exc!r}")
+        ch = self.channels.get(peer)
+        if ch is not None and self._progress is not None:
+            self._progress.send(ch, control(PULLED, self.job, seq=lent.ticket).pack(), memoryview(b""), None,
+                                urgent=True)
+        return error
 
     def wait(self, req: Request, deadline: float) -> bool:
         if self._progress is None:
@@ -206,9 +259,13 @@ class SocketTransport(MessageTransport):
             self._progress.fail_queued(error)
 
     def _channel_ended(self, peer: int, why: str, cleanly: bool) -> BaseException | None:
-        if cleanly or (self.closing and why == "it closed the connection"):
-            return None
-        return self.peer_lost(peer, why)
+        error = None
+        if not (cleanly or (self.closing and why == "it closed the connection")):
+            error = self.peer_lost(peer, why)
+        if peer in self._lend_to:
+            self.mailbox.fail_lent(peer, error or ErdmaError(f"rank {self.rank}: rank {peer} closed its connection "
+                                                             "before it read what this rank lent it"))
+        return error
 
     # ---- shutdown -----------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -17,7 +17,10 @@ FRAME header, 64 bytes, followed by ``nbytes`` of payload::
 
     magic  4s  b"ERDF"
     kind    B  1 = DATA, 2 = ABORT (payload: ABORT_BODY then the UTF-8 reason), 3 = BYE (closing; ``seq``
-               is the number of DATA frames the sender sent to this peer before it)
+               is the number of DATA frames the sender sent to this peer before it), 4 = PULL (a DATA frame
+               whose payload stays in the sender's memory for the receiver to read, ``single_copy``: the
+               payload on the wire is LENT, and every other field is the DATA frame's), 5 = PULLED (the
+               receiver read the PULL frame whose ticket is ``seq``: that memory is the sender's again)
     dtype   B  erdma_core.engine.dtypes code (0 when not a typed payload)
     opcode  B  erdma_core.engine.ops code of the collective (0 for ABORT and BYE)
     redop   B  ReduceOp code of the collective (0: none)
@@ -49,13 +52,14 @@ HELLO_MAGIC = b"ERDH"
 FRAME = struct.Struct("<4sBBBBIIIIQIIQQQ")
 NO_ROOT = 0xFFFFFFFF
 FRAME_MAGIC = b"ERDF"
-DATA, ABORT, BYE = 1, 2, 3
+DATA, ABORT, BYE, PULL, PULLED = 1, 2, 3, 4, 5
 HELLO_REQUEST, HELLO_ACCEPTED, HELLO_REJECTED = 0, 1, 2
 RAW = 0  # codec of an unencoded payload
 P2P_GROUP_BIT = 1 << 31
 MAX_PAYLOAD = 1 << 40
 MAX_CONTROL_BYTES = 1 << 16  # ABORT and BYE payloads
 ABORT_BODY = struct.Struct("<Bi")  # ABORT payload: error class code, lost peer (or -1), then the UTF-8 reason
+LENT = struct.Struct("<QQQ")  # PULL payload: address in the sender's process, payload bytes, ticket
 ABORT_CODES: dict[type[CollectiveError], int] = {MismatchError: 1, PeerLostError: 2, CollectiveTimeoutError: 3}
 
 
@@ -160,7 +164,7 @@ class Header(_Fields):
         magic, kind, dtype, opcode, redop, job, root, group, tag, seq, codec, meta, numel, count, nbytes = _unpack(data)
         if magic != FRAME_MAGIC:
             raise ProtocolError(f"bad frame magic {bytes(magic)!r}")
-        if kind != DATA and kind != ABORT and kind != BYE:
+        if not DATA <= kind <= PULLED:
             raise ProtocolError(f"unknown frame kind {kind}")
         if nbytes > MAX_PAYLOAD:
             raise ProtocolError(f"frame payload of {nbytes} bytes exceeds {MAX_PAYLOAD}")
@@ -168,6 +172,8 @@ class Header(_Fields):
             raise ProtocolError(f"frame says {meta} bytes of codec metadata in a {nbytes}-byte payload")
         if kind != DATA and nbytes > MAX_CONTROL_BYTES:
             raise ProtocolError(f"control frame (kind {kind}) of {nbytes} bytes exceeds {MAX_CONTROL_BYTES}")
+        if kind == PULL and nbytes != LENT.size:
+            raise ProtocolError(f"PULL frame of {nbytes} bytes; its payload is {LENT.size}")
         return _new(cls, (kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count, nbytes))
 
 
@@ -181,5 +187,5 @@ _pack, _unpack, _new = FRAME.pack, FRAME.unpack, tuple.__new__
 
 
 def control(kind: int, job: int, *, seq: int = 0, nbytes: int = 0) -> Header:
-    """An ABORT or BYE header."""
+    """An ABORT, BYE or PULLED header."""
     return Header(kind=kind, job=job, seq=seq, nbytes=nbytes)
