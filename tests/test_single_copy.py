@@ -102,6 +102,24 @@ def test_probe_lends_nothing_to_a_peer_that_cannot_read_and_reads_nothing_it_can
     assert lend == set() and readable == {}
 
 
+def _silent_child(name: str) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect("\0" + name)
+    sock.close()  # gone before it answers
+
+
+def test_probe_names_the_peer_that_stopped_answering():
+    conn, child, listener = _accept_one(_silent_child)
+    try:
+        with pytest.raises(single_copy.Unanswered, match="rank 3 stopped answering") as info:
+            single_copy.probe({3: conn}, time.monotonic() + 10)
+    finally:
+        child.join(10)
+        conn.close()
+        listener.close()
+    assert info.value.peer == 3
+
+
 # ---- the mailbox, sans-IO ------------------------------------------------------------------------------
 class Puller:
     """A transport's ``pull``: copies from a dict standing for the peer's memory and records each call."""

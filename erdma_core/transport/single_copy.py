@@ -99,14 +99,14 @@ def probe(socks: dict[int, socket.socket], deadline: float) -> tuple[set[int], d
     """Find out, with every peer in ``socks`` (connected Unix sockets, in blocking mode, before any frame),
     which peers can read this rank's memory and whose memory this rank can read. Both ends must call it
     with each other at the same point of set-up. Returns ``(peers to lend to, {peer: pid} to read from})``.
-    Raises OSError or ConnectionError when a peer stops answering (a dead peer fails set-up)."""
+    Raises ``Unanswered`` (naming the peer) when a peer stops answering: a dead peer fails set-up."""
     token = bytearray(os.urandom(_TOKEN))
     offer = _OFFER.pack(address_of(memoryview(token)), _TOKEN)
-    for sock in socks.values():  # small writes first on every socket, then reads: no end waits on the other
-        _timed(sock, deadline).sendall(offer)
+    for peer, sock in socks.items():  # small writes first on every socket, then reads: no end waits on the other
+        _send(peer, sock, offer, deadline)
     readable: dict[int, int] = {}
     for peer, sock in socks.items():
-        address, length = _OFFER.unpack(recv_exact(_timed(sock, deadline), _OFFER.size))
+        address, length = _OFFER.unpack(_recv(peer, sock, _OFFER.size, deadline))
         seen = bytearray(_TOKEN)
         pid = peer_pid(sock)
         if pid > 0 and length == _TOKEN and available():
@@ -115,14 +115,33 @@ def probe(socks: dict[int, socket.socket], deadline: float) -> tuple[set[int], d
                 readable[peer] = pid
             except OSError:
                 seen[:] = bytes(_TOKEN)
-        sock.sendall(bytes(seen))
-    lend = {peer for peer, sock in socks.items() if recv_exact(_timed(sock, deadline), _TOKEN) == bytes(token)}
+        _send(peer, sock, bytes(seen), deadline)
+    lend = {peer for peer, sock in socks.items() if _recv(peer, sock, _TOKEN, deadline) == bytes(token)}
     return lend, readable
 
 
-def _timed(sock: socket.socket, deadline: float) -> socket.socket:
-    sock.settimeout(max(0.05, deadline - time.monotonic()))
-    return sock
+class Unanswered(ConnectionError):
+    """A peer stopped answering the probe (``peer``: its rank)."""
+
+    def __init__(self, peer: int, why: BaseException) -> None:
+        super().__init__(f"rank {peer} stopped answering: {why}")
+        self.peer = peer
+
+
+def _send(peer: int, sock: socket.socket, data: bytes, deadline: float) -> None:
+    try:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        sock.sendall(data)
+    except OSError as exc:
+        raise Unanswered(peer, exc) from None
+
+
+def _recv(peer: int, sock: socket.socket, n: int, deadline: float) -> bytes:
+    try:
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        return recv_exact(sock, n)
+    except OSError as exc:  # ConnectionError and socket timeouts are OSErrors
+        raise Unanswered(peer, exc) from None
 
 
 def peers_of(socks: Iterable[tuple[int, socket.socket]]) -> dict[int, socket.socket]:

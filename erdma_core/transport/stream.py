@@ -117,9 +117,9 @@ class SocketTransport(MessageTransport):
             return
         try:
             lend_to, self._pids = single_copy.probe(local, deadline)
-        except (OSError, ConnectionError) as exc:
-            raise CollectiveTimeoutError(f"rank {self.rank}: a peer on this host stopped answering during set-up "
-                                         f"(single-copy probe): {exc}", rank=self.rank, op="connect") from None
+        except single_copy.Unanswered as exc:
+            raise CollectiveTimeoutError(f"rank {self.rank}: set-up of single-copy transfers (probe): {exc}",
+                                         rank=self.rank, op="connect") from None
         finally:
             for sock in local.values():
                 sock.setblocking(False)
