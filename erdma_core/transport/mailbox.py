@@ -247,9 +247,13 @@ class Mailbox:
     def fail_lent(self, peer: int, error: BaseException) -> None:
         """The connection to ``peer`` ended: what it had not read yet never will be."""
         with self._lock:
-            failed = [self._lent.pop(k)[0] for k in [k for k in self._lent if k[0] == peer]]
+            failed = self._take_lent(peer)
         for req in failed:
             req.complete(error)
+
+    def _take_lent(self, peer: int) -> list[Request]:
+        """The sends lent to ``peer`` and not given back, taken out (lock held)."""
+        return [self._lent.pop(k)[0] for k in [k for k in self._lent if k[0] == peer]]
 
     def on_header(self, peer: int, h: Header, lent: Lent | None = None) -> tuple[memoryview | None, object]:
         """Return ``(buffer, token)``: read ``h.nbytes`` into ``buffer`` (None: discard), then ``on_payload(token)``.
@@ -398,7 +402,7 @@ class Mailbox:
             posted = [self._posted.pop(k) for k in [k for k in self._posted if k[0] == peer]]
             inflight = [self._inflight.pop(k) for k in [k for k in self._inflight if k[0] == peer]]
             waiters = [e.waiter for k, e in self._unexpected.items() if k[0] == peer and e.waiter is not None]
-            lent = [self._lent.pop(k)[0] for k in [k for k in self._lent if k[0] == peer]]
+            lent = self._take_lent(peer)
         for req in [p.req for p in posted] + inflight + [w.req for w in waiters] + lent:
             req.complete(error)
 
