@@ -15,8 +15,10 @@ run() {
 # On one host (loopback) eRDMA's ranks talk over Unix sockets, so it runs twice there: as it is, and with TCP
 # (erdma-tcp), beside Open MPI over TCP (mpi) and over shared memory (mpi-sm). Across the lab's links every
 # rank has a host of its own and everything is TCP; on the WAN links erdma-quic runs too.
-LOCAL=(--systems erdma,erdma-tcp,gloo,mpi,mpi-sm)
-LINKS=(--systems erdma,gloo,mpi)
+# Sizes up to 64 KiB take many iterations on one host (an op there lasts tens of microseconds, and a single
+# scheduling hiccup in a short loop moves the mean), fewer across the lab's slower links.
+LOCAL=(--systems erdma,erdma-tcp,gloo,mpi,mpi-sm --small-iters 1000)
+LINKS=(--systems erdma,gloo,mpi --small-iters 200)
 if [[ "${QUICK:-0}" == 1 ]]; then
     ALLREDUCE=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
     OTHERS=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
@@ -24,9 +26,8 @@ if [[ "${QUICK:-0}" == 1 ]]; then
     AB=(--ranks 2,4 --iters 2)
     PROFILE_ITERS=300
 else
-    ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --small-iters 200 --small-warmup 200
-               --max-seconds 30)
-    OTHERS=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 5 --small-iters 100 --small-warmup 200 --max-seconds 30)
+    ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --small-warmup 200 --max-seconds 30)
+    OTHERS=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 5 --small-warmup 200 --max-seconds 30)
     WAN=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 1 --iters 1 --small-iters 5 --warmup 1 --small-warmup 1
          --max-seconds 400)
     AB=(--ranks 2,3,4,5,6,7,8 --iters 3)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,19 @@ def run_cell(systems: list[str], n: int, op: str, sizes: str, iters: int, warmup
     medians = {s: report.median_rows(j) for s, j in jobs.items() if j}
     return {"jobs": jobs, "medians": medians, "ratios": report.ratios(medians, baseline), "failures": failures,
             "baseline": baseline}
+
+
+def _commit() -> str | None:
+    """The checkout's commit (``-dirty`` with uncommitted changes to tracked files); None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                         md += ["", f"![{title}](plots/{png.name})", ""]
                         print(md[-4] if not cell["failures"] else "\n".join(md[-5:]), flush=True)
     meta = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv}
+            "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv, "commit": _commit()}
     (out / "results.json").write_text(json.dumps({"meta": meta, "cells": cells}, indent=1))
     (out / "report.md").write_text("\n".join(md) + "\n")
     log(f"wrote {out}/results.json, report.md, plots/")

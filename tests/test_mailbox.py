@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from erdma_core.errors import MismatchError, ProtocolError
-from erdma_core.transport.mailbox import Mailbox
+from erdma_core.transport.mailbox import Mailbox, Request
 from erdma_core.transport.wire import DATA, FRAME, Header
 
 JOB = 0xABCDEF0123
@@ -319,3 +321,18 @@ def test_memory_of_a_delivered_early_frame_serves_the_next_one():
     box.on_payload(token)
     small, token = box.on_header(1, hdr(tag=4, nbytes=64))
     assert isinstance(small.obj, bytearray)  # small frames are allocated afresh
+
+
+def test_a_request_completed_while_threads_start_waiting_wakes_them_all():
+    """``complete`` takes no lock: a waiter that makes its event as the request completes must still see it
+    done (it looks again after making the event), and two waiters share one event."""
+    for _ in range(300):
+        req = Request()
+        seen: list[bool] = []
+        waiters = [threading.Thread(target=lambda r=req, s=seen: s.append(r.settled(2.0))) for _ in range(2)]
+        for w in waiters:
+            w.start()
+        req.complete()
+        for w in waiters:
+            w.join()
+        assert seen == [True, True]

@@ -453,3 +453,19 @@ def test_tls_refuses_a_relay_that_ends_it_on_both_sides(tmp_path):
     assert isinstance(results[1], AuthenticationError) and "something in the middle" in str(results[1])
     # ... and rank 0 refused the connection (its proof did not match), so it still misses rank 1
     assert isinstance(results[0], Exception)
+
+
+def test_small_whole_frames_held_early_count_against_the_limit_until_received():
+    """Small frames a reader holds whole (``on_frame``) take the early path's shortcut: they still count
+    against ``security.max_early_bytes`` per peer, and what a receive takes no longer counts."""
+    box = Mailbox(0, 0x5EC, early_bytes=10 << 10)
+    h = Header(kind=DATA, job=0x5EC, dtype=1, opcode=1, seq=1, numel=1024, count=1024, nbytes=4 << 10)
+    box.on_frame(1, h, memoryview(bytes(range(256)) * 16))
+    box.on_frame(1, h._replace(tag=1), memoryview(bytes(4 << 10)))
+    with pytest.raises(ProtocolError, match=r"rank 1 sent 12288 bytes ahead of their receives .* at most 10240"):
+        box.on_frame(1, h._replace(tag=2), memoryview(bytes(4 << 10)))
+    box.on_frame(2, h._replace(tag=2), memoryview(bytes(4 << 10)))  # another peer has its own budget
+    out = bytearray(4 << 10)
+    req = box.post_recv(1, h, memoryview(out))
+    assert req.done() and req.error is None and out == bytes(range(256)) * 16
+    box.on_frame(1, h._replace(tag=2), memoryview(bytes(4 << 10)))  # the received one no longer counts

@@ -19,6 +19,7 @@ import numpy as np
 from ..algorithms.schedule import Spec
 from ..engine import dtypes, executor, reduce_ops
 from ..engine.buffers import Buffer, as_buffer, page_aligned
+from ..engine.codecs import Codecs
 from ..engine.ops import OPS, buffer_sizes
 from ..engine.plans import plan
 from ..engine.program import Program, compile_plan
@@ -37,6 +38,7 @@ class _Compiled(NamedTuple):
     program: Program
     op: executor.Op | None  # the op's fields every call shares (None: no steps to run, as in most ops of a group of one)
     work: int | None  # elements of the 'work' buffer (None: the schedule does not use one)
+    codecs: Codecs  # the runtime's codecs for this op
 
 
 class ProcessGroup:
@@ -98,7 +100,7 @@ class ProcessGroup:
         if compiled is None:
             compiled = self._plans[ckey] = self._compile(name, count, dtype, buffers["out"].itemsize, reduce_op,
                                                          algorithm, spec_fields)
-        codecs = self.rt.codecs.for_op(name)
+        codecs = compiled.codecs
         if codecs.lossy and key is None:
             key = _memory_key(buffers["out"], dtype)
         if "in" not in buffers:
@@ -114,6 +116,9 @@ class ProcessGroup:
             if after is not None:
                 after()
 
+        if not async_op:
+            self._serial.call(run)  # raises the op's own error
+            return None
         return self._submit(name, run, async_op)
 
     def _compile(self, name: str, count: int, dtype: str, itemsize: int, reduce_op: ReduceOp | None,
@@ -138,7 +143,8 @@ class ProcessGroup:
                              dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
                              seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=self.ranks,
                              rank=self.rt.rank, root=spec_fields.get("root", NO_ROOT))
-        return _Compiled(program, op, buffer_sizes(spec)["work"] if program.uses_work else None)
+        return _Compiled(program, op, buffer_sizes(spec)["work"] if program.uses_work else None,
+                         self.rt.codecs.for_op(name))
 
     def _scratch(self, count: int, dtype: np.dtype, slot: int) -> np.ndarray:
         key = (slot, count, dtype)
@@ -178,7 +184,7 @@ class ProcessGroup:
 
     def broadcast(self, tensor: Any, src: int = 0, async_op: bool = False) -> Work | None:
         buf = as_buffer(tensor)
-        return self._collective("broadcast", buf.array.size, {"out": buf.array}, buf.dtype, None, buf.commit,
+        return self._collective("broadcast", buf.array.size, {"out": buf.array}, buf.dtype, None, buf.write_back,
                                 async_op, root=self._root(src, "src"))
 
     def reduce(self, tensor: Any, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
@@ -227,7 +233,7 @@ class ProcessGroup:
         else:
             inp = np.empty(0, dst.array.dtype)
         return self._collective("scatter", dst.array.size, {"in": inp, "out": dst.array}, dst.dtype, None,
-                                dst.commit, async_op, root=root)
+                                dst.write_back, async_op, root=root)
 
     def reduce_scatter(self, output: Any, input: Any, op: ReduceOp | str = ReduceOp.SUM,
                        async_op: bool = False, key: Hashable | None = None) -> Work | None:
@@ -256,7 +262,7 @@ class ProcessGroup:
         send = self._splits(input, src, input_split_sizes, "input_split_sizes")
         recv = self._splits(output, dst, output_split_sizes, "output_split_sizes")
         inp = src.array.copy() if np.shares_memory(src.array, dst.array) else src.array
-        return self._collective("alltoall", 0, {"in": inp, "out": dst.array}, dst.dtype, None, dst.commit,
+        return self._collective("alltoall", 0, {"in": inp, "out": dst.array}, dst.dtype, None, dst.write_back,
                                 async_op, algorithm, send_counts=send, recv_counts=recv)
 
     def _alltoall_lists(self, outputs: Sequence[Any], inputs: Sequence[Any], async_op: bool,
@@ -358,7 +364,7 @@ class ProcessGroup:
         self.destroy()
 
     # ---- helpers ------------------------------------------------------------------------------------------
-    def _gathered(self, output: Any, src: Buffer, what: str) -> tuple[np.ndarray, Callable[[], None]]:
+    def _gathered(self, output: Any, src: Buffer, what: str) -> tuple[np.ndarray, Callable[[], None] | None]:
         """A flat array of size*n to gather into, and the write-back to the user's output."""
         p, n = self.size(), src.array.size
         if isinstance(output, list | tuple):
@@ -369,7 +375,7 @@ class ProcessGroup:
         _same_dtype(src, dst, what)
         if dst.array.size != p * n:
             raise ValueError(f"{what} has {dst.array.size} elements; world size {p} x input {n} = {p * n}")
-        return dst.array, dst.commit
+        return dst.array, dst.write_back
 
     def _parts(self, items: Sequence[Any], ref: Buffer, what: str, *, writable: bool, other: str) -> list[Buffer]:
         """One tensor per rank, each of ``ref``'s dtype and element count."""

@@ -30,14 +30,21 @@ from typing import Any
 
 _Item = tuple[Callable[[], Any], "cf.Future[Any]"]
 HANDOFF = 0.002  # seconds a runner in completion callbacks keeps its claim on the queue before another takes it
-_local = threading.local()  # .settling: the Serial this thread is a runner of, while it runs callbacks
+
+
+class _Local(threading.local):
+    settling: Serial | None = None  # the Serial this thread is a runner of, while it runs callbacks (a class
+    # default: ``getattr(local, name, None)`` on a thread that never set it raises and catches AttributeError)
+
+
+_local = _Local()
 
 
 @contextmanager
 def blocking() -> Iterator[None]:
     """Around a wait that may depend on queued collectives: on a runner in completion callbacks, the queue
     goes to another runner at once instead of after ``HANDOFF``."""
-    serial: Serial | None = getattr(_local, "settling", None)
+    serial: Serial | None = _local.settling
     if serial is not None:
         serial._give_up_claim()
     yield
@@ -46,7 +53,8 @@ def blocking() -> Iterator[None]:
 class Serial:
     def __init__(self, name: str) -> None:
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # the blocking fast path takes the bare lock (cheaper)
         self._queue: deque[_Item] = deque()
         self._busy = False  # a collective of this group is running, on whichever thread
         self._idle = 0  # runners waiting for work (or started and about to)
@@ -58,9 +66,9 @@ class Serial:
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` after everything issued before it and return its result (a blocking call)."""
-        if getattr(_local, "settling", None) is self:
+        if _local.settling is self:
             self._give_up_claim()  # a callback issues a collective: the queue must not wait for this thread
-        with self._cond:
+        with self._lock:
             inline = not self._busy and not self._queue
             if inline:
                 self._busy = True
@@ -72,13 +80,14 @@ class Serial:
         try:
             return fn()
         finally:
-            with self._cond:
+            with self._lock:
                 self._busy = False
-                self._wake()
+                if self._queue:
+                    self._wake()
 
     def submit(self, fn: Callable[[], Any]) -> cf.Future[Any]:
         """Queue ``fn`` after everything issued before it (an async call); its future is done when ``fn`` is."""
-        if getattr(_local, "settling", None) is self:
+        if _local.settling is self:
             self._give_up_claim()  # a callback issues a collective, and will likely wait for it
         with self._cond:
             return self._enqueue(fn)
@@ -181,7 +190,7 @@ class Serial:
         self._claims += 1
         self._epoch += 1
         self._cond.release()
-        outer = getattr(_local, "settling", None)  # a callback that waited here ran this collective itself
+        outer = _local.settling  # a callback that waited here ran this collective itself
         _local.settling = self
         try:
             _settle(fut, outcome)

@@ -24,6 +24,11 @@ class Buffer:
         """The array is a copy of the user's tensor: ``commit()`` writes it back."""
         return self._commit is not None
 
+    @property
+    def write_back(self) -> Callable[[], None] | None:
+        """What ``commit()`` runs: None when the array is the user's own memory (nothing to write back)."""
+        return self._commit
+
     def commit(self) -> None:
         if self._commit is not None:
             self._commit()

@@ -45,6 +45,7 @@ class _OpFields(NamedTuple):
     timeout: float
     ranks: Sequence[int]
     rank: int
+    head: tuple[int, ...]  # the first fields of every DATA header of the op (kind to group), worked out once
     seq: int
     key: Hashable | None
     deadline: float
@@ -60,8 +61,9 @@ class Op(_OpFields):
     def __new__(cls, *, name: str, opcode: int, dtype: str, dtype_code: int, numel: int, job: int, group: int,
                 seq: int, reduce_op: ReduceOp | None, timeout: float, ranks: Sequence[int],
                 rank: int, algorithm: str = "", key: Hashable | None = None, root: int = NO_ROOT) -> Op:
+        head = (DATA, job, dtype_code, opcode, reduce_op.code if reduce_op else 0, root, group)
         return _new(cls, (name, algorithm, opcode, dtype, dtype_code, numel, job, group, reduce_op, root, timeout,
-                          ranks, rank, seq, key, time.monotonic() + timeout))
+                          ranks, rank, head, seq, key, time.monotonic() + timeout))
 
     def again(self, seq: int, key: Hashable | None) -> Op:
         return _new(Op, (*self[:_PER_CALL], seq, key, time.monotonic() + self.timeout))
@@ -98,7 +100,7 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
     stages = program.stages
     last = len(stages) - 1
     seq, deadline, numel = op.seq, op.deadline, op.numel
-    head = (DATA, op.job, op.dtype_code, op.opcode, op.reduce_op.code if op.reduce_op else 0, op.root, op.group)
+    head = op.head
     posted: list[_Pending] | None = None
     for i, st in enumerate(stages):
         for c in st.copies:
@@ -115,15 +117,15 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
         done = 0
         for m in st.sends:
             if raw:
-                payload = as_bytes(buffers[m.buf][m.offset:m.offset + m.count])
-                header = make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
+                payload = memoryview(buffers[m.buf][m.offset:m.offset + m.count]).cast("B")
+                header = _new(Header, (*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
             else:
                 codec, meta, payload = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
                 header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
             req = transport.isend(m.to, header, payload, deadline)
-            if not req.done() or req.error is not None:
+            if not req.finished or req.error is not None:
                 finish(req, m.peer, op, transport, "sending to")
-            while done < len(pending) and pending[done][0].done():
+            while done < len(pending) and pending[done][0].finished:
                 _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
                 done += 1
         if i < last and stages[i + 1].after_sends:  # what the sends read is free: post before peers send
@@ -186,9 +188,10 @@ def _post(st: Stage, slot: int, buffers: Mapping[str, np.ndarray], transport: Tr
     if not st.recvs:
         return []
     out = buffers["out"]
-    scratch = out[:0]  # reducing receives of no elements land in nothing
     if st.scratch:
         scratch = scratch_for(st.scratch, out.dtype, slot) if scratch_for else np.empty(st.scratch, out.dtype)
+    else:
+        scratch = out[:0]  # reducing receives of no elements land in nothing
     seq, numel = op.seq, op.numel
     pending = []
     for m in st.recvs:
@@ -196,8 +199,8 @@ def _post(st: Stage, slot: int, buffers: Mapping[str, np.ndarray], transport: Tr
             land = scratch[m.scratch:m.scratch + m.count]
         else:
             land = buffers[m.buf][m.offset:m.offset + m.count]
-        req = transport.irecv(m.to, make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes)),
-                              as_bytes(land))
+        req = transport.irecv(m.to, _new(Header, (*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes)),
+                              memoryview(land).cast("B"))
         pending.append((req, m, land if m.reduce else None))
     return pending
 
@@ -205,7 +208,7 @@ def _post(st: Stage, slot: int, buffers: Mapping[str, np.ndarray], transport: Tr
 def _land(item: _Pending, buffers: Mapping[str, np.ndarray], op: Op, transport: Transport, codecs: Codecs,
           fwd: Forwarding | None, exchanged: Sequence[tuple[int, str, int, int]] = ()) -> None:
     req, m, scratch = item
-    if not req.done() or req.error is not None:
+    if not req.finished or req.error is not None:
         finish(req, m.peer, op, transport, "waiting for")
     off, cnt = m.offset, m.count
     if req.encoded is not None:
@@ -243,7 +246,7 @@ def decode(codecs: Codecs, header: Header, payload: memoryview, out: np.ndarray,
 
 def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) -> None:
     try:
-        ok = (req.done() and req.error is None) or transport.wait(req, op.deadline)
+        ok = (req.finished and req.error is None) or transport.wait(req, op.deadline)
     except CollectiveError as exc:
         transport.abort(exc)
         raise type(exc)(f"{op.name} (group {op.group}, seq {op.seq}) failed on rank {op.rank}: {exc}",

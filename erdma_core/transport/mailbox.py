@@ -30,7 +30,7 @@ def encoded_limit(raw_bytes: int) -> int:
     return raw_bytes + (raw_bytes >> 3) + (1 << 16)
 
 
-_SETTLE = threading.Lock()  # orders a request's completion against a waiter making its event
+_SETTLE = threading.Lock()  # two threads that wait for one request make one event
 
 
 class Request:
@@ -38,39 +38,41 @@ class Request:
     came encoded has ``encoded`` set: ``(header, payload)``, the payload to decode into the receive's memory.
 
     Most requests are completed by the thread that waits for them (it drives the sockets) or before anyone
-    waits, so the event a blocked thread sleeps on is made only when a thread does block."""
+    waits, so the event a blocked thread sleeps on is made only when a thread does block. ``finished`` is
+    ``done()`` as an attribute (read it, never write it), for the engine's per-message loops."""
 
-    __slots__ = ("_done", "_event", "encoded", "error")
+    __slots__ = ("_event", "encoded", "error", "finished")
 
     def __init__(self) -> None:
-        self._done = False
+        self.finished = False
         self._event: threading.Event | None = None
         self.error: BaseException | None = None
         self.encoded: tuple[Header, memoryview] | None = None
 
     def complete(self, error: BaseException | None = None) -> None:
-        with _SETTLE:
-            if self._done:
-                return
-            self.error = error
-            self._done = True
-            event = self._event
+        # No lock: under the GIL, ``finished`` is written before ``_event`` is read here, and a waiter writes
+        # ``_event`` before it reads ``finished`` (``settled``), so one of the two always sees the other.
+        if self.finished:
+            return
+        self.error = error
+        self.finished = True
+        event = self._event
         if event is not None:
             event.set()
 
     def done(self) -> bool:
-        return self._done
+        return self.finished
 
     def settled(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the request to finish, well or not; True if it did."""
-        if self._done:
+        if self.finished:
             return True
-        with _SETTLE:
-            if self._done:
-                return True
+        with _SETTLE:  # two waiters make one event
             if self._event is None:
                 self._event = threading.Event()
             event = self._event
+        if self.finished:  # completed before the event was there to be set
+            return True
         return event.wait(timeout)
 
     def wait(self, deadline: float) -> bool:
@@ -107,8 +109,9 @@ class _Early:
 
     __slots__ = ("data", "header", "landed", "lent", "waiter")
 
-    def __init__(self, header: Header, data: memoryview | None, lent: Lent | None = None) -> None:
-        self.header, self.data, self.landed, self.lent = header, data, lent is not None, lent
+    def __init__(self, header: Header, data: memoryview | bytearray | None, lent: Lent | None = None,
+                 landed: bool = False) -> None:
+        self.header, self.data, self.landed, self.lent = header, data, landed or lent is not None, lent
         self.waiter: _Posted | None = None
 
 
@@ -174,15 +177,16 @@ class Mailbox:
         the ranks disagreed on that collective: returns the error (and later ones count as such too)."""
         with self._lock:
             self._floor[group] = seq
-            if not self._unexpected:
+            old = None
+            for k in self._unexpected:  # usually empty, or the frames of this op that came first
+                if k[1][0] == group and k[1][1] < seq:
+                    old = [k] if old is None else [*old, k]
+            if old is None:
                 return None
-            stale = [(k[0], self._unexpected.pop(k)) for k in
-                     [k for k in self._unexpected if k[1][0] == group and k[1][1] < seq]]
+            stale = [(k[0], self._unexpected.pop(k)) for k in old]
             for peer, early in stale:
                 self._release(peer, early)
                 self.rejected += 1
-        if not stale:
-            return None
         self._give_back(stale)
         return self._never_received(stale[0][0], stale[0][1].header)
 
@@ -314,11 +318,14 @@ class Mailbox:
             key = (peer, (h.group, h.seq, h.tag))
             with self._lock:
                 posted = self._posted.get(key)
-                if posted is not None and (posted.meta.nbytes != h.nbytes or posted.meta[OP_FIELDS] != h[OP_FIELDS]
-                                           or posted.meta[SIZE_FIELDS] != h[SIZE_FIELDS]
-                                           or (not h.group & P2P_GROUP_BIT and h.seq < self._floor.get(h.group, 0))):
+                if posted is None:
+                    if self._keep_early(peer, h, key, payload):
+                        return
+                elif (posted.meta.nbytes != h.nbytes or posted.meta[OP_FIELDS] != h[OP_FIELDS]
+                      or posted.meta[SIZE_FIELDS] != h[SIZE_FIELDS]
+                      or (not h.group & P2P_GROUP_BIT and h.seq < self._floor.get(h.group, 0))):
                     posted = None
-                if posted is not None:
+                else:
                     del self._posted[key]
             if posted is not None:
                 if h.nbytes:
@@ -329,6 +336,24 @@ class Mailbox:
         if buf is not None and h.nbytes:
             buf[:h.nbytes] = payload
         self.on_payload(token)
+
+    def _keep_early(self, peer: int, h: Header, key: tuple[int, tuple[int, int, int]], payload: memoryview) -> bool:
+        """(Lock held.) A small raw frame with no receive posted for it, kept whole until one is; False where
+        ``on_header`` must judge it (stale, a posted receive of the same op to check it against, over the
+        early limit, large)."""
+        group, seq, nbytes = h.group, h.seq, h.nbytes
+        if nbytes >= Spares.SMALL:
+            return False
+        if not group & P2P_GROUP_BIT:
+            floor = self._floor.get(group, 0)
+            if seq < floor or (seq == floor and self._posted and any(k[1][0] == group for k in self._posted)):
+                return False
+        held = self._early_bytes.get(peer, 0) + nbytes
+        if held > self.early_limit:
+            return False
+        self._early_bytes[peer] = held
+        self._unexpected[key] = _Early(h, bytearray(payload), landed=True)
+        return True
 
     def on_lent(self, peer: int, h: Header, lent: Lent) -> None:
         """A DATA frame whose ``h.nbytes`` raw payload bytes ``peer`` lends: read into its receive now when

@@ -181,7 +181,7 @@ class Progress:
         other runnable thread between polls): a thread that sleeps must be woken by the kernel when its
         data comes, which costs more than a small message itself."""
         spin_until = time.monotonic() + self.spin
-        while not req.done():
+        while not req.finished:
             if not self._drive.acquire(blocking=False):
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -190,7 +190,7 @@ class Progress:
                 continue
             self._driving = True
             try:  # drive until the request is done, the deadline passes, or a sleeping poll returns
-                while not req.done():
+                while not req.finished:
                     now = time.monotonic()
                     if now >= deadline:
                         break
@@ -206,14 +206,14 @@ class Progress:
                 self._drive.release()
             if time.monotonic() >= deadline:
                 break
-        if req.done() and req.error is None:
+        if req.finished and req.error is None:
             return True
         return req.wait(deadline)
 
     def _round(self, timeout_ms: float, req: Request | None) -> bool:
         """One turn: wait up to ``timeout_ms`` for a socket to be ready (not at all once ``req`` is done),
         then read and write what is ready; True if anything was. Holds the drive lock."""
-        if req is not None and req.done():
+        if req is not None and req.finished:
             return True
         try:
             ready = self._poller.poll(timeout_ms)

@@ -153,15 +153,16 @@ class Header(_Fields):
         return (self.group, self.seq, self.tag)
 
     def pack(self) -> bytes:
-        kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count, nbytes = self
-        return _pack(FRAME_MAGIC, kind, dtype, opcode, redop, job & 0xFFFFFFFF, root, group, tag, seq, codec, meta,
-                     numel, count, nbytes)
+        return _pack(FRAME_MAGIC, self[0], self[2], self[3], self[4], self[1] & 0xFFFFFFFF, *self[5:])
 
     @classmethod
     def parse(cls, data: bytes | memoryview) -> Header:
         if len(data) != FRAME.size:
             raise ProtocolError(f"short frame header: {len(data)} of {FRAME.size} bytes")
         magic, kind, dtype, opcode, redop, job, root, group, tag, seq, codec, meta, numel, count, nbytes = _unpack(data)
+        if magic == FRAME_MAGIC and kind == DATA and meta <= nbytes <= MAX_PAYLOAD:  # the common case, in one test
+            return _new(cls, (kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count,
+                              nbytes))
         if magic != FRAME_MAGIC:
             raise ProtocolError(f"bad frame magic {bytes(magic)!r}")
         if not DATA <= kind <= PULLED:
