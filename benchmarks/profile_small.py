@@ -76,8 +76,12 @@ def _rank(op: str, iters: int, size: int, top: int) -> None:
     if pg.rank() == 0:
         prof.disable()
     pg.barrier()
+    counted = _bytecodes(call, min(iters, 300), trace=pg.rank() == 0)  # every rank runs the ops
+    pg.barrier()
     time.sleep(0.2 * pg.rank())
     print(line, flush=True)
+    if counted:
+        print(counted, flush=True)
     if pg.rank() == 0:
         print(timeline.report())
         out = io.StringIO()
@@ -89,6 +93,44 @@ def _rank(op: str, iters: int, size: int, top: int) -> None:
         print(layers(stats, iters))
         print(body[body.index("ncalls"):].rstrip(), flush=True)
     pg.destroy()
+
+
+def _bytecodes(call: Callable[[], object], n: int, trace: bool) -> str:
+    """Python bytecodes this thread executes per op, and Python-level calls, by layer (``sys.settrace``
+    opcode events over ``n`` ops): what the interpreter works through, whatever the host's speed. Without
+    ``trace`` it only runs the ops (the peers of the rank that counts)."""
+    if not trace:
+        for _ in range(n):
+            call()
+        return ""
+    ops: dict[str, int] = {}
+    calls: dict[str, int] = {}
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        where = frame.f_code.co_filename
+        if event == "call":
+            frame.f_trace_opcodes = True
+            calls[where] = calls.get(where, 0) + 1
+        elif event == "opcode":
+            ops[where] = ops.get(where, 0) + 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        for _ in range(n):
+            call()
+    finally:
+        sys.settrace(None)
+    by_layer: dict[str, list[int]] = {}
+    for where in set(ops) | set(calls):
+        row = by_layer.setdefault(_layer(where), [0, 0])
+        row[0] += ops.get(where, 0)
+        row[1] += calls.get(where, 0)
+    total = [sum(r[0] for r in by_layer.values()), sum(r[1] for r in by_layer.values())]
+    rows = [f"  {name:<64} {b / n:8.0f} {c / n:8.1f}" for name, (b, c) in sorted(by_layer.items(), key=lambda kv: -kv[1][0])]
+    return (f"rank 0, Python bytecodes and Python-level calls per op ({n} ops traced; built-ins run no bytecode):\n"
+            f"  {'layer':<64} {'bytecode':>8} {'calls':>8}\n" + "\n".join(rows)
+            + f"\n  {'all':<64} {total[0] / n:8.0f} {total[1] / n:8.1f}")
 
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
@@ -103,15 +145,17 @@ LAYERS = (  # (name, path fragments of its modules), first match wins
 _SOCKETS = ("progress.py", "stream.py", "tcp.py", "sockets.py")
 
 
+def _layer(filename: str) -> str:
+    if "erdma_core/transport/" in filename and filename.endswith(_SOCKETS):
+        return "socket driving (transport/progress, stream, tcp)"
+    return next((n for n, parts in LAYERS if any(p in filename for p in parts)), "other Python (threading, queues, ...)")
+
+
 def layers(stats: pstats.Stats, iters: int) -> str:
     """Own time per op of each layer: the core's (API, engine, matching) apart from the transport's."""
     totals: dict[str, float] = {}
     for (filename, _, _), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
-        name = "other Python (threading, queues, ...)"
-        if "erdma_core/transport/" in filename and filename.endswith(_SOCKETS):
-            name = "socket driving (transport/progress, stream, tcp)"
-        else:
-            name = next((n for n, parts in LAYERS if any(p in filename for p in parts)), name)
+        name = _layer(filename)
         totals[name] = totals.get(name, 0.0) + own
     whole = sum(totals.values()) or 1.0
     rows = [f"  {name:<64} {t / iters * 1e6:8.1f} us/op {t / whole:6.1%}"
