@@ -82,8 +82,8 @@ def build(src: Path, dest: Path) -> str:
                "time, CPU and context switches per op on each rank; rank 0's wall time per op split by phase with no "
                "profiler (clock reads at the seams between the engine's phases, `benchmarks/phases.py`); then rank 0 "
                "under cProfile counting that thread's CPU time (waiting for the peer or the GIL is not charged): each "
-               "layer's own time per op, then the functions with the most; last, the Python bytecodes and "
-               "Python-level calls rank 0 executes per op, by layer (`sys.settrace` opcode events): the "
+               "layer's own time per op, then the functions with the most. Under rank 0's own line, the Python "
+               "bytecodes and Python-level calls it executes per op, by layer (`sys.settrace` opcode events): the "
                "interpreter's work, whatever the host's speed. A blocking collective runs on the "
                "caller's thread, which also reads and writes the sockets, so the profile of that one thread holds "
                "the whole path.", "", "```",
