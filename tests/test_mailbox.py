@@ -334,5 +334,5 @@ def test_a_request_completed_while_threads_start_waiting_wakes_them_all():
             w.start()
         req.complete()
         for w in waiters:
-            w.join()
+            w.join(timeout=5)
         assert seen == [True, True]

@@ -82,8 +82,7 @@ class Serial:
         finally:
             with self._lock:
                 self._busy = False
-                if self._queue:
-                    self._wake()
+                self._wake()
 
     def submit(self, fn: Callable[[], Any]) -> cf.Future[Any]:
         """Queue ``fn`` after everything issued before it (an async call); its future is done when ``fn`` is."""

@@ -117,8 +117,8 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
         done = 0
         for m in st.sends:
             if raw:
-                payload = memoryview(buffers[m.buf][m.offset:m.offset + m.count]).cast("B")
-                header = _new(Header, (*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
+                payload = as_bytes(buffers[m.buf][m.offset:m.offset + m.count])
+                header = make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
             else:
                 codec, meta, payload = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
                 header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
@@ -199,8 +199,8 @@ def _post(st: Stage, slot: int, buffers: Mapping[str, np.ndarray], transport: Tr
             land = scratch[m.scratch:m.scratch + m.count]
         else:
             land = buffers[m.buf][m.offset:m.offset + m.count]
-        req = transport.irecv(m.to, _new(Header, (*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes)),
-                              memoryview(land).cast("B"))
+        req = transport.irecv(m.to, make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes)),
+                              as_bytes(land))
         pending.append((req, m, land if m.reduce else None))
     return pending
 

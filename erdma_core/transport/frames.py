@@ -144,11 +144,9 @@ class StreamReader:
                 h = Header.parse(self._sv[start:start + _HEAD])
                 nbytes = h.nbytes
                 self._big = nbytes >= _DIRECT
-                end = start + _HEAD + nbytes
-                if self._have >= end - start:  # the whole frame is staged (small frames): land it now
-                    self._have -= end - start  # consumed (the stage is not written until this returns)
-                    self._start = end if self._have else 0
-                    self.inbox.whole(h, self._sv[start + _HEAD:end])
+                if self._have - _HEAD >= nbytes:  # the whole frame is staged (small frames): land it now
+                    self._consume(_HEAD + nbytes)  # the stage is not written until this returns
+                    self.inbox.whole(h, self._sv[start + _HEAD:start + _HEAD + nbytes])
                     continue
                 buf, token = self.inbox.frame(h)
                 self._consume(_HEAD)

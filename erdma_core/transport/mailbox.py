@@ -177,11 +177,11 @@ class Mailbox:
         the ranks disagreed on that collective: returns the error (and later ones count as such too)."""
         with self._lock:
             self._floor[group] = seq
-            old = None
+            old = []
             for k in self._unexpected:  # usually empty, or the frames of this op that came first
                 if k[1][0] == group and k[1][1] < seq:
-                    old = [k] if old is None else [*old, k]
-            if old is None:
+                    old.append(k)
+            if not old:
                 return None
             stale = [(k[0], self._unexpected.pop(k)) for k in old]
             for peer, early in stale:
@@ -283,12 +283,7 @@ class Mailbox:
                 self._unexpected[key] = _Early(h, None, lent)  # nothing held here: the peer keeps the bytes
                 return None, ("early", key, None)
             if posted is None and not stale and clash is None:
-                held = self._early_bytes.get(peer, 0) + h.nbytes
-                if held > self.early_limit:
-                    raise ProtocolError(f"rank {self.rank}: rank {peer} sent {held} bytes ahead of their receives "
-                                        f"({describe(h)}, {h.nbytes} bytes); at most {self.early_limit} are held "
-                                        "(security.max_early_bytes)")
-                self._early_bytes[peer] = held
+                self._hold_early(peer, h)
                 early = _Early(h, self._spares.take(h.nbytes))
                 self._unexpected[key] = early
                 return early.data, ("early", key, early)
@@ -339,8 +334,8 @@ class Mailbox:
 
     def _keep_early(self, peer: int, h: Header, key: tuple[int, tuple[int, int, int]], payload: memoryview) -> bool:
         """(Lock held.) A small raw frame with no receive posted for it, kept whole until one is; False where
-        ``on_header`` must judge it (stale, a posted receive of the same op to check it against, over the
-        early limit, large)."""
+        ``on_header`` must judge it (stale, a posted receive of the same op to check it against, large).
+        Over the early limit it is refused here as there."""
         group, seq, nbytes = h.group, h.seq, h.nbytes
         if nbytes >= Spares.SMALL:
             return False
@@ -348,12 +343,18 @@ class Mailbox:
             floor = self._floor.get(group, 0)
             if seq < floor or (seq == floor and self._posted and any(k[1][0] == group for k in self._posted)):
                 return False
-        held = self._early_bytes.get(peer, 0) + nbytes
-        if held > self.early_limit:
-            return False
-        self._early_bytes[peer] = held
+        self._hold_early(peer, h)
         self._unexpected[key] = _Early(h, bytearray(payload), landed=True)
         return True
+
+    def _hold_early(self, peer: int, h: Header) -> None:
+        """(Lock held.) Count an early frame's payload against ``peer``'s budget, or refuse the frame."""
+        held = self._early_bytes.get(peer, 0) + h.nbytes
+        if held > self.early_limit:
+            raise ProtocolError(f"rank {self.rank}: rank {peer} sent {held} bytes ahead of their receives "
+                                f"({describe(h)}, {h.nbytes} bytes); at most {self.early_limit} are held "
+                                "(security.max_early_bytes)")
+        self._early_bytes[peer] = held
 
     def on_lent(self, peer: int, h: Header, lent: Lent) -> None:
         """A DATA frame whose ``h.nbytes`` raw payload bytes ``peer`` lends: read into its receive now when

@@ -160,22 +160,25 @@ class Header(_Fields):
         if len(data) != FRAME.size:
             raise ProtocolError(f"short frame header: {len(data)} of {FRAME.size} bytes")
         magic, kind, dtype, opcode, redop, job, root, group, tag, seq, codec, meta, numel, count, nbytes = _unpack(data)
-        if magic == FRAME_MAGIC and kind == DATA and meta <= nbytes <= MAX_PAYLOAD:  # the common case, in one test
-            return _new(cls, (kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count,
-                              nbytes))
-        if magic != FRAME_MAGIC:
-            raise ProtocolError(f"bad frame magic {bytes(magic)!r}")
-        if not DATA <= kind <= PULLED:
-            raise ProtocolError(f"unknown frame kind {kind}")
-        if nbytes > MAX_PAYLOAD:
-            raise ProtocolError(f"frame payload of {nbytes} bytes exceeds {MAX_PAYLOAD}")
-        if meta > nbytes:
-            raise ProtocolError(f"frame says {meta} bytes of codec metadata in a {nbytes}-byte payload")
-        if kind != DATA and nbytes > MAX_CONTROL_BYTES:
-            raise ProtocolError(f"control frame (kind {kind}) of {nbytes} bytes exceeds {MAX_CONTROL_BYTES}")
-        if kind == PULL and nbytes != LENT.size:
-            raise ProtocolError(f"PULL frame of {nbytes} bytes; its payload is {LENT.size}")
+        if not (magic == FRAME_MAGIC and kind == DATA and meta <= nbytes <= MAX_PAYLOAD):  # the common case
+            _check(magic, kind, meta, nbytes)
         return _new(cls, (kind, job, dtype, opcode, redop, root, group, tag, seq, codec, meta, numel, count, nbytes))
+
+
+def _check(magic: bytes, kind: int, meta: int, nbytes: int) -> None:
+    """Raise ProtocolError for a header that is not a well-formed frame (all but a plain DATA frame come here)."""
+    if magic != FRAME_MAGIC:
+        raise ProtocolError(f"bad frame magic {bytes(magic)!r}")
+    if not DATA <= kind <= PULLED:
+        raise ProtocolError(f"unknown frame kind {kind}")
+    if nbytes > MAX_PAYLOAD:
+        raise ProtocolError(f"frame payload of {nbytes} bytes exceeds {MAX_PAYLOAD}")
+    if meta > nbytes:
+        raise ProtocolError(f"frame says {meta} bytes of codec metadata in a {nbytes}-byte payload")
+    if kind != DATA and nbytes > MAX_CONTROL_BYTES:
+        raise ProtocolError(f"control frame (kind {kind}) of {nbytes} bytes exceeds {MAX_CONTROL_BYTES}")
+    if kind == PULL and nbytes != LENT.size:
+        raise ProtocolError(f"PULL frame of {nbytes} bytes; its payload is {LENT.size}")
 
 
 def make_header(fields: tuple[int, ...]) -> Header:
