@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -175,6 +176,46 @@ def test_lossy_codec_leaves_every_rank_with_the_same_bits(codec_plugin, size):
         err = np.abs(values[f"allreduce/{algo}"] - truth).max()
         assert 0 < err < 0.2 * size, (algo, err)  # lossy, but close
     assert np.abs(values["broadcast"] - exact["broadcast"]).max() < 0.05
+
+
+def pipelined(pg, algorithms):
+    return every_collective(pg, algorithms), testcodecs.threads(pg)
+
+
+@pytest.mark.parametrize("codec", ["int8", "zlib"])
+def test_pipelined_encoding_runs_ahead_and_changes_no_bit(codec_plugin, codec):
+    """compression.pipeline: a step of several messages encodes the next one on the helper thread while it
+    sends the current one; every result is bit for bit what encoding each message in turn gives."""
+    runs = {}
+    for pipeline in (False, True):
+        with world(3, codec, **{"collectives.chunk_bytes": 4096, "compression.pipeline": pipeline}) as w:
+            runs[pipeline] = w.run(pipelined, ALLREDUCE)
+    for rank in range(3):
+        (digests, _, _, calls), threads = runs[True][rank]
+        (plain, _, _, plain_calls), plain_threads = runs[False][rank]
+        assert digests == plain and calls == plain_calls
+        assert set(plain_threads) == {"MainThread"}
+        assert threads.get("erdma-encode_0", 0) > 0
+
+
+def failing(pg):
+    testcodecs.FAILS_AT = 3 if pg.rank() == 0 else 1 << 30
+    a = np.ones(20_000, np.float32)
+    pg.allreduce(a, algorithm="ring")
+    return a
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_an_encode_that_fails_fails_the_collective_everywhere(codec_plugin, pipeline):
+    """Rank 0's third encode raises (pipelined: on the helper thread, since a ring step sends several
+    messages): rank 0 raises that error, and rank 1 learns at once which rank failed and why, instead of
+    waiting for its timeout."""
+    with world(2, "fails", **{"collectives.chunk_bytes": 4096, "compression.pipeline": pipeline}) as w:
+        errors = w.outcomes(failing)
+    assert isinstance(errors[0], RuntimeError) and str(errors[0]) == "encode number 3 fails"
+    assert isinstance(errors[1], erdma_core.errors.AbortedError)
+    assert re.search(r"rank 0: allreduce \(group 0, seq \d+\) failed there: RuntimeError: encode number 3 fails",
+                     str(errors[1])), errors[1]
 
 
 def repeated(pg, steps):

@@ -4,13 +4,16 @@
 * ``int8``: blockwise absmax int8 with error feedback per Site (lossy and not idempotent: decoding and
   encoding again may change values, so only forwarding encoded bytes as they came keeps ranks identical).
 * ``zlib``: lossless.
+* ``fails``: lossless until its ``FAILS_AT``-th encode in a process, which raises.
 
-Every encode is counted in ``CALLS`` (per process) so tests can see that the executor used them.
+Every encode is counted in ``CALLS`` (per process) so tests can see that the executor used them, and in
+``THREADS`` by the name of the thread that ran it (the executor's helper thread is ``erdma-encode_0``).
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 import zlib
 from typing import Any
 
@@ -20,6 +23,8 @@ from erdma_core import hookimpl
 from erdma_core.compression import Encoded, Site
 
 CALLS: collections.Counter[str] = collections.Counter()
+THREADS: collections.Counter[str] = collections.Counter()
+FAILS_AT = 3
 SITES: list[Site | None] = []
 _BLOCK = 64
 
@@ -50,6 +55,7 @@ class Int8:
         if dtype != "float32":
             return None
         CALLS["int8"] += 1
+        THREADS[threading.current_thread().name] += 1
         SITES.append(site)
         x = data.astype(np.float32)
         if site is not None and site in self.residuals:
@@ -76,18 +82,32 @@ class Zlib:
         pass
 
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
-        CALLS["zlib"] += 1
+        CALLS[self.name] += 1
+        THREADS[threading.current_thread().name] += 1
         return Encoded(zlib.compress(data.tobytes(), 1))
 
     def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
         out.view(np.uint8)[:] = np.frombuffer(zlib.decompress(payload), np.uint8)
 
 
+class Fails(Zlib):
+    name = "fails"
+
+    def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
+        if CALLS[self.name] + 1 == FAILS_AT:
+            raise RuntimeError(f"encode number {FAILS_AT} fails")
+        return super().encode(data, dtype, site)
+
+
 @hookimpl
 def erdma_register_compressors(register: Any) -> None:
-    for cls in (Fp16, Int8, Zlib):
+    for cls in (Fp16, Int8, Zlib, Fails):
         register(cls.name, cls)
 
 
 def calls(pg: Any) -> dict[str, int]:
     return dict(CALLS)
+
+
+def threads(pg: Any) -> dict[str, int]:
+    return dict(THREADS)

@@ -132,7 +132,8 @@ def _codecs(comps: Components, conf: cfg.Config, link_rate: Any = None) -> Codec
     sender = None if name == "none" else make(comps.get("compressor", name))
     ops = parse_ops(conf["compression.ops"], bool(sender is not None and sender.lossy))
     auto = conf["compression.policy"] == "auto"
-    return Codecs(sender, conf["compression.min_bytes"], lookup, ops, link_rate if auto else None)
+    return Codecs(sender, conf["compression.min_bytes"], lookup, ops, link_rate if auto else None,
+                  conf["compression.pipeline"])
 
 
 def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: float) -> int:

@@ -49,6 +49,10 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                              "message, only when the time its saved bytes would take on the link (the transport's "
                              "measured rate to that peer) exceeds the codec's measured encode and decode time",
                              choices=("always", "auto")),
+            "pipeline": Option(bool, False, "encode the next message of a step on a helper thread while the "
+                               "current one is sent (a GPU compressor encodes there on a CUDA stream of its own); "
+                               "false: each message is encoded just before it is sent (on the loopback links "
+                               "measured so far the helper thread gained nothing: see erdma-gpucomp's README)"),
         },
         "collectives": collectives,
         "timeouts": {

@@ -5,8 +5,10 @@ rank's result bit-identical (``Forwarding``). The executor calls these per messa
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -54,11 +56,17 @@ class Codecs:
     receiving, any installed one, found by the codec id a frame carries."""
 
     def __init__(self, sender: Compressor | None, min_bytes: int, lookup: Any,
-                 ops: frozenset[str] | None = None, link_rate: Callable[[int], float | None] | None = None) -> None:
+                 ops: frozenset[str] | None = None, link_rate: Callable[[int], float | None] | None = None,
+                 pipeline: bool = False) -> None:
         """``lookup(codec_id) -> Compressor | None`` makes the receiving side's instance of a codec; ``ops``:
         the collectives whose messages ``sender`` encodes (None: all); ``link_rate(peer)``: bytes per second
-        the transport measured towards a global rank (given: ``compression.policy = "auto"``, see ``worth``)."""
+        the transport measured towards a global rank (given: ``compression.policy = "auto"``, see ``worth``);
+        ``pipeline``: a step's next message is encoded on a helper thread while the current one is sent
+        (``ahead``)."""
         self.sender = sender
+        self.pipeline = pipeline and sender is not None
+        self._helper: ThreadPoolExecutor | None = None
+        self._helper_lock = threading.Lock()
         self.link_rate = link_rate
         self.encode_s: float | None = None  # seconds per raw byte to encode (moving average of this rank's)
         self.decode_s: float | None = None  # ... to decode a message of this codec (this rank's receives)
@@ -89,6 +97,25 @@ class Codecs:
             return True
         decode_s = self.decode_s if self.decode_s is not None else self.encode_s
         return nbytes * (1 - self.ratio) / rate > nbytes * (self.encode_s + decode_s)
+
+    def ahead(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on this rank's encoding thread (one for every group, made on first use): the
+        executor encodes a step's next message there while it sends the current one. A compressor that
+        computes on a GPU gives that thread its own CUDA stream."""
+        helper = self._helper
+        if helper is None:
+            with self._helper_lock:
+                if self._helper is None:
+                    self._helper = ThreadPoolExecutor(1, thread_name_prefix="erdma-encode")
+                helper = self._helper
+        return helper.submit(fn, *args)
+
+    def close(self) -> None:
+        """Stop the encoding thread (after what it is running)."""
+        with self._helper_lock:
+            helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.shutdown(wait=True, cancel_futures=True)
 
     def for_op(self, op: str) -> Codecs:
         """These codecs for collective ``op``: themselves, or, for an op the compressor does not apply to, a

@@ -11,8 +11,11 @@ reduction.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import NamedTuple
 
 import numpy as np
@@ -115,27 +118,85 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
         if i < last and stages[i + 1].early:
             posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         done = 0
-        for m in st.sends:
-            if raw:
-                payload = as_bytes(buffers[m.buf][m.offset:m.offset + m.count])
-                header = make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
-            else:
-                codec, meta, payload = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
-                header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
-            req = transport.isend(m.to, header, payload, deadline)
-            if not req.finished or req.error is not None:
-                finish(req, m.peer, op, transport, "sending to")
-            while done < len(pending) and pending[done][0].finished:
-                _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
-                done += 1
+        sends = st.sends
+        if not raw and codecs.pipeline and len(sends) > 1:
+            done = _send_pipelined(st, i, buffers, transport, op, codecs, fwd, pending, exchanged)
+        else:
+            for m in sends:
+                if raw:
+                    payload = as_bytes(buffers[m.buf][m.offset:m.offset + m.count])
+                    header = make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
+                else:
+                    codec, meta, payload = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
+                    header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
+                req = transport.isend(m.to, header, payload, deadline)
+                if not req.finished or req.error is not None:
+                    finish(req, m.peer, op, transport, "sending to")
+                while done < len(pending) and pending[done][0].finished:
+                    _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
+                    done += 1
         if i < last and stages[i + 1].after_sends:  # what the sends read is free: post before peers send
             posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         for item in pending[done:]:
             _land(item, buffers, op, transport, codecs, fwd, exchanged)
 
 
+class _Job(NamedTuple):
+    """A message to encode afresh: the elements, where error feedback keeps its residual, and where they lie."""
+
+    view: np.ndarray
+    site: Site | None
+    buf: str
+    lo: int
+    hi: int
+
+
+class _Running(NamedTuple):
+    """A ``_Job`` encoding on the codecs' helper thread (``Codecs.ahead``)."""
+
+    job: _Job
+    future: Future[Outgoing | None]
+
+
+def _send_pipelined(st: Stage, i: int, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
+                    codecs: Codecs, fwd: Forwarding | None, pending: list[_Pending],
+                    exchanged: list[tuple[int, str, int, int]]) -> int:
+    """The sends of step ``i`` when several are encoded: message k + 1 encodes on the helper thread while
+    message k is sent and receives land. That is safe because a step's receives never land where a later
+    send of the step reads (``program``), and the decision to encode, forward or send raw is taken here, in
+    message order. Returns how many of ``pending`` have landed."""
+    sends, done, head = st.sends, 0, op.head
+    got: Outgoing | _Running = _prepare(codecs, fwd, op, i, sends[0], buffers)
+    try:
+        for k, m in enumerate(sends):
+            codec, meta, payload = _collect(got, fwd, op, m, transport)
+            if k + 1 < len(sends):
+                got = _prepare(codecs, fwd, op, i, sends[k + 1], buffers)
+            header = make_header((*head, m.tag, op.seq, codec, meta, op.numel, m.count, len(payload)))
+            req = transport.isend(m.to, header, payload, op.deadline)
+            if not req.finished or req.error is not None:
+                finish(req, m.peer, op, transport, "sending to")
+            while done < len(pending) and pending[done][0].finished:
+                _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
+                done += 1
+    except BaseException:
+        if type(got) is _Running and not got.future.cancel():  # it writes into the buffer: let it end first
+            with contextlib.suppress(BaseException):
+                got.future.exception(timeout=max(0.0, op.deadline - time.monotonic()))
+        raise
+    return done
+
+
 def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg, arr: np.ndarray) -> Outgoing:
     """What goes on the wire for message ``m`` of ``arr``: raw, forwarded as it came, or encoded afresh."""
+    got = _choose(codecs, fwd, op, step, m, arr)
+    if type(got) is _Job:
+        return _finish(fwd, got, _encode(codecs, op.dtype, got, fwd is not None))
+    return got  # type: ignore[return-value]
+
+
+def _choose(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg, arr: np.ndarray) -> Outgoing | _Job:
+    """``_outgoing``'s decision, without the encoding: an Outgoing (raw, or forwarded as it came) or a _Job."""
     buf, off, cnt = m.buf, m.offset, m.count
     view = arr[off:off + cnt]
     if codecs.sender is None or view.nbytes < codecs.min_bytes or not codecs.worth(m.to, view.nbytes):
@@ -150,15 +211,46 @@ def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg,
         if found is not OWN:
             return found  # type: ignore[no-any-return]
     site = Site(op.key, op.name, op.algorithm, step, off, cnt) if op.key is not None else None
-    out = codecs.encode(view, op.dtype, site)
-    if out is None:
-        if fwd is not None and buf != "in":
-            fwd.record(buf, off, off + cnt, None)
-        return RAW, 0, as_bytes(view)
-    if fwd is not None and buf != "in":
-        codecs.decode_own(out, op.dtype, view)  # this rank keeps what its peers will see
-        fwd.record(buf, off, off + cnt, out)
+    return _Job(view, site, buf, off, off + cnt)
+
+
+def _encode(codecs: Codecs, dtype: str, job: _Job, keep: bool) -> Outgoing | None:
+    """Encode ``job``; ``keep`` (a lossy compressor's Forwarding): the elements become what peers decode.
+    Touches only the job's elements, so it may run on the helper thread."""
+    out = codecs.encode(job.view, dtype, job.site)
+    if out is not None and keep and job.buf != "in":
+        codecs.decode_own(out, dtype, job.view)  # this rank keeps what its peers will see
     return out
+
+
+def _finish(fwd: Forwarding | None, job: _Job, out: Outgoing | None) -> Outgoing:
+    if fwd is not None and job.buf != "in":
+        fwd.record(job.buf, job.lo, job.hi, out)
+    return out if out is not None else (RAW, 0, as_bytes(job.view))
+
+
+def _prepare(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg,
+             buffers: Mapping[str, np.ndarray]) -> Outgoing | _Running:
+    """Message ``m``'s Outgoing, or its encoding started on the helper thread."""
+    got = _choose(codecs, fwd, op, step, m, buffers[m.buf])
+    if type(got) is _Job:
+        return _Running(got, codecs.ahead(_encode, codecs, op.dtype, got, fwd is not None))
+    return got  # type: ignore[return-value]
+
+
+def _collect(got: Outgoing | _Running, fwd: Forwarding | None, op: Op, m: Msg, transport: Transport) -> Outgoing:
+    """``_prepare``'s result, once its encoding is done (within the op's deadline)."""
+    if type(got) is not _Running:
+        return got  # type: ignore[return-value]
+    try:
+        out = got.future.result(timeout=max(0.0, op.deadline - time.monotonic()))
+    except FutureTimeout:
+        err = CollectiveTimeoutError(
+            f"rank {op.rank}: {op.name} (group {op.group}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
+            f"encoding a message for rank {op.ranks[m.peer]}", rank=op.rank, op=op.name)
+        transport.abort(err)
+        raise err from None
+    return _finish(fwd, got.job, out)
 
 
 def _encode_copies(st: Stage, i: int, buffers: Mapping[str, np.ndarray], op: Op, codecs: Codecs,

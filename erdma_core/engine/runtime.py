@@ -44,6 +44,7 @@ class Runtime:
                 return
             self._closed = True
         self.transport.close()
+        self.codecs.close()
         if self.rank == 0 and hasattr(self.store, "cleanup"):
             self.store.cleanup()  # a folder store must not hand this job's keys to the next one
         self.store.close()

@@ -3,7 +3,9 @@
 ``lz4`` and ``zstd`` run on the CPU (python-lz4, zstandard) or on a GPU (nvcomp, bare format), and both
 write the same format: the message's bytes, byte-shuffled for multi-byte dtypes (all first bytes of the
 elements, then all second bytes, ...: the exponents of floats end up side by side, which is what compresses),
-as one LZ4 block or one zstd frame. So a CPU decodes what a GPU encoded and the other way round.
+cut into pieces of ``PIECE`` bytes, each one LZ4 block or one zstd frame; the metadata lists each piece's
+encoded size. A GPU compresses the pieces in parallel (one bare LZ4 block of a whole 4 MiB message ran at
+0.02 GB/s on an H200); a CPU decodes what a GPU encoded and the other way round.
 ``cascaded``, ``bitcomp``, ``ans`` and ``gdeflate`` exist only in nvcomp: only a rank with a GPU sends them,
 and only a rank with a GPU can decode them.
 
@@ -22,8 +24,15 @@ from erdma_core.compression import Encoded, Site
 
 from . import device, nvcomp_gpu
 
-_META = struct.Struct("<BB")  # format (1), shuffle width in bytes (1: none)
-_FORMAT = 1
+_META = struct.Struct("<BBII")  # format (2), shuffle width in bytes (1: none), piece bytes, pieces; then u32 sizes
+_FORMAT = 2
+PIECE = 1 << 16  # bytes per independently compressed piece (nvcomp's default chunk)
+MAX_PIECES = 8192  # a message of more than PIECE * MAX_PIECES bytes gets larger pieces (the metadata stays small)
+MAX_PIECE = 1 << 26
+
+
+def piece_bytes(nbytes: int) -> int:
+    return max(PIECE, -(-nbytes // MAX_PIECES))
 NVCOMP_ONLY = {"cascaded": "Cascaded", "bitcomp": "Bitcomp", "ans": "ANS", "gdeflate": "GDeflate"}
 
 
@@ -58,20 +67,40 @@ class Lossless:
 
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
         width = data.itemsize if self.shuffle and data.itemsize > 1 else 1
-        shuffled = shuffle(device.upload(self.device, data), width)
+        piece = piece_bytes(data.nbytes)
         if self.device == "cuda":
-            body: Any = nvcomp_gpu.encode(self.nvcomp_name, shuffled, raw=True)
+            with device.stream():
+                shuffled = shuffle(device.upload(self.device, data), width)
+                sizes, body = nvcomp_gpu.encode_pieces(self.nvcomp_name, shuffled, piece) if data.nbytes else ([], b"")
         else:
-            body = self._compress(shuffled)
-        return Encoded(body, _META.pack(_FORMAT, width))
+            shuffled = shuffle(data, width)
+            parts = [self._compress(shuffled[lo:lo + piece]) for lo in range(0, shuffled.size, piece)]
+            sizes, body = [len(b) for b in parts], b"".join(parts)
+        meta = _META.pack(_FORMAT, width, piece, len(sizes)) + np.asarray(sizes, "<u4").tobytes()
+        return Encoded(body, meta)
 
     def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
-        fmt, width = _META.unpack(meta)
-        if fmt != _FORMAT or width < 1 or out.nbytes % width:
-            raise ValueError(f"{self.name} metadata names format {fmt}, shuffle width {width}")
-        raw = self._decompress(payload, out.nbytes)
-        if raw.size != out.nbytes:
-            raise ValueError(f"{self.name}: {raw.size} bytes decoded, expected {out.nbytes}")
+        fmt, width, piece, count = _META.unpack_from(meta)
+        nbytes = out.nbytes
+        if fmt != _FORMAT or width < 1 or nbytes % width or not 1 <= piece <= MAX_PIECE:
+            raise ValueError(f"{self.name} metadata names format {fmt}, shuffle width {width}, pieces of {piece} bytes")
+        if count != -(-nbytes // piece) or len(meta) != _META.size + 4 * count:
+            raise ValueError(f"{self.name} metadata lists {count} pieces of {piece} bytes in {len(meta)} bytes, for "
+                             f"a message of {nbytes} bytes")
+        sizes = np.frombuffer(meta, "<u4", count, _META.size).tolist()
+        if sum(sizes) != len(payload):
+            raise ValueError(f"{self.name}: the pieces' sizes add up to {sum(sizes)} bytes, the payload has "
+                             f"{len(payload)}")
+        raw = np.empty(nbytes, np.uint8)
+        at = 0
+        for i, size in enumerate(sizes):
+            lo = i * piece
+            want = min(piece, nbytes - lo)
+            got = self._decompress(payload[at:at + size], want)
+            if got.size != want:
+                raise ValueError(f"{self.name}: {got.size} bytes decoded, expected {want}")
+            raw[lo:lo + want] = got
+            at += size
         unshuffle(raw, width, out)
 
     def _compress(self, data: np.ndarray) -> bytes:
@@ -139,11 +168,13 @@ class Nvcomp:
             device.choose(f"compression.{name}.device", section["device"], needs_gpu=True)
 
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
-        flat = device.upload("cuda", data.reshape(-1).view(np.uint8))
-        return Encoded(nvcomp_gpu.encode(self.algorithm, flat, raw=False))
+        with device.stream():
+            flat = device.upload("cuda", data.reshape(-1).view(np.uint8))
+            return Encoded(nvcomp_gpu.encode(self.algorithm, flat, raw=False))
 
     def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
         if not device.gpu_present():
             raise ValueError(f"the payload was compressed with nvcomp's {self.algorithm} on a GPU, and this rank "
-                             "has no usable GPU to decode it (cupy missing or cupy.is_available() is False)")
-        out.reshape(-1).view(np.uint8)[:] = nvcomp_gpu.decode(self.algorithm, payload, out.nbytes, raw=False)
+                             f"has no usable GPU to decode it ({device.absent()})")
+        with device.stream():
+            out.reshape(-1).view(np.uint8)[:] = nvcomp_gpu.decode(self.algorithm, payload, out.nbytes, raw=False)

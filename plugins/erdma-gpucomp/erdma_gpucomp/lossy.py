@@ -54,6 +54,12 @@ class Lossy:
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
         if dtype not in self.dtypes or data.size == 0:
             return None
+        if self.device == "cuda":
+            with device.stream():
+                return self._encode_with_feedback(data, dtype, site)
+        return self._encode_with_feedback(data, dtype, site)
+
+    def _encode_with_feedback(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
         xp = self.xp
         x = quantize.load(xp, device.upload(self.device, data), dtype)
         fb = self.feedback if site is not None else None

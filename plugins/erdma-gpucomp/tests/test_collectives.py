@@ -20,6 +20,11 @@ def world(size: int, codec: str, **extra):
                         "timeouts.collective": 60.0, **extra}, timeout=120)
 
 
+def piped(pipeline: bool) -> dict:
+    """compression.pipeline, with chunks small enough that steps send several messages (so it applies)."""
+    return {"compression.pipeline": pipeline, "collectives.chunk_bytes": 16384 if pipeline else 65536}
+
+
 def values(rank: int, n: int = N) -> np.ndarray:
     rng = np.random.default_rng(100 + rank)
     return (rng.standard_normal(n) * np.exp(rng.standard_normal(n))).astype(np.float32)
@@ -48,9 +53,12 @@ def integers(pg):
     return a, b, g
 
 
+@pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])
-def test_lossless_codecs_give_exact_results(codec):
-    with world(3, codec) as w:
+def test_lossless_codecs_give_exact_results(codec, pipeline):
+    """Pipelined (compression.pipeline), the next chunk encodes on the executor's helper thread: on a GPU with
+    a CUDA stream and an nvcomp Codec of that thread's own."""
+    with world(3, codec, **piped(pipeline)) as w:
         results = w.run(integers)
     a_ref = sum(np.random.default_rng(r).integers(-1000, 1000, N).astype(np.float32) for r in range(3))
     b_ref = np.arange(N, dtype=np.int64) * 6
@@ -59,10 +67,11 @@ def test_lossless_codecs_give_exact_results(codec):
         assert np.array_equal(a, a_ref) and np.array_equal(b, b_ref) and np.array_equal(g, g_ref)
 
 
+@pytest.mark.parametrize("pipeline", [False, True])
 @pytest.mark.parametrize("codec", LOSSY)
-def test_lossy_codecs_leave_every_rank_with_the_same_bits(codec):
+def test_lossy_codecs_leave_every_rank_with_the_same_bits(codec, pipeline):
     algorithms = ["ring", "halving_doubling", "tree", "recursive_doubling"]
-    with world(4, codec) as w:
+    with world(4, codec, **piped(pipeline)) as w:
         results = w.run(allreduce_each, algorithms)
     truth = sum(values(r).astype(np.float64) for r in range(4))
     plain = sum(values(r) for r in range(4))

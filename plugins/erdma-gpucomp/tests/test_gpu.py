@@ -10,7 +10,7 @@ from conftest import make
 from erdma_gpucomp import device
 
 pytestmark = pytest.mark.skipif(not device.gpu_present(),
-                                reason="no usable CUDA GPU (cupy missing or cupy.is_available() is False)")
+                                reason=f"no usable CUDA GPU ({device.absent()})")
 RNG = np.random.default_rng(11)
 
 

@@ -3,10 +3,12 @@ sender's reconstruction (what error feedback subtracts) is exactly what the rece
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from conftest import make
-from erdma_gpucomp import quantize
+from erdma_gpucomp import device, lossless, quantize
 
 from erdma_core.compression import Site
 
@@ -34,6 +36,29 @@ def test_lossless_is_exact(name, dtype, shuffle):
     data = gradient(10_001).astype(dtype)
     out = roundtrip(make(name, shuffle=shuffle), data, np.dtype(dtype).name)
     assert out.tobytes() == data.tobytes()
+
+
+@pytest.mark.parametrize("name", ["lz4", "zstd"])
+def test_lossless_messages_go_in_pieces_that_decode_alone(name):
+    """A message of several pieces (the last one short) lists each piece's size in its metadata, and each
+    piece is a whole LZ4 block or zstd frame of its own (what a GPU compresses in parallel)."""
+    data = gradient(3 * lossless.PIECE // 4 + 1000)
+    enc = make(name).encode(data, "float32", None)
+    fmt, width, piece, count = struct.unpack_from("<BBII", enc.meta)
+    sizes = struct.unpack_from(f"<{count}I", enc.meta, 10)
+    assert (fmt, width, piece, count) == (2, 4, lossless.PIECE, 4) and sum(sizes) == len(enc.payload)
+    shuffled = lossless.shuffle(data, 4)
+    codec = make(name)
+    first = codec._decompress(memoryview(bytes(enc.payload))[:sizes[0]], piece)
+    assert first.tobytes() == shuffled[:piece].tobytes()
+    assert roundtrip(codec, data, "float32").tobytes() == data.tobytes()
+    assert roundtrip(codec, data[:0], "float32").size == 0
+
+
+def test_huge_messages_get_larger_pieces():
+    assert lossless.piece_bytes(1 << 20) == lossless.PIECE
+    assert lossless.piece_bytes(lossless.PIECE * lossless.MAX_PIECES) == lossless.PIECE
+    assert lossless.piece_bytes(lossless.PIECE * lossless.MAX_PIECES + 1) == lossless.PIECE + 1
 
 
 def test_shuffle_compresses_floats_better():
@@ -139,7 +164,7 @@ def test_what_the_sender_keeps_is_what_the_receiver_decodes(name):
     codec = make(name)
     data = gradient(3000)
     out = roundtrip(codec, data, "float32", SITE)
-    residual = codec.feedback._residuals[SITE]
+    residual = device.download(codec.feedback._residuals[SITE])  # on the codec's device (a GPU: cupy)
     assert np.array_equal(residual, data - out)
 
 
