@@ -66,3 +66,26 @@ def test_compression_names_list_the_codecs(monkeypatch):
     monkeypatch.setenv("ERDMA_COMPRESSION", "int9")
     with pytest.raises(ConfigError, match=r"'compression\.name': invalid value 'int9'.*int8.*did you mean"):
         load_config()
+
+
+def _report(queue) -> None:
+    queue.put((device.gpu_present(), device.absent()))
+
+
+def test_a_process_forked_after_cuda_ran_uses_no_gpu():
+    """A CUDA context does not survive fork(): a child forked after its parent ran cupy says so and encodes on
+    the CPU (``auto``), and ``cuda`` is refused there with the reason."""
+    import multiprocessing as mp
+
+    device._state["used"] = True
+    try:
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_report, args=(queue,))
+        child.start()
+        present, why = queue.get(timeout=60)
+        child.join(60)
+    finally:
+        device._state["used"] = False
+    assert present is False
+    assert why.startswith("this process was forked after its parent ran CUDA code; start ranks with erdma run")
