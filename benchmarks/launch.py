@@ -25,6 +25,7 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma-tcp": ("erdma", {"ERDMA_TRANSPORT_TCP_LOCAL_SOCKETS": "false"}),  # TCP even on one host
     "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
     "erdma-int8": ("erdma", {"ERDMA_COMPRESSION": "int8"}),  # erdma-gpucomp: gradients as absmax int8, EF
+    "erdma-int8-pipelined": ("erdma", {"ERDMA_COMPRESSION": "int8", "ERDMA_COMPRESSION_PIPELINE": "true"}),
     "gloo": ("gloo", {}),
     "mpi": ("mpi", {}),  # Open MPI's TCP BTL
     "mpi-sm": ("mpi", {"MPI_BTL": "self,vader"}),  # Open MPI's shared memory, on one host only
@@ -32,7 +33,7 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
 
 
 # what a lossy system's results are checked against: int8 of the benchmark's constant blocks is within 1%
-BENCH_ARGS: dict[str, list[str]] = {"erdma-int8": ["--rtol", "0.01"]}
+BENCH_ARGS: dict[str, list[str]] = {"erdma-int8": ["--rtol", "0.01"], "erdma-int8-pipelined": ["--rtol", "0.01"]}
 
 
 class JobFailed(RuntimeError):
