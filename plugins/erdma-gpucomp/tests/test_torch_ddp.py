@@ -10,43 +10,49 @@ import sys
 import textwrap
 
 import pytest
+from erdma_gpucomp.device import absent, gpu_present
 
 torch = pytest.importorskip("torch")
 
 SCRIPT = textwrap.dedent('''
-    import hashlib, torch, torch.distributed as dist
+    import hashlib, os, torch, torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
     import erdma_core.torch  # noqa: F401
     dist.init_process_group("erdma")
     rank = dist.get_rank()
+    dev = torch.device(os.environ["DDP_DEVICE"])
     torch.manual_seed(rank)  # different on every rank: DDP's broadcast must make them equal
-    model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 1))
+    model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 1)).to(dev)
     ddp = DDP(model, bucket_cap_mb=1)
-    start = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+    digest = lambda: hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+    start = digest().hexdigest()[:16]
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)
-    target = torch.randn(32, 1, generator=torch.Generator().manual_seed(5))
+    target = torch.randn(32, 1, generator=torch.Generator().manual_seed(5)).to(dev)
     for _ in range(30):
-        x = torch.randn(64, 32, generator=gen)
+        x = torch.randn(64, 32, generator=gen).to(dev)
         loss = nn.functional.mse_loss(ddp(x), x @ target)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    end = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+    end = digest().hexdigest()[:16]
     with torch.no_grad():
-        x = torch.randn(1024, 32, generator=torch.Generator().manual_seed(9))
+        x = torch.randn(1024, 32, generator=torch.Generator().manual_seed(9)).to(dev)
         held = nn.functional.mse_loss(model(x), x @ target).item()
     print(f"RESULT {rank} {start} {end} {held:.6f}", flush=True)
     dist.destroy_process_group()
 ''')
 
 
-def job(tmp_path, codec: str) -> list[tuple[str, str, float]]:
+def job(tmp_path, codec: str, device: str = "cpu") -> list[tuple[str, str, float]]:
+    """Two ranks train the same model with ``codec``, on ``device`` ("cuda": the model's tensors on the GPU,
+    and the int8 codec encodes there)."""
     script = tmp_path / "ddp.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
-    env |= {"ERDMA_COMPRESSION": codec, "ERDMA_COMPRESSION_MIN_BYTES": "0"}
+    env |= {"ERDMA_COMPRESSION": codec, "ERDMA_COMPRESSION_MIN_BYTES": "0", "DDP_DEVICE": device,
+            "ERDMA_COMPRESSION_INT8_DEVICE": "cuda" if device == "cuda" else "cpu"}
     out = subprocess.run([sys.executable, "-m", "erdma_core.cli", "run", "-n", "2", "--", sys.executable,
                           str(script)], capture_output=True, text=True, timeout=180, env=env)
     rows = sorted(line.split("RESULT ")[1].split() for line in out.stdout.splitlines() if "RESULT" in line)
@@ -54,8 +60,12 @@ def job(tmp_path, codec: str) -> list[tuple[str, str, float]]:
     return [(start, end, float(held)) for _, start, end, held in rows]
 
 
-def test_int8_ddp_ranks_agree_and_train_like_uncompressed(tmp_path):
-    plain, int8 = job(tmp_path, "none"), job(tmp_path, "int8")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not gpu_present(), reason=f"no usable CUDA GPU ({absent()})"))])
+def test_int8_ddp_ranks_agree_and_train_like_uncompressed(tmp_path, device):
+    """On "cuda" the model lives on the GPU: the torch backend stages its gradients through host memory and
+    the int8 codec encodes each message on the GPU."""
+    plain, int8 = job(tmp_path, "none", device), job(tmp_path, "int8", device)
     for rows in (plain, int8):
         assert rows[0][0] == rows[1][0]  # the parameter broadcast made every rank start alike
         assert rows[0][1] == rows[1][1]  # and they stay alike, bit for bit
