@@ -218,6 +218,27 @@ def test_an_encode_that_fails_fails_the_collective_everywhere(codec_plugin, pipe
                      str(errors[1])), errors[1]
 
 
+def stalling(pg):
+    testcodecs.SLOW_AT, testcodecs.SLOW_S = (3, 3.0) if pg.rank() == 0 else (1 << 30, 0.0)
+    a = np.ones(20_000, np.float32)
+    pg.allreduce(a, algorithm="ring")
+    return a
+
+
+def test_an_encode_that_outlasts_the_timeout_on_the_helper_thread_fails_in_time(codec_plugin):
+    """Rank 0's third encode, on the helper thread, takes 3 s against a 1 s collective timeout: rank 0 stops
+    waiting at its deadline and says what it was doing; rank 1 learns that rank 0 gave up."""
+    with world(2, "slow", **{"collectives.chunk_bytes": 4096, "compression.pipeline": True,
+                             "timeouts.collective": 1.0}) as w:
+        errors = w.outcomes(stalling)
+    assert isinstance(errors[0], erdma_core.errors.CollectiveTimeoutError), errors[0]
+    assert re.search(r"rank 0: allreduce \(group 0, seq \d+\) hit its timeout of 1\.0s encoding a message for "
+                     r"rank 1", str(errors[0])), errors[0]
+    assert isinstance(errors[1], erdma_core.errors.CollectiveError), errors[1]
+    assert re.search(r"failed on rank 1: rank 1: rank 0 aborted the job: rank 0: allreduce .* encoding a message "
+                     r"for rank 1", str(errors[1])), errors[1]
+
+
 def repeated(pg, steps):
     x = np.linspace(-1, 1, 4096).astype(np.float32) * (pg.rank() + 1) / 3
     buf = np.empty_like(x)

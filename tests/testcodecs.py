@@ -5,6 +5,7 @@
   encoding again may change values, so only forwarding encoded bytes as they came keeps ranks identical).
 * ``zlib``: lossless.
 * ``fails``: lossless until its ``FAILS_AT``-th encode in a process, which raises.
+* ``slow``: lossless; its ``SLOW_AT``-th encode in a process first sleeps ``SLOW_S`` seconds.
 
 Every encode is counted in ``CALLS`` (per process) so tests can see that the executor used them, and in
 ``THREADS`` by the name of the thread that ran it (the executor's helper thread is ``erdma-encode_0``).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import zlib
 from typing import Any
 
@@ -25,6 +27,7 @@ from erdma_core.compression import Encoded, Site
 CALLS: collections.Counter[str] = collections.Counter()
 THREADS: collections.Counter[str] = collections.Counter()
 FAILS_AT = 3
+SLOW_AT, SLOW_S = 3, 0.0
 SITES: list[Site | None] = []
 _BLOCK = 64
 
@@ -99,9 +102,18 @@ class Fails(Zlib):
         return super().encode(data, dtype, site)
 
 
+class Slow(Zlib):
+    name = "slow"
+
+    def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
+        if CALLS[self.name] + 1 == SLOW_AT:
+            time.sleep(SLOW_S)
+        return super().encode(data, dtype, site)
+
+
 @hookimpl
 def erdma_register_compressors(register: Any) -> None:
-    for cls in (Fp16, Int8, Zlib, Fails):
+    for cls in (Fp16, Int8, Zlib, Fails, Slow):
         register(cls.name, cls)
 
 
