@@ -49,8 +49,9 @@ class Compressor(Protocol):
     (error feedback must then keep nothing). Return an ``Encoded``, or None to send these elements raw
     (a dtype the codec does not handle, incompressible data). Must not modify ``data``.
 
-    ``encode`` may run on the executor's encoding thread (``compression.pipeline``) and for several groups
-    at once: shared state needs a lock. The encodes of one collective happen in message order.
+    ``encode`` may run on the executor's encoding thread (``compression.pipeline``) while ``decode`` runs on
+    the collective's, and for several groups at once: shared state needs a lock. The encodes of one
+    collective happen in message order.
 
     ``decode(payload, meta, dtype, out)``: write the decoded elements into ``out`` (a contiguous 1-D numpy
     array of ``dtype``'s storage and of the message's element count). Must depend on nothing but its

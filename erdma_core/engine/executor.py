@@ -191,7 +191,7 @@ def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg,
     """What goes on the wire for message ``m`` of ``arr``: raw, forwarded as it came, or encoded afresh."""
     got = _choose(codecs, fwd, op, step, m, arr)
     if type(got) is _Job:
-        return _finish(fwd, got, _encode(codecs, op.dtype, got, fwd is not None))
+        return _settle(fwd, got, _encode(codecs, op.dtype, got, fwd is not None))
     return got  # type: ignore[return-value]
 
 
@@ -223,7 +223,8 @@ def _encode(codecs: Codecs, dtype: str, job: _Job, keep: bool) -> Outgoing | Non
     return out
 
 
-def _finish(fwd: Forwarding | None, job: _Job, out: Outgoing | None) -> Outgoing:
+def _settle(fwd: Forwarding | None, job: _Job, out: Outgoing | None) -> Outgoing:
+    """What goes on the wire for an encoded ``job`` (raw if the codec declined), recorded for forwarding."""
     if fwd is not None and job.buf != "in":
         fwd.record(job.buf, job.lo, job.hi, out)
     return out if out is not None else (RAW, 0, as_bytes(job.view))
@@ -250,7 +251,7 @@ def _collect(got: Outgoing | _Running, fwd: Forwarding | None, op: Op, m: Msg, t
             f"encoding a message for rank {op.ranks[m.peer]}", rank=op.rank, op=op.name)
         transport.abort(err)
         raise err from None
-    return _finish(fwd, got.job, out)
+    return _settle(fwd, got.job, out)
 
 
 def _encode_copies(st: Stage, i: int, buffers: Mapping[str, np.ndarray], op: Op, codecs: Codecs,
