@@ -119,15 +119,19 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
             posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         done = 0
         sends = st.sends
-        if not raw and codecs.pipeline and len(sends) > 1:
-            done = _send_pipelined(st, i, buffers, transport, op, codecs, fwd, pending, exchanged)
-        else:
-            for m in sends:
+        # compression.pipeline: message k + 1 encodes on the helper thread while message k is sent (see _prepare)
+        ahead = not raw and codecs.pipeline and len(sends) > 1
+        got = _prepare(codecs, fwd, op, i, sends[0], buffers) if ahead else None
+        try:
+            for k, m in enumerate(sends):
                 if raw:
                     payload = as_bytes(buffers[m.buf][m.offset:m.offset + m.count])
                     header = make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
                 else:
-                    codec, meta, payload = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
+                    codec, meta, payload = (_collect(got, fwd, op, m, transport) if ahead
+                                            else _outgoing(codecs, fwd, op, i, m, buffers[m.buf]))
+                    if ahead and k + 1 < len(sends):
+                        got = _prepare(codecs, fwd, op, i, sends[k + 1], buffers)
                     header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
                 req = transport.isend(m.to, header, payload, deadline)
                 if not req.finished or req.error is not None:
@@ -135,6 +139,10 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
                 while done < len(pending) and pending[done][0].finished:
                     _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
                     done += 1
+        except BaseException:
+            if ahead:
+                _abandon(got, op)
+            raise
         if i < last and stages[i + 1].after_sends:  # what the sends read is free: post before peers send
             posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         for item in pending[done:]:
@@ -156,35 +164,6 @@ class _Running(NamedTuple):
 
     job: _Job
     future: Future[Outgoing | None]
-
-
-def _send_pipelined(st: Stage, i: int, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
-                    codecs: Codecs, fwd: Forwarding | None, pending: list[_Pending],
-                    exchanged: list[tuple[int, str, int, int]]) -> int:
-    """The sends of step ``i`` when several are encoded: message k + 1 encodes on the helper thread while
-    message k is sent and receives land. That is safe because a step's receives never land where a later
-    send of the step reads (``program``), and the decision to encode, forward or send raw is taken here, in
-    message order. Returns how many of ``pending`` have landed."""
-    sends, done, head = st.sends, 0, op.head
-    got: Outgoing | _Running = _prepare(codecs, fwd, op, i, sends[0], buffers)
-    try:
-        for k, m in enumerate(sends):
-            codec, meta, payload = _collect(got, fwd, op, m, transport)
-            if k + 1 < len(sends):
-                got = _prepare(codecs, fwd, op, i, sends[k + 1], buffers)
-            header = make_header((*head, m.tag, op.seq, codec, meta, op.numel, m.count, len(payload)))
-            req = transport.isend(m.to, header, payload, op.deadline)
-            if not req.finished or req.error is not None:
-                finish(req, m.peer, op, transport, "sending to")
-            while done < len(pending) and pending[done][0].finished:
-                _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
-                done += 1
-    except BaseException:
-        if type(got) is _Running and not got.future.cancel():  # it writes into the buffer: let it end first
-            with contextlib.suppress(BaseException):
-                got.future.exception(timeout=max(0.0, op.deadline - time.monotonic()))
-        raise
-    return done
 
 
 def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg, arr: np.ndarray) -> Outgoing:
@@ -232,11 +211,20 @@ def _settle(fwd: Forwarding | None, job: _Job, out: Outgoing | None) -> Outgoing
 
 def _prepare(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg,
              buffers: Mapping[str, np.ndarray]) -> Outgoing | _Running:
-    """Message ``m``'s Outgoing, or its encoding started on the helper thread."""
+    """Message ``m``'s Outgoing, or its encoding started on the helper thread. Deciding before the previous
+    message is sent is safe: a step's receives never land where a later send of the step reads (``program``),
+    and the decisions (encode, forward as it came, or raw) are still taken here, in message order."""
     got = _choose(codecs, fwd, op, step, m, buffers[m.buf])
     if type(got) is _Job:
         return _Running(got, codecs.ahead(_encode, codecs, op.dtype, got, fwd is not None))
     return got  # type: ignore[return-value]
+
+
+def _abandon(got: Outgoing | _Running | None, op: Op) -> None:
+    """A step failed while an encoding ran ahead: it writes into the buffer, so let it end first (bounded)."""
+    if type(got) is _Running and not got.future.cancel():
+        with contextlib.suppress(BaseException):
+            got.future.exception(timeout=max(0.0, op.deadline - time.monotonic()))
 
 
 def _collect(got: Outgoing | _Running, fwd: Forwarding | None, op: Op, m: Msg, transport: Transport) -> Outgoing:

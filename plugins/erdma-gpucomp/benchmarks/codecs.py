@@ -67,6 +67,7 @@ def main() -> None:
     print(f"{g.size} gradient elements ({g.nbytes / 2**20:.1f} MiB fp32) in {len(chunks)} messages of "
           f"{args.message_mib:g} MiB; device {args.device}; best of {args.repeats}")
     print(f"{'codec':<9} {'ratio':>7} {'encode GB/s':>12} {'from GPU':>9} {'decode GB/s':>12} {'rel. error':>11}")
+    on_gpu = None
     if gpu:
         import cupy
 
@@ -78,7 +79,7 @@ def main() -> None:
             codec = make(name, device=args.device)
         else:
             codec = make(name, device=args.device, error_feedback=False)
-        ratio, enc, dev, dec, out = measure(codec, chunks, on_gpu if gpu else None, args.repeats)
+        ratio, enc, dev, dec, out = measure(codec, chunks, on_gpu, args.repeats)
         err = np.linalg.norm(out - g) / np.linalg.norm(g)
         from_gpu = f"{g.nbytes / dev / 1e9:.2f}" if dev else ""
         print(f"{name:<9} {ratio:>7.2f} {g.nbytes / enc / 1e9:>12.2f} {from_gpu:>9} {g.nbytes / dec / 1e9:>12.2f} "

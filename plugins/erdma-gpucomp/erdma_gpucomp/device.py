@@ -5,6 +5,7 @@ of its encoding (everything between them is ``quantize``'s array-API code, which
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.util
@@ -129,6 +130,11 @@ def stream() -> Any:
 
         made = _local.stream = cupy.cuda.Stream(non_blocking=True)
     return made
+
+
+def computing(device: str) -> contextlib.AbstractContextManager[Any]:
+    """Where a codec on ``device`` computes: this thread's stream for "cuda" (``stream``), nothing for "cpu"."""
+    return stream() if device == "cuda" else contextlib.nullcontext()
 
 
 def download(arr: Any) -> np.ndarray:

@@ -30,10 +30,12 @@ PIECE = 1 << 16  # bytes per independently compressed piece (nvcomp's default ch
 MAX_PIECES = 8192  # a message of more than PIECE * MAX_PIECES bytes gets larger pieces (the metadata stays small)
 MAX_PIECE = 1 << 26
 
+NVCOMP_ONLY = {"cascaded": "Cascaded", "bitcomp": "Bitcomp", "ans": "ANS", "gdeflate": "GDeflate"}
+
 
 def piece_bytes(nbytes: int) -> int:
+    """Bytes per piece of an ``nbytes`` message: ``PIECE``, or more, so that at most ``MAX_PIECES`` are listed."""
     return max(PIECE, -(-nbytes // MAX_PIECES))
-NVCOMP_ONLY = {"cascaded": "Cascaded", "bitcomp": "Bitcomp", "ans": "ANS", "gdeflate": "GDeflate"}
 
 
 def shuffle(data: Any, width: int) -> Any:
@@ -68,10 +70,10 @@ class Lossless:
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
         width = data.itemsize if self.shuffle and data.itemsize > 1 else 1
         piece = piece_bytes(data.nbytes)
-        if self.device == "cuda":
+        if self.device == "cuda" and data.nbytes:
             with device.stream():
                 shuffled = shuffle(device.upload(self.device, data), width)
-                sizes, body = nvcomp_gpu.encode_pieces(self.nvcomp_name, shuffled, piece) if data.nbytes else ([], b"")
+                sizes, body = nvcomp_gpu.encode_pieces(self.nvcomp_name, shuffled, piece)
         else:
             shuffled = shuffle(data, width)
             parts = [self._compress(shuffled[lo:lo + piece]) for lo in range(0, shuffled.size, piece)]
@@ -170,11 +172,11 @@ class Nvcomp:
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
         with device.stream():
             flat = device.upload("cuda", data.reshape(-1).view(np.uint8))
-            return Encoded(nvcomp_gpu.encode(self.algorithm, flat, raw=False))
+            return Encoded(nvcomp_gpu.encode(self.algorithm, flat))
 
     def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
         if not device.gpu_present():
             raise ValueError(f"the payload was compressed with nvcomp's {self.algorithm} on a GPU, and this rank "
                              f"has no usable GPU to decode it ({device.absent()})")
         with device.stream():
-            out.reshape(-1).view(np.uint8)[:] = nvcomp_gpu.decode(self.algorithm, payload, out.nbytes, raw=False)
+            out.reshape(-1).view(np.uint8)[:] = nvcomp_gpu.decode(self.algorithm, payload, out.nbytes)

@@ -54,24 +54,19 @@ class Lossy:
     def encode(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
         if dtype not in self.dtypes or data.size == 0:
             return None
-        if self.device == "cuda":
-            with device.stream():
-                return self._encode_with_feedback(data, dtype, site)
-        return self._encode_with_feedback(data, dtype, site)
-
-    def _encode_with_feedback(self, data: np.ndarray, dtype: str, site: Site | None) -> Encoded | None:
         xp = self.xp
-        x = quantize.load(xp, device.upload(self.device, data), dtype)
-        fb = self.feedback if site is not None else None
-        if fb is not None:
-            x = fb.take(site, x)
-        out = self._encode(xp, x, dtype)
-        if out is None:
-            return None
-        parts, meta, recon = out
-        if fb is not None:
-            fb.keep(site, x - quantize.seen(xp, recon, dtype))
-        return Encoded(_bytes(xp, parts), meta)
+        with device.computing(self.device):
+            x = quantize.load(xp, device.upload(self.device, data), dtype)
+            fb = self.feedback if site is not None else None
+            if fb is not None:
+                x = fb.take(site, x)
+            out = self._encode(xp, x, dtype)
+            if out is None:
+                return None
+            parts, meta, recon = out
+            if fb is not None:
+                fb.keep(site, x - quantize.seen(xp, recon, dtype))
+            return Encoded(_bytes(xp, parts), meta)
 
     def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:
         if dtype not in self.dtypes:

@@ -1,7 +1,7 @@
 """nvcomp on a CUDA GPU: the only lines of this package that no CPU can run, so CI never has; kept to the
 calls themselves. ``algorithm`` is nvcomp's name ("LZ4", "Zstd", "Cascaded", "Bitcomp", "ANS", "GDeflate").
-``raw=True`` asks for the bare format (an LZ4 block, a zstd frame), which the host's lz4 and zstandard
-libraries read and write too; otherwise nvcomp's own chunked format, which only nvcomp decodes. Everything
+``encode`` and ``decode`` use nvcomp's own chunked format, which only nvcomp decodes; ``encode_pieces`` the
+bare format (LZ4 blocks, zstd frames), which the host's lz4 and zstandard libraries read too. Everything
 runs on the calling thread's current cupy stream (``device.stream``), with a Codec of its own (nvcomp's
 Codec must not be shared between threads).
 """
@@ -25,12 +25,12 @@ def _codec(algorithm: str, raw: bool) -> tuple[Any, int]:
     return nvcomp.Codec(algorithm=algorithm, bitstream_kind=kind, cuda_stream=stream), stream
 
 
-def encode(algorithm: str, data: Any, raw: bool) -> np.ndarray:
+def encode(algorithm: str, data: Any) -> np.ndarray:
     """``data`` (a cupy uint8 array) compressed on the GPU; the compressed bytes in host memory."""
     import cupy
     from nvidia import nvcomp
 
-    codec, stream = _codec(algorithm, raw)
+    codec, stream = _codec(algorithm, False)
     out = codec.encode(nvcomp.as_array(data, stream))
     return cupy.asarray(out).view(cupy.uint8).get()
 
@@ -48,12 +48,12 @@ def encode_pieces(algorithm: str, data: Any, piece: int) -> tuple[list[int], np.
     return [int(p.size) for p in parts], cupy.concatenate(parts).get()
 
 
-def decode(algorithm: str, payload: memoryview, nbytes: int, raw: bool) -> np.ndarray:
+def decode(algorithm: str, payload: memoryview, nbytes: int) -> np.ndarray:
     """``payload`` decompressed on the GPU into host memory; raises ValueError unless it is ``nbytes``."""
     import cupy
     from nvidia import nvcomp
 
-    codec, stream = _codec(algorithm, raw)
+    codec, stream = _codec(algorithm, False)
     out = codec.decode(nvcomp.as_array(cupy.asarray(np.frombuffer(payload, np.uint8)), stream))
     host = cupy.asarray(out).view(cupy.uint8).get()
     if host.size != nbytes:
