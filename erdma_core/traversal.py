@@ -14,7 +14,15 @@ class Traversal(Protocol):
     NAT lets the peer's first packets in (the transport must ignore such datagrams when they arrive); and
     ``udp_sockets(count) -> list[socket]``: that many more sockets prepared like ``udp_socket``'s, each with
     its own mapping (``advertise`` answers for each by its port), for a transport that stripes its traffic
-    over several (one per lane); it raises ``ConfigError`` when it cannot."""
+    over several (one per lane); it raises ``ConfigError`` when it cannot.
+
+    A strategy with more than one way to reach this rank (ICE-like: its NAT's mapping, a TURN relay) offers
+    ``candidates(host, port) -> list[addresses.Candidate]``: every address, in the order peers should try
+    them, published instead of ``advertise``'s one (``punch`` is then called for each candidate of a peer);
+    and ``dial_plan(candidates) -> (list[Candidate], seconds)``: of a peer's candidates, those this rank dials,
+    in order, and how long it waits for an answer from one before it dials the next. The decision is made by
+    trying: a transport that dials through a plan keeps the first candidate that answers, and after an
+    outage goes through the plan again."""
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """Given the address this rank listens on, return the address peers should dial."""

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 import attrs
 
 from .. import config as cfg
+from ..engine import topology
 from ..engine.codecs import Codecs, parse_ops
 from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, ConfigError, ErdmaError
@@ -101,13 +102,19 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
                                            udp_socket=udp() if callable(udp) else None, secret=secret,
                                            punch=getattr(traversal, "punch", None),
                                            udp_sockets=getattr(traversal, "udp_sockets", None),
+                                           candidates=getattr(traversal, "candidates", None),
+                                           dial_plan=getattr(traversal, "dial_plan", None),
                                            max_early_bytes=conf["security.max_early_bytes"]))
         _check_unique(store, job, rank)
+        slow_peers = getattr(transport, "slow_peers", None)
+        mine = slow_peers() if callable(slow_peers) else None
+        slow = topology.agree(store, rank, world_size, mine, connect_timeout) if mine is not None else frozenset()
     except BaseException:
         store.close()
         raise
     rt = Runtime(rank=rank, world_size=world_size, config=conf, components=comps, store=store, transport=transport,
                  job=job, codecs=codecs)
+    rt.slow_links = slow
     pg = ProcessGroup(rt, range(world_size), 0)
     _default = pg
     return pg

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..algorithms.schedule import Spec
-from ..engine import dtypes, executor, reduce_ops
+from ..engine import dtypes, executor, reduce_ops, topology
 from ..engine.buffers import Buffer, as_buffer, page_aligned
 from ..engine.codecs import Codecs
 from ..engine.ops import OPS, buffer_sizes
@@ -60,6 +60,11 @@ class ProcessGroup:
         # reducing receives, 2 for a schedule's 'work' buffer
         self._arenas = [np.empty(0, np.uint8) for _ in range(3)]
         self._views: dict[tuple[int, int, np.dtype], np.ndarray] = {}  # (slot, count, dtype) -> view of an arena
+        # a ring allreduce runs through the group's ranks in this order (global ranks): as few slow links
+        # (relayed paths) between neighbours as there can be; the group's own order when none is slow
+        local = frozenset(frozenset(self.ranks.index(r) for r in pair) for pair in rt.slow_links
+                          if all(r in self.ranks for r in pair))
+        self.ring = tuple(self.ranks[i] for i in topology.ring_order(len(self.ranks), local))
 
     def rank(self) -> int:
         return self._rank
@@ -127,7 +132,9 @@ class ProcessGroup:
         local = sum(spec_fields["send_counts"]) if name == "alltoall" else count  # alltoall's count is 0
         algo = self._algorithm(name, local * itemsize, algorithm)
         component, options = self.rt.algorithm(name, algo)
-        spec = Spec(name, self._rank, self.size(), count, options=options, **spec_fields)
+        # any member may stand anywhere in an allreduce ring (each ends with the same sum)
+        ranks = self.ring if name == "allreduce" and algo == "ring" else self.ranks
+        spec = Spec(name, ranks.index(self.rt.rank), self.size(), count, options=options, **spec_fields)
         try:
             checked = plan(component, spec)
         except PluginError as exc:
@@ -135,13 +142,13 @@ class ProcessGroup:
             raise
         if len(self._plans) >= 1024:
             self._plans.clear()
-        program = compile_plan(checked, self.ranks, self._chunk_bytes // itemsize, itemsize,
+        program = compile_plan(checked, ranks, self._chunk_bytes // itemsize, itemsize,
                                elide=not self.rt.codecs.for_op(name).lossy)
         op = None
         if program.stages:  # a group of one still runs its local copies (allgather, alltoall, ...)
             op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
                              dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
-                             seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=self.ranks,
+                             seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=ranks,
                              rank=self.rt.rank, root=spec_fields.get("root", NO_ROOT))
         return _Compiled(program, op, buffer_sizes(spec)["work"] if program.uses_work else None,
                          self.rt.codecs.for_op(name))

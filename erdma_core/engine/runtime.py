@@ -20,6 +20,7 @@ class Runtime:
         self.config, self.components = config, components
         self.store, self.transport, self.job = store, transport, job
         self.codecs = codecs
+        self.slow_links: frozenset[frozenset[int]] = frozenset()  # pairs of global ranks (``topology.agree``)
         self.timeout: float = config["timeouts.collective"]
         self._groups = itertools.count(1)
         self._algorithms: dict[tuple[str, str], tuple[Component, Options]] = {}

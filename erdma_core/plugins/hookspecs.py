@@ -60,7 +60,9 @@ def erdma_register_traversals(register: Callable[..., None]) -> None:
     address peers should dial. Optionally ``udp_socket() -> socket | None``, called once before the
     transport connects: a bound UDP socket a datagram transport (QUIC) must use instead of its own (a
     hole-punched NAT mapping); ``punch(host, port) -> bytes | None``; and ``udp_sockets(count) -> list``,
-    more sockets prepared the same way for a transport that stripes (raises ``ConfigError`` when it cannot).
+    more sockets prepared the same way for a transport that stripes (raises ``ConfigError`` when it cannot);
+    ``candidates(host, port) -> list[Candidate]`` and ``dial_plan(candidates) -> (list[Candidate], seconds)``
+    for a strategy with several ways to reach a rank (``erdma_core.traversal.Traversal`` says how).
     Returns: nothing. Every implementation is called.
     """
 

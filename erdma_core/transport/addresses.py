@@ -6,7 +6,7 @@ import fcntl
 import ipaddress
 import socket
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError
 
@@ -65,8 +65,37 @@ def choose(bind_address: str, interface: str, towards: str | None) -> tuple[str,
     return (bind_address or advertised), advertised
 
 
+class Candidate(NamedTuple):
+    """One address a rank can be reached at, as a traversal offers it: ``kind`` is ``host`` (its own
+    interface), ``srflx`` (its NAT's mapping, server-reflexive) or ``relay`` (an allocation on a TURN server)."""
+
+    host: str
+    port: int
+    kind: str = "host"
+
+    def text(self) -> str:
+        """``HOST:PORT`` for a host candidate (what a transport with no traversal publishes), else with the kind."""
+        return f"{self.host}:{self.port}" + (f" {self.kind}" if self.kind != "host" else "")
+
+
 def published(store: Any, key: str, timeout: float) -> tuple[str, int]:
-    """The ``host:port`` a rank published under ``key`` in the discovery store, host resolved to an IPv4
-    address (waits up to ``timeout`` seconds for it, as ``store.get`` does)."""
-    host, port = store.get(key, timeout).decode().rsplit(":", 1)
-    return socket.gethostbyname(host), int(port)
+    """The ``host:port`` a rank published under ``key`` in the discovery store (the first of its candidates,
+    when it published several), host resolved to an IPv4 address (waits up to ``timeout`` seconds for it, as
+    ``store.get`` does)."""
+    first = candidates(store.get(key, timeout).decode())[0]
+    return first.host, first.port
+
+
+def candidates(value: str) -> list[Candidate]:
+    """A published value, ``HOST:PORT[ KIND][,HOST:PORT[ KIND]...]``, as candidates (hosts resolved)."""
+    out = []
+    for item in value.split(","):
+        addr, _, kind = item.strip().partition(" ")
+        host, port = addr.rsplit(":", 1)
+        out.append(Candidate(socket.gethostbyname(host), int(port), kind or "host"))
+    return out
+
+
+def publish(cands: list[Candidate]) -> bytes:
+    """What ``candidates`` reads back."""
+    return ",".join(c.text() for c in cands).encode()

@@ -38,6 +38,10 @@ class TransportContext:
     # to a peer's advertised address before that peer dials this rank (opens this rank's NAT to it), or None
     udp_sockets: Callable[[int], list[Any]] | None = None  # traversal: ``count`` more sockets prepared like
     # ``udp_socket`` (each its own mapping), for a transport that stripes over several; None when it has none
+    candidates: Callable[[str, int], list[Any]] | None = None  # traversal: every address peers may try for this
+    # rank (``addresses.Candidate``), published instead of ``advertise``'s one; None: that one
+    dial_plan: Callable[[list[Any]], tuple[list[Any], float]] | None = None  # traversal: of a peer's published
+    # candidates, those to dial in order, and the seconds to wait for an answer from each before the next
     secret: bytes = b""  # the job's secret (``security.secret``): every connection accepted must prove it
     max_early_bytes: int = DEFAULT_EARLY_BYTES  # per peer, for frames ahead of their receives (the mailbox's)
 
@@ -116,7 +120,10 @@ class MessageTransport:
 
     and may override ``wait(req, deadline)`` to move bytes on the waiting thread (``SocketTransport`` does)
     and ``fail_sends(error)`` to fail frames queued but not yet on their way when the rank aborts, and
-    ``link_rate(peer)`` to report the bytes per second it measured towards ``peer``.
+    ``link_rate(peer)`` to report the bytes per second it measured towards ``peer``, and ``slow_peers()``: after
+    ``open``, the peers it reaches the slow way (through a relay), or None when it never tells; the ranks
+    agree on these links at set-up and a ring allreduce keeps them out of its ring where it can
+    (``erdma_core.engine.topology``).
 
     What arrives from a peer goes through ``self.inbox(peer)`` (``FrameInbox``: a frame's header, then its
     payload), for a byte stream through a ``StreamReader`` over it. A connection that fails calls

@@ -3,6 +3,10 @@ the way the ``stun`` traversal asks, from one socket: of ``traversal.stun.server
 ``traversal.stun.check_server`` (another address; RFC 5780's mapping test). The same mapping for both means
 the NAT maps the socket endpoint-independently (hole punching works); a different one means it maps per
 destination ("symmetric": only a relay joins such a rank to a peer behind another NAT). No NAT is told too.
+Nothing here decides a path: the ranks of a job do that by connecting. With ``discovery.init_method`` a
+``dht://`` URL of a running job (and its ``security.secret``), the doctor also reads, as an observer that
+claims no rank, the paths each rank published (``quic/paths/RANK``): which peers it reaches directly and
+which through a relay.
 """
 
 from __future__ import annotations
@@ -114,8 +118,48 @@ def _relay(section: dict[str, Any], verdict: str) -> list[str]:
         return [f"problem: relay {section['relay']}: {exc}"]
     finally:
         sock.close()
-    uses = section["relay_when"] == "always" or verdict == "dependent"
+    if section["relay_when"] == "always":
+        use = "  a rank here relays all its traffic through it (relay_when = \"always\")"
+    else:
+        use = ("  a rank here offers it as its last candidate: peers that no direct path reaches within "
+               f"{section['check_timeout']:.1f} s (traversal.stun.check_timeout) go through it")
+        if verdict == "dependent":
+            use += "; with this NAT, expect peers behind NATs to need it"
     return [f"relay {section['relay']}: granted relayed address {addr.host}:{addr.port}" if addr else
-            f"relay {section['relay']}: granted",
-            "  a rank here relays all its traffic through it" if uses else
-            "  a rank here connects directly (it relays only where its NAT maps per destination)"]
+            f"relay {section['relay']}: granted", use]
+
+
+def job_paths(init_method: str, secret: str, section: dict[str, Any], timeout: float) -> list[str]:
+    """The paths the ranks of the running job at ``init_method`` (dht://) published, rank by rank until one
+    has published none; one "problem: " line when the DHT cannot be joined."""
+    from erdma_core.errors import CollectiveTimeoutError, ErdmaError
+
+    from .dht_store import DhtStore, parse_url
+
+    try:
+        bootstrap, job = parse_url(init_method)
+    except ValueError as exc:
+        return [f"problem: {exc}"]
+    if not secret:
+        return [f"job {job!r}: paths not read (set security.secret: the job's records are signed with it)"]
+    try:
+        store = DhtStore(bootstrap, job, secret.encode(), timeout=timeout, section=section)
+    except ErdmaError as exc:
+        return [f"problem: {exc}"]
+    lines = [f"job {job!r}, paths as its ranks published them:"]
+    try:
+        rank = 0
+        while True:
+            try:
+                value = store.get(f"quic/paths/{rank}", timeout if rank == 0 else 1.0).decode()
+            except CollectiveTimeoutError:
+                break
+            peers = [line.split() for line in value.splitlines() if len(line.split()) == 3]
+            lines.append(f"  rank {rank}: " + ", ".join(f"rank {peer} {how} ({addr})" for peer, addr, how in peers))
+            rank += 1
+    finally:
+        store.close()
+    if rank == 0:
+        lines.append(f"  none within {timeout:.1f}s (the job has not connected yet, has ended, or uses another "
+                     "traversal than stun)")
+    return lines

@@ -13,20 +13,24 @@ OPTIONS = {
                      "STUN on 3478)"),
     "check_server": Option(str, "", "HOST:PORT of a second STUN server, at another address, that erdma doctor "
                            "also asks from the same socket: the two answers tell whether the NAT maps per "
-                           "destination; empty: not tested"),
+                           "destination (a diagnostic: which path is used is decided by connecting); empty: not "
+                           "tested"),
     "timeout": Option(float, 5.0, "seconds to wait for the STUN answer (requests are resent meanwhile)",
                       minimum=0.1, maximum=600.0),
     "bind_address": Option(str, "", "local address of the data socket; empty: every address"),
     "punch": Option(bool, True, "before a peer dials this rank, send it a datagram from the data socket so that "
-                    "this rank's NAT lets the peer in; off: only ranks whose NAT lets anyone in are reachable (a "
-                    "relaying rank sends it anyway: it gives the peer its permission on the relay)"),
-    "relay": Option(str, "", "HOST:PORT of a TURN server (coturn) through which a rank that hole punching cannot "
-                    "reach relays all its traffic; empty: no relay"),
+                    "this rank's NAT lets the peer in; off: only ranks whose NAT lets anyone in are reachable directly (the "
+                    "peer's permission on this rank's relay is asked for either way)"),
+    "relay": Option(str, "", "HOST:PORT of a TURN server (coturn): every rank takes an allocation on it and offers "
+                    "it as its last candidate, used by the peers that no direct path reaches; empty: no relay"),
     "relay_user": Option(str, "", "the TURN server's long-term credential: user name"),
     "relay_password": Option(str, "", "the TURN server's long-term credential: password", secret=True),
-    "relay_when": Option(str, "dependent-mapping", "which ranks relay: those whose NAT maps per destination "
-                         "(seen by asking server and check_server from the data socket), or every rank",
-                         choices=("dependent-mapping", "always")),
+    "relay_when": Option(str, "fallback", "which paths go through the relay: those for which no direct candidate "
+                         "answered within check_timeout (fallback), or every one (always)",
+                         choices=("fallback", "always")),
+    "check_timeout": Option(float, 2.0, "seconds a dialling rank waits for an answer from one of a peer's "
+                            "candidates before it tries the next (its NAT's mapping, then its relay)",
+                            minimum=0.1, maximum=600.0),
     "port": Option(int, 0, "local UDP port of the data socket; 0: any free one", minimum=0, maximum=65535),
     "classify_server": Option(str, "", "HOST:PORT of an RFC 3489 STUN server with two addresses (Debian's "
                               "stun-server, stund; coturn 4.6 does not answer RFC 3489 requests) against which erdma "
@@ -71,9 +75,13 @@ def erdma_add_commands(subparsers: Any) -> None:
 
 @hookimpl
 def erdma_doctor(config: Any) -> list[str]:
-    from .doctor import report
+    from .doctor import job_paths, report
 
-    return report(config.section("traversal.stun"))
+    lines = report(config.section("traversal.stun"))
+    if config["discovery.init_method"].startswith("dht://"):
+        lines += job_paths(config["discovery.init_method"], config["security.secret"],
+                           config.section("discovery.dht"), config.section("traversal.stun")["timeout"])
+    return lines
 
 
 def _stun(config: Any, section: dict[str, Any]) -> Any:

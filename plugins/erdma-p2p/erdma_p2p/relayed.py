@@ -1,23 +1,29 @@
-"""The I/O adapter of a ``turn.TurnClient``: a UDP socket whose peers are reached through a TURN relay.
+"""The I/O adapter of a ``turn.TurnClient``: a UDP socket with a relay allocation, whose peers are reached
+directly or through the TURN relay.
 
-``RelayedSocket`` stands in for the data socket handed to the datagram transport (erdma-quic). Every datagram
-the transport sends to a peer leaves for the relay server, framed for that peer (ChannelData, or a Send
-indication until the channel is bound); what the relay delivers comes back from ``recvfrom`` with the peer's
-address, as if it had come directly. The relay's own answers (permissions, channels, refreshes) are consumed on
-the way, and the client's timers run on every call: the transport's keepalives keep them turning. Everything
-else is the real socket's (``fileno`` for the event loop, options, the error queue).
+``RelayedSocket`` stands in for the data socket handed to the datagram transport (erdma-quic). What the relay
+delivers comes back from ``recvfrom`` with the peer's address, as if it had come directly, and from then on
+every datagram to that address leaves for the relay server, framed for that peer (ChannelData, or a Send
+indication until the channel is bound): a peer that reached this rank through its relayed address is
+answered that way. A peer heard from directly is answered directly again. The relay's own answers
+(permissions, channels, refreshes) are consumed on the way, and the client's timers run on every call,
+direct traffic's too (so the relay is still there when a path falls back to it): the transport's keepalives
+keep them turning. Everything else is the real socket's (``fileno`` for the event loop, options, the error
+queue).
 """
 
 from __future__ import annotations
 
-import errno
 import socket
+import struct
 import threading
 import time
 from typing import Any
 
 from .stun import StunError, exchange
 from .turn import TurnClient, TurnError
+
+_UDP_SEGMENT = 103  # linux/udp.h: UDP_SEGMENT, the GSO segment size
 
 
 class RelayedSocket:
@@ -26,6 +32,17 @@ class RelayedSocket:
         self._lock = threading.Lock()  # the transport's loop thread and its punch thread both send
         self._errors: list[tuple[bytes, list[Any], int, tuple[str, int]]] = []
         self._due = client.timer  # when the client's timers next need running (not on every datagram)
+        self._via: set[tuple[str, int]] = set()  # peers last heard from through the relay: answered through it
+
+    def relayed(self, addr: tuple[str, int]) -> bool:
+        """Whether datagrams to ``addr`` go through the relay."""
+        return tuple(addr[:2]) in self._via
+
+    def permit(self, host: str) -> None:
+        """Let ``host`` reach this socket through the relayed address (a TURN permission)."""
+        with self._lock:
+            self.client.permit(host, time.monotonic())
+            self._flush()
 
     # the real socket's
     def fileno(self) -> int:
@@ -51,8 +68,8 @@ class RelayedSocket:
         got = self.sock.recvmsg(bufsize, ancbufsize, flags)
         if flags & socket.MSG_ERRQUEUE and tuple(got[3][:2]) == self.server:
             with self._lock:
-                peers = self.client.peers()
-            self._errors = [(got[0], got[1], got[2], (p.host, p.port)) for p in peers]
+                peers = [(p.host, p.port) for p in self.client.peers() if (p.host, p.port) in self._via]
+            self._errors = [(got[0], got[1], got[2], p) for p in peers]
             if self._errors:
                 return self._errors.pop()
         return got
@@ -63,8 +80,11 @@ class RelayedSocket:
             self._flush()
         self.sock.close()
 
-    # data, through the relay
+    # data, directly or through the relay
     def sendto(self, data: bytes | memoryview, addr: tuple[str, int]) -> int:
+        if tuple(addr[:2]) not in self._via:
+            self._timers()
+            return self.sock.sendto(data, addr)
         with self._lock:
             now = time.monotonic()
             self._tick(now)
@@ -73,13 +93,26 @@ class RelayedSocket:
         self.sock.sendto(framed, self.server)
         return len(data)
 
-    def sendmsg(self, *args: Any) -> int:
-        raise OSError(errno.EOPNOTSUPP, "batched sends (UDP GSO) do not go through a TURN relay")
+    def sendmsg(self, buffers: list[bytes], ancdata: list[tuple[int, int, bytes]], flags: int,
+                addr: tuple[str, int]) -> int:
+        """UDP GSO (one buffer cut into datagrams of the segment size in ``ancdata``): the real socket's for a
+        direct peer; through the relay, datagram by datagram."""
+        if tuple(addr[:2]) not in self._via:
+            self._timers()
+            return self.sock.sendmsg(buffers, ancdata, flags, addr)
+        blob = b"".join(buffers)
+        size = next((struct.unpack("=H", data)[0] for level, kind, data in ancdata if kind == _UDP_SEGMENT),
+                    len(blob)) or len(blob)
+        for i in range(0, len(blob), size):
+            self.sendto(blob[i:i + size], addr)
+        return len(blob)
 
     def recvfrom(self, size: int) -> tuple[bytes, tuple[str, int]]:
         while True:
             data, src = self.sock.recvfrom(max(size, 65536))  # BlockingIOError ends the caller's batch
             if tuple(src[:2]) != self.server:
+                self._via.discard(tuple(src[:2]))
+                self._timers()
                 return data, src  # not relayed (a peer that reached this socket directly)
             with self._lock:
                 now = time.monotonic()
@@ -89,7 +122,18 @@ class RelayedSocket:
                 self._tick(now)
                 self._flush()
             if got is not None:
-                return got[0], (got[1].host, got[1].port)
+                peer = (got[1].host, got[1].port)
+                self._via.add(peer)
+                return got[0], peer
+
+    def _timers(self) -> None:
+        """On direct traffic too: the allocation, the permissions and the channels stay fresh while every peer
+        is reached directly, so that the relay still works when a path falls back to it."""
+        due = self._due
+        if due is not None and time.monotonic() >= due:
+            with self._lock:
+                self._tick(time.monotonic())
+                self._flush()
 
     def _tick(self, now: float) -> None:
         if self._due is not None and now >= self._due:

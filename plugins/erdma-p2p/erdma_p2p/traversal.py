@@ -1,13 +1,15 @@
 """``traversal = "stun"``: a UDP socket bound once, its public mapping learned from a STUN server through that
-very socket, handed to the datagram transport (erdma-quic) so the mapping stays in use; peers dial the mapped
-address; and before a peer dials, a datagram from this socket to the peer's mapped address opens this rank's
-NAT to it (hole punching, for NATs that map endpoint-independently).
+very socket, handed to the datagram transport (erdma-quic) so the mapping stays in use; and before a peer
+dials, a datagram from this socket to each of the peer's addresses opens this rank's NAT to it (hole
+punching, for NATs that map endpoint-independently).
 
-A rank behind a NAT that maps each destination to a new port (symmetric) cannot be reached that way. With
-``relay`` set, such a rank (or every rank: ``relay_when = "always"``) takes an allocation on that TURN server
-through the same socket, advertises the relayed address, and sends all its traffic through the relay
-(``relayed.py``); its peers need nothing special. Whether the NAT maps per destination is seen, not guessed:
-the socket asks ``server`` and ``check_server`` and compares the two mappings.
+With ``relay`` set, every rank also takes an allocation on that TURN server through the same socket
+(``relayed.py``), and offers three kinds of candidates (ICE's): its own address (``host``; dialled only by a
+peer behind the same public address), its NAT's mapping (``srflx``), and the relayed address (``relay``).
+A dialling peer tries them in that order and keeps the first that answers within ``check_timeout``: what is
+used is decided by connecting, not by what the NAT looks like. A peer's packets that arrive through the relay
+are answered through it; the rest go straight. After an outage the transport goes through the candidates
+again, so a direct path that stops working falls back to the relay.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import socket
 from typing import Any
 
 from erdma_core.errors import ConfigError
+from erdma_core.transport.addresses import Candidate, route_source
 
 from . import stun
-from .relayed import allocate
+from .relayed import RelayedSocket, allocate
 
 log = logging.getLogger("erdma.p2p")
 PUNCH = b"\x00erdma-punch"  # not a QUIC packet (the fixed bit is 0): a QUIC endpoint drops it
@@ -41,29 +44,27 @@ class StunTraversal:
     def __init__(self, config: Any, section: dict[str, Any]) -> None:
         self.server = server_address(section["server"])
         self.timeout = section["timeout"]
+        self.check_timeout = section["check_timeout"]
         self.bind = (section["bind_address"] or "0.0.0.0", section["port"])
         self.punches = section["punch"]
         self.relay = server_address(section["relay"], "config key 'traversal.stun.relay'") if section["relay"] else None
-        self.relay_when = section["relay_when"]
+        self.always = section["relay_when"] == "always"
         self.credentials = (section["relay_user"], section["relay_password"])
-        self.check = None
-        if section["check_server"]:
-            self.check = server_address(section["check_server"], "config key 'traversal.stun.check_server'")
-        if self.relay is not None and self.relay_when == "dependent-mapping" and self.check is None:
-            raise ConfigError("config key 'traversal.stun.relay_when': value 'dependent-mapping' needs "
-                              "traversal.stun.check_server (a second STUN server, at another address) to see whether "
-                              "the NAT maps per destination; set it, or relay_when = 'always'")
         if self.relay is not None and not all(self.credentials):
             raise ConfigError("config key 'traversal.stun.relay': a TURN server needs traversal.stun.relay_user and "
                               "traversal.stun.relay_password (its long-term credentials)")
+        if self.always and self.relay is None:
+            raise ConfigError("config key 'traversal.stun.relay_when': value 'always' needs traversal.stun.relay "
+                              "(a TURN server); set it, or relay_when = 'fallback'")
         self.mapped: stun.Mapped | None = None
-        self.relayed: stun.Mapped | None = None  # the relay allocation's address, when this rank relays
+        self.relayed: stun.Mapped | None = None  # the relay allocation's address
+        self.sock: RelayedSocket | None = None  # the data socket, when it has a relay allocation
         self.local_port: int | None = None  # the prepared socket's
         self.lanes: dict[int, stun.Mapped] = {}  # local port -> mapping, of the sockets udp_sockets prepared
 
     def udp_socket(self) -> socket.socket:
         """The data socket, bound, with its mapping learned (raises StunError naming the server within the
-        timeout when no answer comes)."""
+        timeout when no answer comes) and, with ``relay`` set, its relay allocation taken (TurnError)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             sock.bind(self.bind)
@@ -71,35 +72,28 @@ class StunTraversal:
             self.local_port = sock.getsockname()[1]
             if self.relay is None:
                 return sock
-            why = "relay_when = 'always'"
-            if self.relay_when == "dependent-mapping":
-                assert self.check is not None
-                other = stun.query(sock, self.check, self.timeout)
-                if other == self.mapped:
-                    log.info("direct: this socket's NAT mapping %s:%d is the same towards %s:%d and %s:%d (hole "
-                             "punching works; no relay)", *self.mapped, *self.server, *self.check)
-                    return sock
-                why = (f"its NAT maps per destination ({self.mapped.host}:{self.mapped.port} towards "
-                       f"{self.server[0]}:{self.server[1]}, {other.host}:{other.port} towards "
-                       f"{self.check[0]}:{self.check[1]})")
-            relayed = allocate(sock, self.relay, *self.credentials, self.timeout)
-            self.relayed = relayed.client.relayed
+            self.sock = allocate(sock, self.relay, *self.credentials, self.timeout)
+            self.relayed = self.sock.client.relayed
             assert self.relayed is not None
-            log.warning("relayed: all traffic goes through the TURN server %s:%d (relayed address %s:%d) because %s",
-                        *self.relay, *self.relayed, why)
-            return relayed  # type: ignore[return-value]
+            if self.always:
+                log.warning("relayed: all traffic goes through the TURN server %s:%d (relayed address %s:%d) "
+                            "because relay_when = 'always'", *self.relay, *self.relayed)
+            else:
+                log.info("relay allocation %s:%d on the TURN server %s:%d: the last candidate, for peers no direct "
+                         "path reaches", *self.relayed, *self.relay)
+            return self.sock  # type: ignore[return-value]
         except BaseException:
             sock.close()
             raise
 
     def udp_sockets(self, count: int) -> list[socket.socket]:
         """``count`` more data sockets for a transport that stripes (one per lane), each bound to a free port
-        with its own mapping learned; refused when this rank relays (the relay client cannot follow a socket
-        into another process)."""
-        if self.relayed is not None:
-            raise ConfigError("transport.quic.workers needs a socket per lane, each in its worker process, and this "
-                              "rank relays through a TURN server (traversal.stun.relay), whose client stays in this "
-                              "process; valid here: 0 (or a rank whose NAT lets it punch)")
+        with its own mapping learned; refused with a relay (the relay client cannot follow a socket into
+        another process, and a lane has no path when the direct one fails)."""
+        if self.relay is not None:
+            raise ConfigError("transport.quic.workers needs a socket per lane, each in its worker process, and "
+                              "traversal.stun.relay gives every rank a relay allocation on its data socket, whose "
+                              "client stays in this process; valid here: 0 (or no relay)")
         socks: list[socket.socket] = []
         try:
             for _ in range(count):
@@ -113,18 +107,42 @@ class StunTraversal:
             raise
         return socks
 
-    def advertise(self, host: str, port: int) -> tuple[str, int]:
-        """The STUN mapping of the prepared socket; a transport that listens elsewhere cannot use it."""
+    def candidates(self, host: str, port: int) -> list[Candidate]:
+        """This rank's addresses, in the order peers try them: its own (behind a NAT: for a peer at the same
+        site), its NAT's mapping, its relay allocation."""
         if port in self.lanes:
-            return self.lanes[port].host, self.lanes[port].port
+            return [Candidate(self.lanes[port].host, self.lanes[port].port, "srflx")]
         if self.mapped is None or port != self.local_port:
             raise ConfigError(f"config key 'traversal.name': value 'stun' needs a datagram transport that runs on "
                               f"the UDP socket it prepared (port {self.local_port}), such as erdma-quic "
                               f"(transport.name = \"quic\"); this transport listens on {host}:{port}")
+        mapped = Candidate(self.mapped.host, self.mapped.port, "srflx")
+        local = self.bind[0] if self.bind[0] != "0.0.0.0" else route_source(self.server[0])  # towards the server
+        out = [mapped] if (local, port) == mapped[:2] else [Candidate(local, port, "host"), mapped]
         if self.relayed is not None:
-            return self.relayed.host, self.relayed.port
-        return self.mapped.host, self.mapped.port
+            out.append(Candidate(self.relayed.host, self.relayed.port, "relay"))
+        return out
+
+    def advertise(self, host: str, port: int) -> tuple[str, int]:
+        """The address a peer tries first among ``candidates`` (a striping lane: its mapping)."""
+        first = self.candidates(host, port)[-1 if self.always else 0]
+        return first.host, first.port
+
+    def dial_plan(self, cands: list[Candidate]) -> tuple[list[Candidate], float]:
+        """Of a peer's candidates, those to try in order: its own address only when it is behind the same
+        public address as this rank (the same site), then its mapping, then its relay; only the relay with
+        ``relay_when = "always"``. Each has ``check_timeout`` to answer before the next is tried."""
+        if self.always:
+            return [c for c in cands if c.kind == "relay"], self.check_timeout
+        mine = self.mapped.host if self.mapped is not None else None
+        same_site = any(c.kind == "srflx" and c.host == mine for c in cands)
+        plan = [c for c in cands if c.kind == "host" and same_site]
+        plan += [c for c in cands if c.kind == "srflx"] + [c for c in cands if c.kind == "relay"]
+        return plan, self.check_timeout
 
     def punch(self, host: str, port: int) -> bytes | None:
-        # a relaying rank always sends it: through the relay, it is what gives the peer its permission there
-        return PUNCH if self.punches or self.relayed is not None else None
+        """For each of a peer's candidates, before it dials: a permission on this rank's relay for its host
+        (so its packets reach the relayed address), and the datagram that opens this rank's NAT to it."""
+        if self.sock is not None:
+            self.sock.permit(host)
+        return PUNCH if self.punches else None

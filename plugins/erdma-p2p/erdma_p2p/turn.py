@@ -167,6 +167,12 @@ class TurnClient:
         """The peers data has been sent to or has come from through the relay."""
         return list(self._channels) + [p for p in self._seen if p not in self._channels]
 
+    def permit(self, host: str, now: float) -> None:
+        """Ask for a permission for ``host`` (one peer may then send to the relayed address from any port of
+        it) unless it was asked for already; a refusal lands in ``denied``."""
+        if host not in self._permitted and self.relayed is not None:
+            self._permit(host, now)
+
     # ---- data ---------------------------------------------------------------------------------------
     def wrap(self, payload: bytes | memoryview, host: str, port: int, now: float) -> bytes:
         """``payload`` for ``host:port`` as the server must receive it: ChannelData on a bound channel, or a

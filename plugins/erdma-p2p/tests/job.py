@@ -1,12 +1,16 @@
 """One rank of a test job: allreduce ITERS times (results checked bit for bit), then print one JSON line
-with the address this rank advertised, or what went wrong (and after how many allreduces and seconds).
+with the addresses this rank published and how it reaches each peer (direct or relayed), or what went wrong
+(and after how many allreduces and seconds).
 
-    python job.py ITERS COUNT
+    JOB_PAUSE=SECONDS python job.py ITERS COUNT    (JOB_PAUSE: a pause after each allreduce; default none)
+
+JOB_RING=group-order runs the allreduces in a group whose ring ignores slow (relayed) links: a baseline.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -17,6 +21,7 @@ import erdma_core
 
 def main() -> int:
     iters, count = int(sys.argv[1]), int(sys.argv[2])
+    pause = float(os.environ.get("JOB_PAUSE", "0"))  # seconds between two allreduces
     start = time.monotonic()
     try:
         pg = erdma_core.init()
@@ -24,7 +29,12 @@ def main() -> int:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1
     init_s = time.monotonic() - start
+    world = pg
+    if os.environ.get("JOB_RING") == "group-order":  # a benchmark's baseline: the ring ignores slow links
+        pg.rt.slow_links = frozenset()
+        pg = world.new_group(list(range(world.size())))
     p, r = pg.size(), pg.rank()
+    advertised = pg.rt.store.get(f"quic/addr/{r}", 1.0).decode()  # now: rank 0's destroy empties a file store
     wrong = 0
     t0 = time.monotonic()
     for i in range(iters):
@@ -37,13 +47,15 @@ def main() -> int:
                               "after_s": time.monotonic() - t0}), flush=True)
             return 1
         wrong += int(not np.array_equal(arr, want))
+        time.sleep(pause)
     seconds = time.monotonic() - t0
     lanes = getattr(pg.rt.transport, "lane_stats", dict)()  # erdma-quic striping: parts per lane
-    advertised = pg.rt.store.get(f"quic/addr/{r}", 1.0).decode()
+    paths = {str(peer): how.split()[-1] for peer, how in getattr(pg.rt.transport, "paths", dict)().items()}
     print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds,
+                      "paths": paths, "ring": list(pg.ring),
                       "init_s": init_s, "lane_parts": sum(lanes.get("parts_out", [0])[1:])}),
           flush=True)
-    pg.destroy()
+    world.destroy()
     return 0
 
 

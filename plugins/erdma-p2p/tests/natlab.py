@@ -155,6 +155,26 @@ class NatLab:
             raise RuntimeError(f"erdma dht serve did not start: {line}")
         return f"{STUN[0]}:{port}"
 
+    def block_direct(self, a: int, b: int) -> None:
+        """A firewall at site ``a``'s NAT router drops every packet between the two sites' public addresses
+        (the relay stays reachable). Both must be sites behind a NAT."""
+        router = self.ns(f"r{a}")
+        for match in ("daddr", "saddr"):
+            sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "ip", match, self.wan(b), "drop", ns=router)
+
+    def cap_relay(self, rate: str) -> None:
+        """What coturn sends towards each site (its STUN answers and everything it relays) at most ``rate``
+        (tc htb, e.g. "16mbit"): a relay further away, or shared, than the sites are from each other."""
+        pub = self.ns("pub")
+        for i in range(self.sites):
+            dev = f"{self.p}W{i}"
+            sh("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10", ns=pub)
+            sh("tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit", ns=pub)
+            sh("tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", rate, ns=pub)
+            for host in (STUN[0], STUN_CHECK[0]):
+                sh("tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32", "match", "ip", "src",
+                   f"{host}/32", "flowid", "1:20", ns=pub)
+
     def stop_turn(self) -> None:
         """Stop coturn (STUN and TURN) now."""
         if self.stun is not None and self.stun.poll() is None:

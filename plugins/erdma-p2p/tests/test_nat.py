@@ -2,12 +2,15 @@
 the STUN server; see natlab.py), over erdma-quic: with the ``stun`` traversal two ranks behind two NATs
 connect directly and allreduce; without it, or without the punch, or with a NAT that maps each destination
 to another port and no relay, they fail with a clear error within the connect timeout. With a TURN relay
-(coturn), a rank behind such a NAT relays and the job completes; the others stay direct."""
+(coturn), every rank offers its relayed address as its last candidate: a pair that no direct path joins
+goes through it and the job completes; the others stay direct, and a direct path that breaks mid-job falls
+back to the relay."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,6 +29,17 @@ RELAY = {"ERDMA_TRAVERSAL": "stun", "ERDMA_TRAVERSAL_STUN_RELAY": f"{STUN[0]}:{S
          "ERDMA_TRAVERSAL_STUN_RELAY_USER": TURN_USER, "ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": TURN_PASSWORD,
          "ERDMA_TRAVERSAL_STUN_CHECK_SERVER": f"{STUN_CHECK[0]}:{STUN_CHECK[1]}"}
 TURN_HOSTS = (STUN[0], STUN_CHECK[0])  # coturn relays from either of its addresses
+
+
+def paths(results: list[dict]) -> dict[tuple[int, int], str]:
+    """(rank, peer) -> how that rank reaches that peer, "direct" or "relayed", as each rank reported it."""
+    return {(rank, int(peer)): how for rank, r in enumerate(results) for peer, how in r["paths"].items()}
+
+
+def expect(world: int, relayed: set[frozenset[int]]) -> dict[tuple[int, int], str]:
+    """Every ordered pair of ``world`` ranks: "relayed" for the pairs in ``relayed``, else "direct"."""
+    return {(a, b): "relayed" if frozenset({a, b}) in relayed else "direct"
+            for a in range(world) for b in range(world) if a != b}
 
 
 def run_job(lab: NatLab, tmp: Path, iters: int = 20, count: int = 50000, during: Callable[[], None] | None = None,
@@ -66,16 +80,33 @@ def test_two_ranks_behind_two_nats_connect_directly(tmp_path):
         results = run_job(lab, tmp_path, ERDMA_TRAVERSAL="stun")
     for rank, r in enumerate(results):
         assert r.get("wrong") == 0 and r["iters"] == 20, r
-        assert r["advertised"].startswith(lab.wan(rank) + ":")  # peers dialled the NAT's public mapping
+        assert f"{lab.wan(rank)}:" in r["advertised"]  # the NAT's public mapping, a candidate
+    assert paths(results) == expect(2, set())
 
 
 def test_ranks_behind_nats_find_each_other_through_the_dht(tmp_path):
+    doctor: list[subprocess.CompletedProcess[str]] = []
     with NatLab(3, tmp_path, symmetric=frozenset({2})) as lab:
         node = lab.serve_dht()  # killed with the namespace
-        results = run_job(lab, tmp_path, ERDMA_INIT_METHOD=f"dht://{node}/nat-job", **RELAY)
+
+        def ask_the_doctor() -> None:  # while the job runs: what each rank published about its paths
+            time.sleep(4.0)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+            doctor.append(subprocess.run(["ip", "netns", "exec", lab.ns("pub"), sys.executable, "-m",
+                                          "erdma_core.cli", "doctor"], capture_output=True, text=True, timeout=60,
+                                         env=env | {"ERDMA_INIT_METHOD": f"dht://{node}/nat-job",
+                                                    "ERDMA_SECRET": "nat-test"}))
+
+        results = run_job(lab, tmp_path, iters=200, count=1000, during=ask_the_doctor,
+                          ERDMA_INIT_METHOD=f"dht://{node}/nat-job", JOB_PAUSE="0.05", **RELAY)
     assert [r.get("wrong") for r in results] == [0] * 3, results
-    hosts = [r["advertised"].rsplit(":", 1)[0] for r in results]
-    assert hosts[:2] == [lab.wan(0), lab.wan(1)] and hosts[2] in TURN_HOSTS, hosts
+    assert paths(results) == expect(3, {frozenset({0, 2}), frozenset({1, 2})})
+    said = doctor[0].stdout
+    assert "job 'nat-job', paths as its ranks published them:" in said, doctor[0]
+    rows = {int(m[1]): dict(re.findall(r"rank (\d) (direct|relayed)", m[2]))
+            for m in re.finditer(r"^  rank (\d): (.*)$", said, re.M)}
+    assert rows == {0: {"1": "direct", "2": "relayed"}, 1: {"0": "direct", "2": "relayed"},
+                    2: {"0": "relayed", "1": "relayed"}}, said
 
 
 def test_four_ranks_two_public_two_behind_nats(tmp_path):
@@ -83,7 +114,7 @@ def test_four_ranks_two_public_two_behind_nats(tmp_path):
     with NatLab(4, tmp_path, public=frozenset({0, 1})) as lab:
         results = run_job(lab, tmp_path, ERDMA_TRAVERSAL="stun")
     assert [r.get("wrong") for r in results] == [0] * 4, results
-    assert all(r["advertised"].startswith(lab.wan(i) + ":") for i, r in enumerate(results))
+    assert paths(results) == expect(4, set())
 
 
 def test_doctor_tells_what_each_nat_does(tmp_path):
@@ -109,31 +140,73 @@ def test_doctor_tells_what_each_nat_does(tmp_path):
     assert classified + "Restric Port NAT" in said[0].stdout and classified + "Symmetric NAT" in said[1].stdout
     assert "no NAT" in said[2].stdout
     assert any(f"relay {STUN[0]}:{STUN[1]}: granted relayed address {h}:" in said[1].stdout for h in TURN_HOSTS)
-    assert "a rank here relays all its traffic through it" in said[1].stdout
-    assert "a rank here connects directly (it relays only where its NAT maps per destination)" in said[0].stdout
+    offered = "a rank here offers it as its last candidate: peers that no direct path reaches within 2.0 s"
+    assert offered in said[0].stdout and offered in said[1].stdout
+    assert "with this NAT, expect peers behind NATs to need it" in said[1].stdout
+    assert "expect" not in said[0].stdout
     assert unset.returncode == 0 and "NAT: not probed (set traversal.stun.server" in unset.stdout
     assert gone.returncode == 1 and f"problem: NAT probe through {STUN[0]}:9: no STUN answer" in gone.stdout
 
 
 
 
-@pytest.mark.parametrize("symmetric, always, relayed", [
-    (frozenset({1}), False, {1}),  # one symmetric NAT: that rank relays, the other stays direct
-    (frozenset({0, 1}), False, {0, 1}),  # both: both relay
-    (frozenset(), True, {0, 1}),  # relay_when = "always": every rank relays, even where punching works
+@pytest.mark.parametrize("symmetric, public, always, blocked, relayed", [
+    # rank 1 behind a NAT that maps per destination dials rank 0 behind an ordinary one: only the relay joins them
+    (frozenset({1}), frozenset(), False, False, True),
+    (frozenset({0, 1}), frozenset(), False, False, True),  # both such NATs
+    # rank 1 behind such a NAT dials a rank with no NAT: straight through (no classification decides it)
+    (frozenset({1}), frozenset({0}), False, False, False),
+    # the other way round: rank 0's NAT gives the peer's packets no mapping to enter by
+    (frozenset({0}), frozenset({1}), False, False, True),
+    # two ordinary NATs, and a firewall between the sites that drops direct traffic: the relay
+    (frozenset(), frozenset(), False, True, True),
+    (frozenset(), frozenset(), True, False, True),  # relay_when = "always": even where punching works
 ])
-def test_ranks_that_cannot_be_punched_relay_through_turn(tmp_path, symmetric, always, relayed):
+def test_pairs_that_no_direct_path_joins_relay_through_turn(tmp_path, symmetric, public, always, blocked, relayed):
     env = RELAY | ({"ERDMA_TRAVERSAL_STUN_RELAY_WHEN": "always"} if always else {})
-    with NatLab(2, tmp_path, symmetric=symmetric) as lab:
+    with NatLab(2, tmp_path, symmetric=symmetric, public=public) as lab:
+        if blocked:
+            lab.block_direct(0, 1)
         results = run_job(lab, tmp_path, **env)
-    for rank, r in enumerate(results):
+    for r in results:
         assert r.get("wrong") == 0 and r["iters"] == 20, r
-        host = r["advertised"].rsplit(":", 1)[0]
-        assert host in TURN_HOSTS if rank in relayed else host == lab.wan(rank), (rank, r)
-        said = "relayed: all traffic goes through the TURN server 198.51.100.1:3478 (relayed address"
-        assert (said in r["stderr"]) == (rank in relayed), r["stderr"]  # each relaying rank says so, and why
-        assert ("relay_when = 'always'" if always else "because its NAT maps per destination") in r["stderr"] or \
-            rank not in relayed
+        assert any(f"{h}:" in r["advertised"].split(",")[-1] for h in TURN_HOSTS), r  # a relay candidate, last
+    assert paths(results) == expect(2, {frozenset({0, 1})} if relayed else set()), results
+    for rank, r in enumerate(results):  # a rank with a relayed peer says so (a warning: it reaches stderr)
+        said = re.search(rf"rank {rank}: paths to its peers: rank {1 - rank} at [0-9.:]+ (\w+)", r["stderr"])
+        assert (said is not None and said[1] == "relayed") if relayed else said is None, r["stderr"]
+    if relayed and not always:  # the dialler says why it moved on to the relay
+        assert f"rank 1: rank 0 at {lab.wan(0)}:" in results[1]["stderr"] and "no answer within 2.0 s; trying" in \
+            results[1]["stderr"], results[1]["stderr"]
+    if always:
+        assert all("because relay_when = 'always'" in r["stderr"] for r in results)
+
+
+def test_a_direct_path_that_breaks_mid_job_falls_back_to_the_relay(tmp_path):
+    with NatLab(2, tmp_path) as lab:
+        def break_the_direct_path() -> None:
+            time.sleep(3.0)  # connected directly by then (in about a second), and allreducing for 8 s
+            lab.block_direct(0, 1)
+
+        fast = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
+                "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TIMEOUTS_COLLECTIVE": "30", "JOB_PAUSE": "0.02"}
+        results = run_job(lab, tmp_path, iters=400, count=1000, during=break_the_direct_path, **RELAY, **fast)
+    for r in results:
+        assert r.get("wrong") == 0 and r["iters"] == 400, r
+    assert paths(results) == expect(2, {frozenset({0, 1})}), results  # the job ended on the relay
+    assert "no answer from rank 0 at" in results[1]["stderr"] and "on redial; trying" in results[1]["stderr"]
+    assert "connection to rank 0 back after" in results[1]["stderr"], results[1]["stderr"]
+
+
+def test_a_ring_allreduce_keeps_a_relayed_pair_apart(tmp_path):
+    """Four sites behind masquerade NATs, a firewall between sites 1 and 2: that pair is relayed, every rank
+    agrees on it, and the ring runs 0, 1, 3, 2 (no relayed pair side by side) instead of 0, 1, 2, 3."""
+    with NatLab(4, tmp_path) as lab:
+        lab.block_direct(1, 2)
+        results = run_job(lab, tmp_path, ERDMA_ALGORITHM="ring", **RELAY)
+    assert [r.get("wrong") for r in results] == [0] * 4, results
+    assert paths(results) == expect(4, {frozenset({1, 2})})
+    assert [r["ring"] for r in results] == [[0, 1, 3, 2]] * 4
 
 
 def test_four_ranks_none_cone_and_two_symmetric_nats_every_pair_connects(tmp_path):
@@ -141,8 +214,8 @@ def test_four_ranks_none_cone_and_two_symmetric_nats_every_pair_connects(tmp_pat
     with NatLab(4, tmp_path, symmetric=frozenset({2, 3}), public=frozenset({0})) as lab:
         results = run_job(lab, tmp_path, **RELAY)
     assert [r.get("wrong") for r in results] == [0] * 4, results
-    hosts = [r["advertised"].rsplit(":", 1)[0] for r in results]
-    assert hosts[:2] == [lab.wan(0), lab.wan(1)] and all(h in TURN_HOSTS for h in hosts[2:]), hosts
+    # the fully-random ones reach the rank with no NAT directly; each other and the masquerade one, relayed
+    assert paths(results) == expect(4, {frozenset({1, 2}), frozenset({1, 3}), frozenset({2, 3})})
 
 
 def test_striping_lanes_each_get_their_own_punched_mapping(tmp_path):
@@ -153,12 +226,13 @@ def test_striping_lanes_each_get_their_own_punched_mapping(tmp_path):
         assert r.get("wrong") == 0 and r["lane_parts"] > 0, r  # parts went over the lanes' own sockets
 
 
-def test_striping_from_a_relaying_rank_is_refused_clearly(tmp_path):
+def test_striping_with_a_relay_is_refused_clearly(tmp_path):
     lanes = {"ERDMA_TRANSPORT_QUIC_WORKERS": "2"}
     with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
         results = run_job(lab, tmp_path, **RELAY, **lanes)
-    assert "ConfigError: transport.quic.workers needs a socket per lane" in results[1]["error"], results[1]
-    assert "valid here: 0" in results[1]["error"]
+    for r in results:
+        assert "ConfigError: transport.quic.workers needs a socket per lane" in r["error"], r
+        assert "valid here: 0 (or no relay)" in r["error"]
 
 
 def test_a_refused_relay_fails_clearly(tmp_path):

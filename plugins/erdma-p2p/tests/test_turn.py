@@ -170,15 +170,15 @@ def test_close_releases_the_allocation():
 
 SECTION = {"server": "127.0.0.1:3478", "timeout": 1.0, "bind_address": "", "punch": True, "port": 0,
            "check_server": "", "relay": "127.0.0.1:3478", "relay_user": "u", "relay_password": "p",
-           "relay_when": "dependent-mapping", "classify_server": ""}
+           "relay_when": "fallback", "check_timeout": 2.0, "classify_server": ""}
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({}, "config key 'traversal.stun.relay_when': value 'dependent-mapping' needs traversal.stun.check_server"),
-    ({"relay_when": "always", "relay_password": ""}, "config key 'traversal.stun.relay': a TURN server needs "
+    ({"relay_when": "always", "relay": ""}, "config key 'traversal.stun.relay_when': value 'always' needs "
+     "traversal.stun.relay"),
+    ({"relay_password": ""}, "config key 'traversal.stun.relay': a TURN server needs "
      "traversal.stun.relay_user and traversal.stun.relay_password"),
-    ({"relay_when": "always", "relay": "nowhere"}, "config key 'traversal.stun.relay': value 'nowhere' is not "
-     "HOST:PORT"),
+    ({"relay": "nowhere"}, "config key 'traversal.stun.relay': value 'nowhere' is not HOST:PORT"),
 ])
 def test_relay_settings_that_cannot_work_are_refused_naming_the_key(changes, message):
     from erdma_p2p.traversal import StunTraversal
@@ -188,3 +188,93 @@ def test_relay_settings_that_cannot_work_are_refused_naming_the_key(changes, mes
     with pytest.raises(ConfigError) as err:
         StunTraversal(None, SECTION | changes)
     assert message in str(err.value)
+
+
+def test_the_classification_setting_of_old_is_refused_naming_the_choices():
+    from erdma_core import load_config
+    from erdma_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config({"traversal.name": "stun", "traversal.stun.relay_when": "dependent-mapping"})
+    assert "traversal.stun.relay_when" in str(err.value) and "'dependent-mapping'" in str(err.value)
+    assert "fallback" in str(err.value) and "always" in str(err.value)
+
+
+def test_candidates_and_the_order_a_dialler_tries_them():
+    """Published: own address, NAT mapping, relay. Dialled: a peer's own address only from behind the same
+    public address (the same site), then its mapping, then its relay; only the relay with "always"."""
+    from erdma_p2p import stun
+    from erdma_p2p.traversal import StunTraversal
+
+    from erdma_core.transport.addresses import Candidate
+
+    t = StunTraversal(None, SECTION | {"bind_address": "10.1.0.2"})
+    t.mapped, t.local_port, t.relayed = stun.Mapped("198.51.100.10", 4000), 5000, stun.Mapped("198.51.100.1", 6000)
+    assert t.candidates("10.1.0.2", 5000) == [Candidate("10.1.0.2", 5000, "host"),
+                                              Candidate("198.51.100.10", 4000, "srflx"),
+                                              Candidate("198.51.100.1", 6000, "relay")]
+    elsewhere = [Candidate("10.2.0.2", 7000, "host"), Candidate("198.51.100.11", 7000, "srflx"),
+                 Candidate("198.51.100.1", 7001, "relay")]
+    assert t.dial_plan(elsewhere) == (elsewhere[1:], 2.0)
+    same_site = [Candidate("10.1.0.3", 7000, "host"), Candidate("198.51.100.10", 7002, "srflx"),
+                 Candidate("198.51.100.1", 7003, "relay")]
+    assert t.dial_plan(same_site) == (same_site, 2.0)
+    no_nat = [Candidate("198.51.100.12", 7000, "srflx")]  # a peer with no NAT publishes one direct candidate
+    assert t.dial_plan(no_nat) == (no_nat, 2.0)
+    always = StunTraversal(None, SECTION | {"relay_when": "always", "check_timeout": 0.5})
+    assert always.dial_plan(elsewhere) == ([elsewhere[2]], 0.5)
+    assert always.dial_plan(no_nat) == ([], 0.5)  # the transport refuses that, naming the candidates
+
+
+def test_the_relayed_socket_answers_each_peer_the_way_it_came():
+    """A peer heard from directly is answered directly (and the relay's timers still run); one heard from
+    through the relay, through it (a Send indication, framed for that peer, to the server; GSO batches cut
+    into datagrams); a peer's permission is asked for on demand."""
+    import socket
+    import time
+
+    from erdma_p2p.relayed import RelayedSocket
+
+    server, peer, own = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3))
+    for s in (server, peer, own):
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(2.0)
+    rs = RelayedSocket(own, allocated(time.monotonic() - 400), server.getsockname())  # its refresh is due
+    there = peer.getsockname()
+
+    def sent_to_server() -> list[tuple[int, dict[int, bytes]]]:
+        got = []
+        server.settimeout(0.2)
+        try:
+            while True:
+                kind, _, attrs = parse(server.recvfrom(65536)[0])
+                got.append((kind, attrs))
+        except TimeoutError:
+            return got
+
+    peer.sendto(b"direct", own.getsockname())
+    assert rs.recvfrom(65536) == (b"direct", there) and not rs.relayed(there)
+    rs.sendto(b"back", there)
+    assert peer.recvfrom(100) == (b"back", own.getsockname())
+    # the allocation is refreshed on direct traffic too: the relay must be there when a path falls back to it
+    assert [k for k, _ in sent_to_server()] == [turn.REFRESH]
+
+    server.sendto(answer(turn.DATA_IND | turn.INDICATION, b"d" * 12, (turn.XOR_PEER_ADDRESS, turn.xor_address(*there)),
+                         (turn.DATA, b"relayed"), key=None), own.getsockname())
+    assert rs.recvfrom(65536) == (b"relayed", there) and rs.relayed(there)
+    rs.sendto(b"one", there)
+    rs.sendmsg([b"aaaabbbbcc"], [(socket.SOL_UDP, 103, struct.pack("=H", 4))], 0, there)
+    data = [a[turn.DATA] for k, a in sent_to_server() if k == turn.SEND | turn.INDICATION]
+    assert data == [b"one", b"aaaa", b"bbbb", b"cc"]
+
+    peer.sendto(b"direct again", own.getsockname())
+    assert rs.recvfrom(65536) == (b"direct again", there) and not rs.relayed(there)
+    rs.sendto(b"straight", there)
+    assert peer.recvfrom(100)[0] == b"straight"
+
+    rs.permit("198.51.100.77")
+    asked = [a for k, a in sent_to_server() if k == turn.CREATE_PERMISSION]
+    assert [a[turn.XOR_PEER_ADDRESS] for a in asked] == [turn.xor_address("198.51.100.77", 0)]
+    for s in (server, peer):
+        s.close()
+    rs.close()

@@ -4,7 +4,7 @@ already identified), the HELLO exchange, each peer's queue of message parts, and
 
 Like aioquic's ``QuicConnection`` underneath, it takes the time as an argument and returns what to do as
 data: ``receive``, ``unreachable``, ``dial``, ``send`` and ``handle_timer`` feed it; ``datagrams_to_send``,
-``get_timer`` and ``next_event`` (``Joined``, ``Refused``, ``Lost``) say what follows. ``driver`` (a rank)
+``get_timer`` and ``next_event`` (``Joined``, ``Refused``, ``Lost``, ``Back``) say what follows. ``driver`` (a rank)
 and ``endpoint`` (a striping lane) are the thin adapters that move datagrams and time; tests drive two
 meshes in memory.
 
@@ -14,6 +14,11 @@ above zero, the dialling side dials again, resuming the TLS session with the tic
 (0-RTT: the HELLO and every part QUIC had not acknowledged leave in the first flight), and the listener
 waits for it. Both sides then send again what QUIC had not acknowledged; the receiver drops parts it already
 has (``streams.Inbound``). A peer that does not come back within the timeout is lost.
+
+A peer may be reachable at several addresses (candidates: its NAT's mapping, a TURN relay), tried in the
+order the traversal's plan gives: a dial that no answer completes within the plan's wait moves on to the
+next (ICE-like connectivity checks made by connecting, one after another), and a redial after an outage that
+goes unanswered moves on the same way, so a lost direct path falls back to the relay. The reason is logged.
 """
 
 from __future__ import annotations
@@ -87,7 +92,14 @@ class Lost:
     why: str
 
 
-Event = Joined | Refused | Lost
+@attrs.frozen
+class Back:
+    """``peer``'s link runs on a new connection after an outage (perhaps on another of its addresses)."""
+
+    peer: int
+
+
+Event = Joined | Refused | Lost | Back
 
 
 class Connection(QuicConnection):
@@ -155,6 +167,15 @@ class Link:
         self.give_up_at: float | None = None
         self.give_up_why = ""
         self.stats = {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0}
+        self.plan: list[Any] = [addr]  # dialler: the peer's addresses, in the order they are tried
+        self.wait = 0.0  # seconds a first dial waits for an answer before it tries the next address
+        self.check_at: float | None = None  # when the address now dialled has had its wait
+
+    def next_address(self) -> Any:
+        """The plan's address after the one dialled now (round the plan)."""
+        i = self.plan.index(self.addr) if self.addr in self.plan else -1
+        self.addr = self.plan[(i + 1) % len(self.plan)]
+        return self.addr
 
 
 class Mesh:
@@ -169,6 +190,7 @@ class Mesh:
         self.configure, self.identify, self.inbound_for, self.awaited = configure, identify, inbound_for, awaited
         self._probe_at: float | None = None
         self.links: dict[int, Link] = {}  # peers that joined
+        self._dialling: dict[int, Link] = {}  # dialled, not joined yet
         self.closing = False
         self.bad_datagrams = 0
         self.refusals: deque[str] = deque(maxlen=8)  # why the latest accepted connections were turned away
@@ -182,11 +204,18 @@ class Mesh:
         self._keepalive_at: float | None = None
 
     # ---- inputs ---------------------------------------------------------------------------------------
-    def dial(self, peer: int, addr: Any, now: float) -> None:
-        """Connect to ``peer`` (a lower rank) at ``addr``; ``Joined`` or ``Refused`` follows."""
+    def dial(self, peer: int, addr: Any, now: float, fallbacks: Iterable[Any] = (), wait: float = 0.0) -> None:
+        """Connect to ``peer`` (a lower rank) at ``addr``, or, when no answer completes the handshake within
+        ``wait`` seconds, at each of ``fallbacks`` in turn; ``Joined`` or ``Refused`` follows."""
         self._now = now
         keep = self.s.reconnect_timeout > 0
-        self._dial(Link(peer, addr, True, self.inbound_for(peer), keep))
+        link = Link(peer, addr, True, self.inbound_for(peer), keep)
+        link.plan += [a for a in fallbacks if a != addr]
+        link.wait = wait
+        if len(link.plan) > 1:
+            link.check_at = now + wait
+        self._dialling[peer] = link
+        self._dial(link)
 
     def receive(self, data: bytes, addr: Any, now: float) -> None:
         self._now = now
@@ -278,6 +307,9 @@ class Mesh:
 
     def handle_timer(self, now: float) -> None:
         self._now = now
+        for link in list(self._dialling.values()):
+            if link.check_at is not None and link.check_at <= now:
+                self._try_next(link, f"no answer within {link.wait:.1f} s")
         for s in list(self._sessions):
             if s.timer is not None and s.timer <= now:
                 s.timer = None
@@ -294,6 +326,10 @@ class Mesh:
                     # outage, and QUIC would wait longer than an idle timeout to send it again
                     if attempt is not None:
                         self._detach(attempt)
+                        if len(link.plan) > 1:
+                            was = link.addr
+                            log.warning("rank %d: no answer from rank %d at %s:%d on redial; trying %s:%d",
+                                        self.s.rank, link.rank, *was[:2], *link.next_address()[:2])
                     s = self._dial(link)
                     if self.s.verify:  # the listener knows who this is before it reads a byte: the backlog now
                         self._go(link, s)
@@ -348,6 +384,9 @@ class Mesh:
             for t in (link.redial_at, link.give_up_at):
                 if t is not None and (best is None or t < best):
                     best = t
+        for link in self._dialling.values():
+            if link.check_at is not None and (best is None or link.check_at < best):
+                best = link.check_at
         return best
 
     def next_event(self) -> Event | None:
@@ -371,6 +410,11 @@ class Mesh:
         s = link.session if link is not None else None
         bw = getattr(s.conn._loss._cc, "bandwidth", None) if s is not None and s.conn is not None else None
         return float(bw) if bw else None
+
+    def paths(self) -> dict[int, Any]:
+        """Per peer that joined: the address its connection now runs to (or was dialled at last)."""
+        return {r: (link.session.conn.get_peer_address() if link.session is not None and link.session.conn
+                    is not None else link.addr) for r, link in self.links.items()}
 
     def link_stats(self) -> dict[int, dict[str, int]]:
         """Per peer: reconnections, resumed TLS sessions, accepted 0-RTT first flights, parts sent again."""
@@ -587,7 +631,25 @@ class Mesh:
         if self.links.get(link.rank) is not link:
             self._join(link)
 
+    def _try_next(self, link: Link, why: str) -> None:
+        """A first dial got no answer at ``link.addr`` (or was refused there): dial the plan's next address;
+        after the last, the connect timeout of the caller decides."""
+        attempt = link.session
+        link.check_at = None
+        if link.dead or self.closing or (attempt is not None and attempt.established) or link.addr == link.plan[-1]:
+            return
+        was = link.addr
+        log.warning("rank %d: rank %d at %s:%d: %s; trying %s:%d", self.s.rank, link.rank, *was[:2], why,
+                    *link.next_address()[:2])
+        if attempt is not None:
+            self._detach(attempt)
+        self._dial(link)
+        if link.addr != link.plan[-1]:
+            link.check_at = self._now + link.wait
+
     def _join(self, link: Link) -> None:
+        self._dialling.pop(link.rank, None)
+        link.check_at = None
         if link.session is not None:
             self._settled(link.session)
         self.links[link.rank] = link
@@ -624,6 +686,10 @@ class Mesh:
             if not s.dialled and not s.established:  # the TLS handshake failed here (a certificate, the secret)
                 self.refusals.append(f"a peer at {s.addr[0]}:{s.addr[1]}: {reason}")
         if s.dialled and s.rank is not None and self.links.get(s.rank) is None:
+            link = self._dialling.get(s.rank)
+            if link is not None and link.session is s and link.addr != link.plan[-1]:
+                self._try_next(link, s.failure)
+                return
             self._events.append(Refused(s.rank, s.addr, s.failure))
 
     def _detach(self, s: Session) -> None:
@@ -677,8 +743,10 @@ class Mesh:
         waited = self._now - link.down_since
         link.down_since = link.give_up_at = link.redial_at = None
         link.stats["reconnects"] += 1
-        log.warning("rank %d: connection to rank %d back after %.2f s (%s); %d parts sent again", self.s.rank,
-                    link.rank, waited, "TLS session resumed" if s.resumed else "full handshake", len(link.unacked))
+        self._events.append(Back(link.rank))
+        log.warning("rank %d: connection to rank %d back after %.2f s (%s, at %s:%d); %d parts sent again",
+                    self.s.rank, link.rank, waited, "TLS session resumed" if s.resumed else "full handshake",
+                    *s.conn.get_peer_address()[:2], len(link.unacked))
 
     def _ended(self, link: Link, s: Session, why: str, reconnectable: bool) -> None:
         """The connection carrying the link is gone."""

@@ -28,7 +28,7 @@ from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioq
 from . import tls
 from .driver import Driver
 from .lanes import Countdown, Lanes
-from .mesh import Event, Joined, Lost, Mesh, Refused, Settings
+from .mesh import Back, Event, Joined, Lost, Mesh, Refused, Settings
 from .streams import Inbound, message_parts
 
 log = logging.getLogger("erdma.quic")
@@ -66,6 +66,8 @@ class QuicTransport(MessageTransport):
         self._cond = threading.Condition()
         self._joined: set[int] = set()
         self._refused: dict[int, str] = {}
+        self._relays: set[tuple[str, int]] = set()  # peers' addresses on a TURN relay that this rank dials
+        self._store: Any = None  # where the paths are published (a traversal with candidates: erdma doctor reads them)
 
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
@@ -90,12 +92,14 @@ class QuicTransport(MessageTransport):
             sock.bind((bind_host, o["port"]))
             host, port = advertised, sock.getsockname()[1]
         listen_host = host
-        if ctx.advertise is not None:
-            host, port = ctx.advertise(host, port)
+        if ctx.candidates is not None:
+            mine = ctx.candidates(host, port)
+        else:
+            mine = [addresses.Candidate(*(ctx.advertise(host, port) if ctx.advertise is not None else (host, port)))]
         self.mesh = Mesh(settings(o, self.rank, self.world_size, self.job, creds.verify), creds.configure,
                          creds.identify, self._inbound_for, self.mailbox.waiting_on)
         self.endpoint = Driver(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
-        ctx.store.set(f"quic/addr/{self.rank}", f"{host}:{port}".encode())
+        ctx.store.set(f"quic/addr/{self.rank}", addresses.publish(mine))
         deadline = time.monotonic() + ctx.connect_timeout
         if o["workers"]:  # they start (import, bind) while lane 0 connects
             self.lanes = Lanes(o["workers"], self.rank, self.world_size, self.job, dict(o), self._lane_events(),
@@ -104,12 +108,21 @@ class QuicTransport(MessageTransport):
             threading.Thread(target=self._punch, args=(ctx, sock, deadline), name=f"erdma-punch-{self.rank}",
                              daemon=True).start()
         for peer in range(self.rank):
-            addr = addresses.published(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
-            self.endpoint.call(self.mesh.dial, peer, addr, self.endpoint.now)
+            cands = self._published(ctx, peer, deadline)
+            plan, wait = ctx.dial_plan(cands) if ctx.dial_plan is not None else (cands[:1], 0.0)
+            if not plan:
+                raise ConfigError(f"rank {self.rank}: none of rank {peer}'s addresses "
+                                  f"({', '.join(c.text() for c in cands)}) is one this rank may dial")
+            addrs = [(c.host, c.port) for c in plan]
+            self._relays.update(a for a, c in zip(addrs, plan, strict=True) if c.kind == "relay")
+            self.endpoint.call(self.mesh.dial, peer, addrs[0], self.endpoint.now, addrs[1:], wait)
         self._wait_all(deadline, ctx.connect_timeout, lambda: failed_elsewhere(ctx.store, ctx.job))
         if self.lanes is not None:
             self.lanes.connect(ctx, bind_host, listen_host, deadline)
         self.endpoint.call(self.mesh.start_keepalive, self.endpoint.now)
+        if ctx.dial_plan is not None:
+            self._store = ctx.store
+            self._publish_paths()
 
     def _punch(self, ctx: TransportContext, sock: socket.socket, deadline: float) -> None:
         """Open this rank's NAT to each rank that will dial it: the traversal's datagram to the peer's
@@ -118,15 +131,52 @@ class QuicTransport(MessageTransport):
         assert ctx.punch is not None
         for peer in range(self.rank + 1, self.world_size):
             try:
-                addr = addresses.published(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
-                datagram = ctx.punch(*addr)
-                if not datagram:
-                    continue
-                for _ in range(2):
-                    sock.sendto(datagram, addr)
-                    time.sleep(0.05)
+                for cand in self._published(ctx, peer, deadline):
+                    datagram = ctx.punch(cand.host, cand.port)
+                    if not datagram:
+                        continue
+                    for _ in range(2):
+                        sock.sendto(datagram, (cand.host, cand.port))
+                        time.sleep(0.05)
             except Exception as exc:  # the set-up's own wait names what is missing
                 log.debug("rank %d: no hole punched towards rank %d: %s", self.rank, peer, exc)
+
+    @staticmethod
+    def _published(ctx: TransportContext, peer: int, deadline: float) -> list[addresses.Candidate]:
+        value = ctx.store.get(f"quic/addr/{peer}", max(0.01, deadline - time.monotonic())).decode()
+        return addresses.candidates(value)
+
+    def _publish_paths(self) -> None:
+        """Log how each peer is reached (a warning when one is relayed) and publish it as ``quic/paths/RANK``
+        (``PEER HOST:PORT direct|relayed`` lines) for ``erdma doctor``."""
+        try:
+            paths = self.paths()
+            relayed = [r for r, p in paths.items() if p.endswith(" relayed")]
+            (log.warning if relayed else log.info)("rank %d: paths to its peers: %s", self.rank, ", ".join(
+                f"rank {r} at {p}" for r, p in sorted(paths.items())))
+            self._store.set(f"quic/paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
+        except Exception as exc:  # closing, or the store is gone: the log above is what is left
+            log.debug("rank %d: paths not published: %s", self.rank, exc)
+
+    def slow_peers(self) -> set[int] | None:
+        """The peers reached through a TURN relay, when the traversal offers candidates (else None: never)."""
+        if self._store is None:
+            return None
+        return {r for r, p in self.paths().items() if p.endswith(" relayed")}
+
+    def paths(self) -> dict[int, str]:
+        """Per peer: the address its connection runs to now, and ``direct``, or ``relayed`` (dialled at the
+        peer's relay candidate, or reaching this rank through its own: the socket says so)."""
+        if self.mesh is None or self.endpoint is None:
+            return {}
+        mesh, sock = self.mesh, self.endpoint.sock
+        peers = self.endpoint.run_sync(mesh.paths)
+        relayed = getattr(sock, "relayed", lambda addr: False)
+
+        def how(addr: tuple[str, int]) -> str:
+            return "relayed" if addr in self._relays or relayed(addr) else "direct"
+
+        return {r: f"{a[0]}:{a[1]} {how(tuple(a[:2]))}" for r, a in peers.items()}
 
     def _inbound_for(self, peer: int) -> Inbound:
         return Inbound(peer, self.inbox(peer), lambda hello: None)
@@ -160,6 +210,8 @@ class QuicTransport(MessageTransport):
         elif isinstance(ev, Lost):
             assert self.mesh is not None
             self.mesh.fail(ev.peer, self.peer_lost(ev.peer, ev.why))
+        elif isinstance(ev, Back) and self._store is not None:  # perhaps on another path: said off this thread
+            threading.Thread(target=self._publish_paths, name=f"erdma-paths-{self.rank}", daemon=True).start()
 
     def _wait_all(self, deadline: float, timeout: float, gave_up: Callable[[], str | None]) -> None:
         """Until every peer joined; ``gave_up()`` says why another rank stopped its set-up (or None)."""

@@ -55,12 +55,16 @@ def _header(seq: int, n: int) -> Header:
 
 
 class Net:
-    """Datagrams between meshes after ``latency`` seconds; ranks in ``dark`` neither send nor receive."""
+    """Datagrams between meshes after ``latency`` seconds; addresses in ``dark`` neither send nor receive.
+    ``alias``: more addresses of a rank (as a TURN relay gives one): what reaches a rank through one is
+    answered from it."""
 
     def __init__(self, *ranks: Rank, latency: float = 0.005) -> None:
         self.ranks = {r.addr: r for r in ranks}
         self.now, self.latency = 0.0, latency
         self.dark: set[tuple[str, int]] = set()
+        self.alias: dict[tuple[str, int], tuple[str, int]] = {}
+        self._via: dict[tuple[Any, Any], Any] = {}  # (rank's address, peer) -> the alias the peer reached it by
         self._queue: list[tuple[float, int, bytes, Any, Any]] = []
         self._seq = itertools.count()
         self.delivered = 0
@@ -72,8 +76,9 @@ class Net:
             for r in self.ranks.values():
                 for data, dst in r.mesh.datagrams_to_send(self.now):
                     busy = True
-                    if r.addr not in self.dark and dst not in self.dark:
-                        heapq.heappush(self._queue, (self.now + self.latency, next(self._seq), data, r.addr, dst))
+                    src = self._via.get((r.addr, dst), r.addr)
+                    if src not in self.dark and dst not in self.dark:
+                        heapq.heappush(self._queue, (self.now + self.latency, next(self._seq), data, src, dst))
                 while (ev := r.mesh.next_event()) is not None:
                     busy = True
                     r.events.append(ev)
@@ -96,9 +101,11 @@ class Net:
             self.now = max(self.now, min(nexts))
             while self._queue and self._queue[0][0] <= self.now:
                 _, _, data, src, dst = heapq.heappop(self._queue)
-                if dst in self.ranks and dst not in self.dark:
+                target = self.ranks.get(self.alias.get(dst, dst))
+                if target is not None and dst not in self.dark:
                     self.delivered += 1
-                    self.ranks[dst].mesh.receive(data, src, self.now)
+                    self._via[(target.addr, src)] = dst
+                    target.mesh.receive(data, src, self.now)
             for r in self.ranks.values():
                 t = r.mesh.get_timer()
                 if t is not None and t <= self.now:
@@ -194,6 +201,43 @@ def test_a_peer_that_stays_dark_is_lost_on_both_sides_after_the_timeouts(reconne
     assert queued.done() and (queued.error is None or isinstance(queued.error, PeerLostError))
     later = r1.send(0, 2, np.ones(10, np.uint8))
     assert later.done() and isinstance(later.error, PeerLostError)
+
+
+def test_a_dialler_moves_on_to_the_next_address_when_one_does_not_answer_and_after_an_outage(caplog):
+    """ICE-like checks made by connecting: rank 0 is at A and at RELAY (an alias, as a TURN allocation is).
+    With A dark, rank 1 waits its 1 s for A, then joins through RELAY. Joined at A, an outage of A ends the
+    connection; the redial that A does not answer moves on to RELAY, and the link comes back there."""
+    relay = ("10.9.0.3", 5000)
+    r0, r1 = Rank(0, 2, A), Rank(1, 2, B)
+    net = Net(r0, r1)
+    net.alias[relay] = A
+    net.dark = {A}
+    r1.mesh.dial(0, A, net.now, [relay], 1.0)
+    assert net.run(lambda: Joined(0) in r1.events and Joined(1) in r0.events, 5.0), (r0.events, r1.events)
+    assert net.now >= 1.0 and r1.mesh.paths() == {0: relay}
+    assert f"rank 1: rank 0 at {A[0]}:{A[1]}: no answer within 1.0 s; trying {relay[0]}:{relay[1]}" in caplog.text
+
+    r0, r1 = Rank(0, 2, A), Rank(1, 2, B)
+    net = Net(r0, r1)
+    net.alias[relay] = A
+    r1.mesh.dial(0, A, net.now, [relay], 1.0)
+    assert net.run(lambda: Joined(0) in r1.events and Joined(1) in r0.events, 5.0)
+    assert r1.mesh.paths() == {0: A} and net.now < 1.0  # the first address answered: it is kept
+    for r in (r0, r1):
+        r.mesh.start_keepalive(net.now)
+    net.run(lambda: False, 2.0)  # past the first address's wait: nothing moves
+    assert r1.mesh.paths() == {0: A}
+    before = r1.mesh.link_stats()[0]["reconnects"]  # idle timeouts the keepalive interval lets happen here
+    payload = np.arange(300_000, dtype=np.uint8)
+    out = np.zeros_like(payload)
+    got = r0.recv(1, 1, out)
+    net.dark = {A}  # the direct path breaks for good
+    r1.send(0, 1, payload)
+    assert net.run(lambda: got.done(), 15.0), r1.events
+    assert got.error is None and np.array_equal(out, payload)
+    assert r1.mesh.paths() == {0: relay} and r1.mesh.link_stats()[0]["reconnects"] == before + 1
+    assert f"no answer from rank 0 at {A[0]}:{A[1]} on redial; trying {relay[0]}:{relay[1]}" in caplog.text
+    assert not [e for r in (r0, r1) for e in r.events if isinstance(e, (Lost, Refused))]
 
 
 def test_a_dialler_with_a_certificate_of_another_job_is_refused_in_memory():
