@@ -24,10 +24,13 @@ GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 def gloo_reference(n, *cmd, done="steps/s="):
     """The Gloo reference run. torch 2.13's Gloo sometimes aborts a rank while tearing down, after training
     and saving (measured on this machine: 1-3 runs in 10, with or without a barrier before
-    destroy_process_group; never in the eRDMA runs). Only that exact abort, after the run printed ``done``
-    (its results are written), earns one more try; eRDMA runs are never retried."""
+    destroy_process_group; never in the eRDMA runs; twice in a row once in CI). Only that exact abort, after
+    the run printed ``done`` (its results are written), earns another try, at most two; eRDMA runs are never
+    retried."""
     r = erdma_run(n, *cmd)
-    if r.returncode != 0 and GLOO_TEARDOWN_ABORT in r.stderr and done in r.stdout:
+    for _ in range(2):
+        if r.returncode == 0 or GLOO_TEARDOWN_ABORT not in r.stderr or done not in r.stdout:
+            break
         r = erdma_run(n, *cmd)
     return r
 

@@ -220,6 +220,8 @@ def test_an_encode_that_fails_fails_the_collective_everywhere(codec_plugin, pipe
 
 def stalling(pg):
     testcodecs.SLOW_AT, testcodecs.SLOW_S = (3, 3.0) if pg.rank() == 0 else (1 << 30, 0.0)
+    if pg.rank() == 1:  # rank 1 would otherwise hit its own 1 s deadline first when it started a moment earlier
+        pg.rt.timeout = 10.0
     a = np.ones(20_000, np.float32)
     pg.allreduce(a, algorithm="ring")
     return a
@@ -227,7 +229,7 @@ def stalling(pg):
 
 def test_an_encode_that_outlasts_the_timeout_on_the_helper_thread_fails_in_time(codec_plugin):
     """Rank 0's third encode, on the helper thread, takes 3 s against a 1 s collective timeout: rank 0 stops
-    waiting at its deadline and says what it was doing; rank 1 learns that rank 0 gave up."""
+    waiting at its deadline and says what it was doing; rank 1 (10 s) learns that rank 0 gave up."""
     with world(2, "slow", **{"collectives.chunk_bytes": 4096, "compression.pipeline": True,
                              "timeouts.collective": 1.0}) as w:
         errors = w.outcomes(stalling)

@@ -209,13 +209,19 @@ def test_a_ring_allreduce_keeps_a_relayed_pair_apart(tmp_path):
     assert [r["ring"] for r in results] == [[0, 1, 3, 2]] * 4
 
 
-def test_four_ranks_none_cone_and_two_symmetric_nats_every_pair_connects(tmp_path):
-    """The matrix in one job: every pair of {no NAT, masquerade, fully-random, fully-random} allreduces."""
-    with NatLab(4, tmp_path, symmetric=frozenset({2, 3}), public=frozenset({0})) as lab:
+@pytest.mark.parametrize("symmetric, public, relayed", [
+    # fully-random ones dial the rank with no NAT directly; the masquerade one and each other, relayed
+    (frozenset({2, 3}), frozenset({0}), {frozenset({1, 2}), frozenset({1, 3}), frozenset({2, 3})}),
+    # the other way round: a fully-random rank 0 is dialled by a masquerade one and two with no NAT: relayed
+    (frozenset({0}), frozenset({2, 3}), {frozenset({0, 1}), frozenset({0, 2}), frozenset({0, 3})}),
+])
+def test_four_ranks_of_every_nat_kind_every_pair_connects(tmp_path, symmetric, public, relayed):
+    """The matrix in 4-rank jobs: with the job of two public and two masquerade ranks above, every ordered pair
+    of {no NAT, masquerade, fully-random} (the higher rank dials) is in a 4-rank allreduce, its path asserted."""
+    with NatLab(4, tmp_path, symmetric=symmetric, public=public) as lab:
         results = run_job(lab, tmp_path, **RELAY)
     assert [r.get("wrong") for r in results] == [0] * 4, results
-    # the fully-random ones reach the rank with no NAT directly; each other and the masquerade one, relayed
-    assert paths(results) == expect(4, {frozenset({1, 2}), frozenset({1, 3}), frozenset({2, 3})})
+    assert paths(results) == expect(4, relayed)
 
 
 def test_striping_lanes_each_get_their_own_punched_mapping(tmp_path):
