@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages the project needs beyond Python: installs only what is missing (no apt traffic otherwise).
 #   scripts/system-deps.sh test    the network lab's tests: iproute2, ethtool, ping, a C compiler, nftables, conntrack,
-#                                  coturn and stun-server (erdma-p2p's STUN/TURN servers)
+#                                  coturn and stun-server (erdma-p2p's STUN/TURN servers); qemu, mmdebstrap and
+#                                  e2fsprogs (erdma-verbs' test guest, built on first use under /var/cache/erdma-guest)
 #   scripts/system-deps.sh bench   plus Open MPI (mpirun, headers for mpi4py) for the benchmark lab
 set -euo pipefail
 want=(ip:iproute2 ethtool:ethtool ping:iputils-ping cc:gcc tc:iproute2 nft:nftables conntrack:conntrack
-      turnserver:coturn stund:stun-server)
+      turnserver:coturn stund:stun-server qemu-system-x86_64:qemu-system-x86 mmdebstrap:mmdebstrap
+      mkfs.ext4:e2fsprogs)
 if [[ "${1:-test}" == bench ]]; then
     want+=(mpirun:openmpi-bin mpicc:libopenmpi-dev)
 fi

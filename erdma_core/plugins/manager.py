@@ -7,6 +7,7 @@ Environment switches: ``ERDMA_PLUGINS`` (comma list: load only these external pl
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 import logging
 import os
 import sys
@@ -90,7 +91,11 @@ class Components:
                 return "".join(f"; plugin {p.name!r} ({p.distribution} {p.version}) is installed but failed to load, "
                                f"so what it provides is missing: {p.error}" for p in failed)
             if dist is not None:
-                return f"; it is provided by `pip install {dist}`"
+                try:
+                    version = importlib.metadata.version(dist)
+                except importlib.metadata.PackageNotFoundError:
+                    return f"; it is provided by `pip install {dist}`"
+                return f"; {dist} {version} is installed but does not provide {kind} {name!r} yet (see its README)"
             close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
             registered = self.by_kind[kind] if kind in self.by_kind else {n for a in self.algorithms.values() for n in a}
             if not close or close[0] in registered:

@@ -1,0 +1,69 @@
+"""A qemu guest with Debian's kernel, where SoftRoCE (``rdma_rxe``) gives real verbs on a machine whose own
+kernel has none: built once per machine (``build.sh``, cached under ``CACHE`` and keyed by the script's
+hash), booted under software emulation with a host folder shared over 9p, in which the guest runs one
+command and leaves its output and exit status.
+
+    from erdma_verbs import guest
+    rc, out = guest.run(folder, "python3 -m pytest -q tests/guest", timeout=600)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+CACHE = Path(os.environ.get("ERDMA_GUEST_CACHE", "/var/cache/erdma-guest"))
+BUILD = Path(__file__).with_name("build.sh")
+
+
+class GuestError(RuntimeError):
+    pass
+
+
+def missing() -> str | None:
+    """Why the guest cannot be built and booted here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (mmdebstrap, and the image under /var/cache)"
+    for tool, package in (("qemu-system-x86_64", "qemu-system-x86"), ("mmdebstrap", "mmdebstrap"),
+                          ("mkfs.ext4", "e2fsprogs")):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed ({package}; scripts/system-deps.sh test installs it)"
+    return None
+
+
+def image() -> Path:
+    """The cached guest for this version of ``build.sh``, built first when there is none (about 2 minutes)."""
+    where = CACHE / hashlib.sha256(BUILD.read_bytes()).hexdigest()[:16]
+    if not (where / ".done").exists():
+        out = subprocess.run(["bash", str(BUILD), str(where)], capture_output=True, text=True)
+        if out.returncode:
+            raise GuestError(f"building the guest in {where} failed ({out.returncode}): {out.stderr[-3000:]}")
+    return where
+
+
+def run(folder: Path, command: str, timeout: float = 600.0, cpus: int = 2, memory: str = "2G") -> tuple[int, str]:
+    """Boot the guest with ``folder`` shared at /mnt/host, run ``command`` there (sh, in that folder) and return
+    its exit status and output. The image is used read-only (qemu -snapshot). GuestError when the guest
+    leaves no status (it did not boot, or ``timeout`` seconds passed: it is killed)."""
+    where = image()
+    script, rc_file, out_file = folder / ".guest-cmd", folder / ".guest-rc", folder / ".guest-out"
+    script.write_text(command + "\n")
+    rc_file.unlink(missing_ok=True)
+    out_file.unlink(missing_ok=True)
+    cmd = ["qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(cpus), "-m", memory,
+           "-kernel", str(where / "vmlinuz"), "-initrd", str(where / "initrd.img"),
+           "-append", "root=/dev/vda rw console=ttyS0 init=/sbin/erdma-init quiet panic=-1",
+           "-drive", f"file={where / 'root.ext4'},format=raw,if=virtio", "-snapshot",
+           "-virtfs", f"local,path={folder},mount_tag=host,security_model=none",
+           "-nographic", "-no-reboot", "-net", "none"]
+    try:
+        console = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
+    except subprocess.TimeoutExpired as exc:
+        raise GuestError(f"the guest did not finish within {timeout:.0f}s; console: "
+                         f"{(exc.stdout or b'')[-2000:]!r}") from None
+    if not rc_file.exists():
+        raise GuestError(f"the guest left no exit status; console: {console[-3000:]}")
+    return int(rc_file.read_text().strip() or "1"), out_file.read_text(errors="replace")
