@@ -82,8 +82,13 @@ def published(store: Any, key: str, timeout: float) -> tuple[str, int]:
     """The ``host:port`` a rank published under ``key`` in the discovery store (the first of its candidates,
     when it published several), host resolved to an IPv4 address (waits up to ``timeout`` seconds for it, as
     ``store.get`` does)."""
-    first = candidates(store.get(key, timeout).decode())[0]
+    first = published_candidates(store, key, timeout)[0]
     return first.host, first.port
+
+
+def published_candidates(store: Any, key: str, timeout: float) -> list[Candidate]:
+    """Every candidate a rank published under ``key`` (waits up to ``timeout`` seconds, as ``store.get``)."""
+    return candidates(store.get(key, timeout).decode())
 
 
 def candidates(value: str) -> list[Candidate]:

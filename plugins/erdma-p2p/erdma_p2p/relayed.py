@@ -82,7 +82,7 @@ class RelayedSocket:
 
     # data, directly or through the relay
     def sendto(self, data: bytes | memoryview, addr: tuple[str, int]) -> int:
-        if tuple(addr[:2]) not in self._via:
+        if addr not in self._via:
             self._timers()
             return self.sock.sendto(data, addr)
         with self._lock:
@@ -97,7 +97,7 @@ class RelayedSocket:
                 addr: tuple[str, int]) -> int:
         """UDP GSO (one buffer cut into datagrams of the segment size in ``ancdata``): the real socket's for a
         direct peer; through the relay, datagram by datagram."""
-        if tuple(addr[:2]) not in self._via:
+        if addr not in self._via:
             self._timers()
             return self.sock.sendmsg(buffers, ancdata, flags, addr)
         blob = b"".join(buffers)
@@ -110,8 +110,8 @@ class RelayedSocket:
     def recvfrom(self, size: int) -> tuple[bytes, tuple[str, int]]:
         while True:
             data, src = self.sock.recvfrom(max(size, 65536))  # BlockingIOError ends the caller's batch
-            if tuple(src[:2]) != self.server:
-                self._via.discard(tuple(src[:2]))
+            if src != self.server:
+                self._via.discard(src)
                 self._timers()
                 return data, src  # not relayed (a peer that reached this socket directly)
             with self._lock:

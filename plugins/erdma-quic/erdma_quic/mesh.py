@@ -173,8 +173,7 @@ class Link:
 
     def next_address(self) -> Any:
         """The plan's address after the one dialled now (round the plan)."""
-        i = self.plan.index(self.addr) if self.addr in self.plan else -1
-        self.addr = self.plan[(i + 1) % len(self.plan)]
+        self.addr = self.plan[(self.plan.index(self.addr) + 1) % len(self.plan)]
         return self.addr
 
 

@@ -143,8 +143,7 @@ class QuicTransport(MessageTransport):
 
     @staticmethod
     def _published(ctx: TransportContext, peer: int, deadline: float) -> list[addresses.Candidate]:
-        value = ctx.store.get(f"quic/addr/{peer}", max(0.01, deadline - time.monotonic())).decode()
-        return addresses.candidates(value)
+        return addresses.published_candidates(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
 
     def _publish_paths(self) -> None:
         """Log how each peer is reached (a warning when one is relayed) and publish it as ``quic/paths/RANK``

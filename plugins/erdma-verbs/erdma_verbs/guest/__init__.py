@@ -17,6 +17,7 @@ from pathlib import Path
 
 CACHE = Path(os.environ.get("ERDMA_GUEST_CACHE", "/var/cache/erdma-guest"))
 BUILD = Path(__file__).with_name("build.sh")
+BUILD_S = 1800.0  # about 100 s here; downloads on a slow mirror take longer
 
 
 class GuestError(RuntimeError):
@@ -38,7 +39,10 @@ def image() -> Path:
     """The cached guest for this version of ``build.sh``, built first when there is none (about 2 minutes)."""
     where = CACHE / hashlib.sha256(BUILD.read_bytes()).hexdigest()[:16]
     if not (where / ".done").exists():
-        out = subprocess.run(["bash", str(BUILD), str(where)], capture_output=True, text=True)
+        try:
+            out = subprocess.run(["bash", str(BUILD), str(where)], capture_output=True, text=True, timeout=BUILD_S)
+        except subprocess.TimeoutExpired:
+            raise GuestError(f"building the guest in {where} took over {BUILD_S:.0f}s (stopped)") from None
         if out.returncode:
             raise GuestError(f"building the guest in {where} failed ({out.returncode}): {out.stderr[-3000:]}")
     return where
