@@ -1,2 +1,2 @@
-"""RDMA verbs for eRDMA (work in progress: the queue-pair layer and its test guest; no transport is
-registered yet, so ``transport = "verbs"`` is still refused by the core with a hint to install this)."""
+"""RDMA verbs for eRDMA: the ``verbs`` transport (``transport = "verbs"``) on pyverbs, and a qemu test guest
+with SoftRoCE (``erdma_verbs.guest``) for machines whose kernel has no RDMA."""

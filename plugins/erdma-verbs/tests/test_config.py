@@ -1,24 +1,72 @@
-"""On the host: selecting the verbs transport, which this version does not register yet, is refused with
-what is missing (not with advice to install what is installed)."""
+"""On the host (no RDMA here, no pyverbs in this Python): the transport's options are declared and checked,
+choosing it where pyverbs does not import says what to install, and nothing imports pyverbs until then."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+import erdma_core
 from erdma_core import load_config
-from erdma_core.errors import ConfigError
+from erdma_core.errors import ConfigError, PluginError
 
 
-def test_the_verbs_transport_is_refused_until_it_is_built():
+def test_the_options_are_declared_with_their_defaults():
+    section = load_config({"transport.name": "verbs"}).section("transport.verbs")
+    assert (section["slots"], section["slot_bytes"], section["completion"], section["retry_count"]) == \
+        (16, 256 << 10, "poll", 6)
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("completion", "busy", "valid choices: poll, channel"),
+    ("retry_count", 7, "7"),
+    ("slots", 1, "1"),
+])
+def test_bad_options_are_refused_naming_the_key(key, value, words):
     with pytest.raises(ConfigError) as err:
-        load_config({"transport.name": "verbs"})
-    assert "config key 'transport.name': invalid value 'verbs'" in str(err.value)
-    assert "erdma-verbs 0.1.0 is installed but does not provide transport 'verbs' yet" in str(err.value)
+        load_config({"transport.name": "verbs", f"transport.verbs.{key}": value})
+    assert f"transport.verbs.{key}" in str(err.value) and words in str(err.value)
 
 
-def test_nothing_imports_pyverbs_on_the_host():
-    import sys
+@pytest.mark.skipif("pyverbs" in sys.modules or __import__("importlib").util.find_spec("pyverbs") is not None,
+                    reason="pyverbs imports here")
+def test_choosing_verbs_without_pyverbs_says_what_to_install(tmp_path):
+    with pytest.raises(PluginError) as err:
+        erdma_core.init({"transport.name": "verbs", "timeouts.connect": 5.0}, rank=0, world_size=1,
+                        init_method=f"file://{tmp_path}/store")
+    assert "needs pyverbs" in str(err.value) and "python3-pyverbs" in str(err.value)
 
-    import erdma_verbs.guest  # noqa: F401
 
+def test_nothing_imports_pyverbs_until_the_transport_is_built():
+    import erdma_verbs.guest
+    import erdma_verbs.plugin  # noqa: F401
+
+    load_config({"transport.name": "verbs"})
     assert "pyverbs" not in sys.modules
+
+
+def test_a_zero_copy_threshold_that_does_not_fit_a_slot_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"'transport.verbs.zero_copy_bytes': 8192 plus the 64-byte header must fit "
+                                          r"in transport.verbs.slot_bytes \(8192\)"):
+        erdma_core.init({"transport.name": "verbs", "transport.verbs.slot_bytes": 8192,
+                         "transport.verbs.zero_copy_bytes": 8192}, rank=0, world_size=1,
+                        init_method=f"file://{tmp_path}/store")
+
+
+def test_the_header_size_the_plugin_assumes_is_the_cores():
+    from erdma_verbs.plugin import HEADER_BYTES
+
+    from erdma_core.transport.wire import FRAME
+
+    assert FRAME.size == HEADER_BYTES
+
+
+def test_the_readme_config_block_loads(tmp_path):
+    import re
+    from pathlib import Path
+
+    block = re.search(r"```toml\n(.*?)```", (Path(__file__).parents[1] / "README.md").read_text(), re.S)[1]
+    (tmp_path / "erdma.toml").write_text(block)
+    config = load_config(tmp_path / "erdma.toml")
+    assert config["transport.name"] == "verbs" and config.section("transport.verbs")["device"] == "mlx5_0"

@@ -13,6 +13,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 CACHE = Path(os.environ.get("ERDMA_GUEST_CACHE", "/var/cache/erdma-guest"))
@@ -48,13 +50,30 @@ def image() -> Path:
     return where
 
 
-def run(folder: Path, command: str, timeout: float = 600.0, cpus: int = 2, memory: str = "2G") -> tuple[int, str]:
+def host_python() -> list[Path]:
+    """What the guest needs to run this very interpreter and its environment (a virtualenv's editable
+    installs included) at the same paths: the interpreter's prefix and the virtualenv's, unless that is the
+    system's /usr (the guest has its own, the same Debian). Editable installs point into the checkout: share
+    that too."""
+    return [p for p in dict.fromkeys((Path(sys.base_prefix), Path(sys.prefix))) if p != Path("/usr")]
+
+
+def run(folder: Path, command: str, timeout: float = 600.0, cpus: int = 2, memory: str = "2G",
+        shares: Sequence[Path] = ()) -> tuple[int, str]:
     """Boot the guest with ``folder`` shared at /mnt/host, run ``command`` there (sh, in that folder) and return
-    its exit status and output. The image is used read-only (qemu -snapshot). GuestError when the guest
-    leaves no status (it did not boot, or ``timeout`` seconds passed: it is killed)."""
+    its exit status and output. ``shares``: host folders the guest mounts at the same paths before the
+    command (read-only unless inside ``folder``). The image is used read-only (qemu -snapshot). GuestError
+    when the guest leaves no status (it did not boot, or ``timeout`` seconds passed: it is killed)."""
     where = image()
     script, rc_file, out_file = folder / ".guest-cmd", folder / ".guest-rc", folder / ".guest-out"
-    script.write_text(command + "\n")
+    mounts, extra = [], []
+    shares = [p for p in shares if not any(p != q and p.is_relative_to(q) for q in shares)]  # inside another: seen
+    for i, path in enumerate(shares):
+        ro = ",readonly=on" if not path.resolve().is_relative_to(folder.resolve()) else ""
+        extra += ["-virtfs", f"local,path={path},mount_tag=share{i},security_model=none{ro}"]
+        mounts.append(f"mkdir -p {path} && mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576,cache=loose "
+                      f"share{i} {path}")
+    script.write_text("".join(m + " || exit 90\n" for m in mounts) + command + "\n")
     rc_file.unlink(missing_ok=True)
     out_file.unlink(missing_ok=True)
     cmd = ["qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(cpus), "-m", memory,
@@ -62,7 +81,7 @@ def run(folder: Path, command: str, timeout: float = 600.0, cpus: int = 2, memor
            "-append", "root=/dev/vda rw console=ttyS0 init=/sbin/erdma-init quiet panic=-1",
            "-drive", f"file={where / 'root.ext4'},format=raw,if=virtio", "-snapshot",
            "-virtfs", f"local,path={folder},mount_tag=host,security_model=none",
-           "-nographic", "-no-reboot", "-net", "none"]
+           *extra, "-nographic", "-no-reboot", "-net", "none"]
     try:
         console = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout
     except subprocess.TimeoutExpired as exc:

@@ -8,7 +8,7 @@ out=$1
 mkdir -p "$out"
 rm -rf "$out/root" "$out/rootfs.tar" "$out/.done"
 mmdebstrap --variant=minbase \
-    --include=linux-image-amd64,initramfs-tools,kmod,iproute2,rdma-core,ibverbs-providers,ibverbs-utils,python3,python3-pyverbs,python3-numpy,python3-pytest \
+    --include=linux-image-amd64,initramfs-tools,kmod,iproute2,rdma-core,ibverbs-providers,ibverbs-utils,python3,python3-pyverbs,python3-numpy,python3-pytest,openmpi-bin \
     --customize-hook='printf "9p\n9pnet\n9pnet_virtio\nvirtio_pci\nvirtio_blk\n" >> "$1/etc/initramfs-tools/modules"' \
     --customize-hook='chroot "$1" update-initramfs -u -k all' \
     bookworm "$out/rootfs.tar"

@@ -1,8 +1,15 @@
-# The guest's command (sh, in the plugin's folder): SoftRoCE on a dummy device, then the guest tests.
+# The guest's command (sh, in the plugin's folder): SoftRoCE on a dummy device, rdma-core's pyverbs importable
+# by the host's Python (shared into the guest at its own path), then the command given ("$@").
 set -e
+hostname erdma-guest  # Open MPI refuses the kernel's "(none)"
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm  # POSIX semaphores and shared memory (multiprocessing, MPI)
 modprobe rdma_rxe
+ip link set lo up
 ip link add erdma0 type dummy
 ip addr add 10.77.0.1/24 dev erdma0
-ip link set erdma0 up
+ip link set erdma0 mtu 9000 up  # jumbo frames, as RoCE fabrics run: 4096-byte RDMA MTU
 rdma link add rxe0 type rxe netdev erdma0
-python3 -m pytest -q -p no:cacheprovider tests/guest
+mkdir -p /tmp/pyverbs
+ln -s /usr/lib/python3/dist-packages/pyverbs /tmp/pyverbs/pyverbs
+export PYTHONPATH=/tmp/pyverbs PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
+"$@"

@@ -1,78 +1,96 @@
-"""Runs inside the test guest (``tests/test_guest.py`` boots it), on SoftRoCE: two RC queue pairs on one rxe
-device (rxe loops packets to its own address back through the full RoCEv2 path) exchange a SEND and an
-RDMA WRITE with immediate, byte for byte; a bad transition is named; every QP, CQ, MR and PD is released."""
+"""The queue-pair layer on SoftRoCE: two RC queue pairs on one rxe device (rxe loops packets to its own
+address back through the full RoCEv2 path) exchange a SEND with immediate and an RDMA WRITE with immediate
+gathered from two segments, byte for byte; a bad transition is named; the completion channel wakes a sleeper."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the plugin's folder, shared into the guest
-
-from erdma_verbs.rc import Endpoint, VerbsError
-from pyverbs import enums as e
+from erdma_verbs import rc
 
 DEVICE = "rxe0"
 
 
-def resources() -> dict[str, int]:
-    """``rdma resource`` counts of the rxe device: qp, cq, mr, pd."""
-    out = subprocess.run(["rdma", "resource", "show"], capture_output=True, text=True, check=True).stdout
-    counts: dict[str, int] = {}
-    for line in out.splitlines():
-        words = line.split()
-        if words and words[1].startswith(DEVICE):
-            for key, value in zip(words[2::2], words[3::2], strict=False):
-                counts[key] = int(value)
-    return counts
+def poll(dev: rc.Device, count: int, timeout: float = 60.0) -> list:
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += dev.poll(count - len(got))
+        time.sleep(0.001)
+    assert len(got) == count, f"{len(got)} of {count} completions"
+    for wc in got:
+        assert wc.status == rc.WC_SUCCESS, rc.status_name(wc.status)
+    return got
 
 
-@pytest.fixture
-def pair():
-    before = resources()
-    a, b = Endpoint(DEVICE), Endpoint(DEVICE)
-    a.connect(b.address())
-    b.connect(a.address())
-    yield a, b
+@pytest.fixture(params=[False, True], ids=["poll", "channel"])
+def pair(request):
+    a, b = rc.Device(DEVICE, channel=request.param), rc.Device(DEVICE, channel=request.param)
+    qa, qb = a.queue_pair(8), b.queue_pair(8)
+    qa.connect(qb.address())
+    qb.connect(qa.address())
+    yield a, qa, b, qb
     a.close()
     b.close()
-    assert resources() == before  # nothing leaked
 
 
-def test_send_and_receive_byte_for_byte(pair):
-    a, b = pair
+def test_send_with_immediate(pair):
+    a, qa, b, qb = pair
     data = np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8)
     got = np.zeros_like(data)
-    b.post_recv(b.register(got), got, wr_id=7)
-    a.send(a.register(data), data, wr_id=8)
-    deadline = time.monotonic() + 30
-    assert [wc.wr_id for wc in a.poll(1, deadline)] == [8]
-    (wc,) = b.poll(1, deadline)
-    assert wc.wr_id == 7 and wc.byte_len == data.nbytes
+    mr_a, mr_b = a.register(data), b.register(got)
+    qb.post_recv(7, got.ctypes.data, got.nbytes, mr_b.lkey)
+    qa.send_imm(8, 0x7FFF_0001, data.ctypes.data, data.nbytes, mr_a.lkey)
+    assert [wc.wr_id for wc in poll(a, 1)] == [8]
+    (wc,) = poll(b, 1)
+    assert (wc.wr_id, wc.opcode, wc.byte_len, wc.imm_data) == (7, rc.WC_RECV, data.nbytes, 0x7FFF_0001)
     assert np.array_equal(got, data)
 
 
-def test_rdma_write_with_immediate_lands_in_the_peers_buffer(pair):
-    a, b = pair
+def test_write_with_immediate_gathers_two_segments_into_the_peers_buffer(pair):
+    a, qa, b, qb = pair
+    head = np.arange(64, dtype=np.uint8)
     data = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8)
-    target = np.zeros_like(data)
-    mr = b.register(target)
-    empty = np.zeros(1, np.uint8)  # the immediate's receive needs a work request with one SGE
-    b.post_recv(b.register(empty), empty, wr_id=1)
-    a.write_imm(a.register(data), data, target.ctypes.data, mr.rkey, imm=0x1234, wr_id=2)
-    deadline = time.monotonic() + 60
-    a.poll(1, deadline)
-    (wc,) = b.poll(1, deadline)
-    assert wc.imm_data == 0x1234 and wc.wc_flags & e.IBV_WC_WITH_IMM
-    assert np.array_equal(target, data)
+    target = np.zeros(64 + data.nbytes, np.uint8)
+    mr_t, small = b.register(target), np.zeros(1, np.uint8)
+    qb.post_recv(1, small.ctypes.data, 1, b.register(small).lkey)  # the immediate's receive: one SGE needed
+    mr_h, mr_d = a.register(head), a.register(data, 0)  # a send-only region needs no access flags
+    qa.write_imm(2, [(head.ctypes.data, 64, mr_h.lkey), (data.ctypes.data, data.nbytes, mr_d.lkey)],
+                 target.ctypes.data, mr_t.rkey, 64 + data.nbytes)
+    poll(a, 1)
+    (wc,) = poll(b, 1)
+    assert wc.opcode == rc.WC_RECV_WRITE and wc.imm_data == 64 + data.nbytes
+    assert np.array_equal(target[:64], head) and np.array_equal(target[64:], data)
 
 
 def test_a_transition_that_fails_is_named(pair):
-    a, b = pair
-    with pytest.raises(VerbsError, match=r"queue pair \d+: the move to INIT failed"):
-        a.connect(b.address())  # already in RTS: RTS -> INIT is not a transition verbs allow
+    qa = pair[1]
+    with pytest.raises(rc.VerbsError, match=r"queue pair \d+: the move to INIT failed"):
+        qa.to_init()  # already in RTS: RTS -> INIT is not a transition verbs allow
+
+
+def test_the_completion_channel_wakes_a_sleeper():
+    a, b = rc.Device(DEVICE, channel=True), rc.Device(DEVICE)
+    try:
+        qa, qb = a.queue_pair(4), b.queue_pair(4)
+        qa.connect(qb.address())
+        qb.connect(qa.address())
+        mine, theirs = np.zeros(8, np.uint8), np.ones(8, np.uint8)
+        mr_a, mr_b = a.register(mine), b.register(theirs)
+        qa.post_recv(1, mine.ctypes.data, 8, mr_a.lkey)
+        a.arm()
+        assert a.poll(1) == []
+        sender = threading.Timer(0.5, qb.send_imm, (2, 5, theirs.ctypes.data, 8, mr_b.lkey))
+        start = time.monotonic()
+        sender.start()
+        assert a.sleep(30)  # returns on the completion, not at 30 s
+        sender.join()
+        assert 0.4 < time.monotonic() - start < 20
+        (wc,) = poll(a, 1)
+        assert wc.imm_data == 5 and np.array_equal(mine, theirs)
+    finally:
+        a.close()
+        b.close()

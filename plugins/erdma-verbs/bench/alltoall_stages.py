@@ -1,0 +1,62 @@
+"""The seeds' sequential all-to-all experiment, eRDMA's side (runs inside the test guest): 3 ranks, each
+sending BYTES to every rank, an all-to-all repeated STAGES times with the ``sequential`` or ``pairwise``
+algorithm over a transport; prints the seconds the stages took on the slowest rank (after init and a
+barrier, as the MPI program times them) and the whole run's seconds (process start to exit, as ``time``
+measured the report's programs), after checking every byte of the last stage.
+
+    python alltoall_stages.py TRANSPORT ALGORITHM STAGES [BYTES]
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+WORLD = 3
+
+
+def rank_main(rank: int, url: str, transport: str, algorithm: str, stages: int, nbytes: int, out: mp.Queue) -> None:
+    import erdma_core
+
+    pg = erdma_core.init({"transport.name": transport}, rank=rank, world_size=WORLD, init_method=url)
+    send = np.zeros((WORLD, nbytes), np.uint8)
+    recv = np.zeros((WORLD, nbytes), np.uint8)
+    pg.barrier()
+    start = time.perf_counter()
+    for s in range(stages):
+        for p in range(WORLD):
+            send[p] = (rank * 31 + p * 7 + s) & 0xFF
+        pg.alltoall(recv, send, algorithm=algorithm)
+    took = time.perf_counter() - start
+    want = np.array([[(p * 31 + rank * 7 + stages - 1) & 0xFF] * nbytes for p in range(WORLD)], np.uint8)
+    out.put((rank, took, bool(np.array_equal(recv, want))))
+    pg.destroy()
+
+
+def main() -> int:
+    transport, algorithm, stages = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    nbytes = int(sys.argv[4]) if len(sys.argv) > 4 else 4096
+    start = time.perf_counter()
+    ctx = mp.get_context("fork")
+    out: mp.Queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=rank_main, args=(r, f"file://{tmp}/store", transport, algorithm, stages, nbytes,
+                                                    out)) for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=3600) for _ in procs]
+        for p in procs:
+            p.join(60)
+    ok = all(r[2] for r in results) and all(p.exitcode == 0 for p in procs)
+    print(f"erdma transport={transport} algorithm={algorithm} stages={stages} bytes={nbytes} "
+          f"seconds={max(r[1] for r in results):.4f} total={time.perf_counter() - start:.2f} "
+          f"{'ok' if ok else 'WRONG'}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
