@@ -9,6 +9,7 @@ from typing import Any
 from erdma_core import hookimpl
 from erdma_core.config.option import Option
 from erdma_core.errors import ConfigError, PluginError
+from erdma_core.transport.wire import FRAME
 
 OPTIONS = {
     "device": Option(str, "", "RDMA device (e.g. mlx5_0, rxe0); empty: the first the host has"),
@@ -40,7 +41,7 @@ OPTIONS = {
 }
 
 
-HEADER_BYTES = 64  # the core's frame header (erdma_core.transport.wire.FRAME), which a slot carries too
+HEADER_BYTES = FRAME.size  # the core's frame header, which a slot carries too
 
 
 def _factory(config: Any, section: dict[str, Any]) -> Any:

@@ -29,7 +29,6 @@ ROCE_V2 = e.IBV_GID_TYPE_SYSFS_ROCE_V2  # what ibv_query_gid_type says of a RoCE
 WC_SUCCESS = e.IBV_WC_SUCCESS
 WC_RECV = e.IBV_WC_RECV
 WC_RECV_WRITE = e.IBV_WC_RECV_RDMA_WITH_IMM
-WC_WRITE = e.IBV_WC_RDMA_WRITE
 _NO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _STATUS = {getattr(e, n): n[7:] for n in dir(e) if n.startswith("IBV_WC_") and n.endswith("_ERR")}
 

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from erdma_core.transport.single_copy import address_of
 
 
 class Region:
@@ -23,10 +23,6 @@ class Region:
         self.base, self.end, self.keep, self.mr = base, end, keep, mr
         self.lkey = mr.lkey
         self.users = 0  # work requests in flight that read it
-
-
-def address_of(view: memoryview) -> int:
-    return int(np.frombuffer(view, np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def _whole(view: memoryview) -> memoryview:

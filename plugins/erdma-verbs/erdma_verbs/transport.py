@@ -135,11 +135,12 @@ class VerbsTransport(MessageTransport):
         o = self.opts
         self.device = rc.Device(_choose_device(o), o["port"], None if o["gid_index"] < 0 else o["gid_index"],
                                 cq_depth=4 * self.depth * max(1, ctx.world_size - 1),
-                                channel=o["completion"] == "channel")
+                                channel=self.channel)
         dev = self.device
         self.cache = RegistrationCache(lambda v: dev.register(v, 0), dev.close_region, o["registration_cache_bytes"])
         self.ctrl = np.zeros(64, np.uint8)
         self.ctrl_mr = dev.register(self.ctrl)
+        self.ctrl_addr = self.ctrl.ctypes.data  # numpy makes a ctypes object per ``.ctypes``: once, here
         mine: dict[str, list[int]] = {}
         for peer in self._inboxes:
             qp = dev.queue_pair(self.depth, o["qp_timeout"], o["retry_count"])
@@ -190,7 +191,7 @@ class VerbsTransport(MessageTransport):
                                         ) from None
 
     def _post_recv(self, link: _Link, count: int = _REPOST) -> None:
-        link.qp.post_recv(_RECV | link.peer, self.ctrl.ctypes.data, self.ctrl.nbytes, self.ctrl_mr.lkey, count)
+        link.qp.post_recv(_RECV | link.peer, self.ctrl_addr, self.ctrl.nbytes, self.ctrl_mr.lkey, count)
 
     def _received(self, link: _Link) -> None:
         """A receive was used: post them again in batches (one call, the same chained requests each time)."""
@@ -283,7 +284,7 @@ class VerbsTransport(MessageTransport):
         signal = link.unsignaled + 1 >= self.signal_every
         self._ids += 1
         try:
-            link.qp.send_imm(self._ids, link.consumed % _MOD, self.ctrl.ctypes.data, 1, self.ctrl_mr.lkey, signal)
+            link.qp.send_imm(self._ids, link.consumed % _MOD, self.ctrl_addr, 1, self.ctrl_mr.lkey, signal)
         except Exception as exc:
             self._link_failed(link, f"posting a credit failed: {exc}")
             return
