@@ -15,7 +15,9 @@ $(VENV)/.core: pyproject.toml
 # every plugin distribution, and the example plugin of docs/plugins.md (installed and tested like one)
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml))) examples/erdma-example/
 
+# system packages first: erdma-dpdk compiles its C shim against DPDK's headers when it is installed
 $(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS))
+	scripts/system-deps.sh test
 	$(PIP) install -q -e '.[test]' 'torch==2.13.0' $(addprefix -e ,$(PLUGINS))
 	touch $@
 
@@ -26,7 +28,7 @@ demo: $(VENV)/.core
 ## test: install everything (core, plugins/*, the example plugin) and run lint plus every suite: the core's,
 ## PyTorch's own distributed tests (a pytest process of their own: they set process-wide env), each plugin's
 ## in its folder, and the core's collective and failure tests again over QUIC, then over QUIC striped across
-## a worker
+## a worker, then over DPDK's memif (erdma-dpdk)
 test: $(VENV)/.test
 	scripts/system-deps.sh test
 	$(VENV)/bin/ruff check .
@@ -37,6 +39,8 @@ test: $(VENV)/.test
 		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py
 	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_WORKERS=1 \
 		ERDMA_TRANSPORT_QUIC_PART_BYTES=65536 \
+		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py
+	ERDMA_TRANSPORT=dpdk \
 		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py
 
 $(VENV)/.bench: $(VENV)/.test

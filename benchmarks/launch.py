@@ -24,6 +24,7 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma": ("erdma", {}),  # TCP between hosts; Unix sockets between ranks on one host (loopback)
     "erdma-tcp": ("erdma", {"ERDMA_TRANSPORT_TCP_LOCAL_SOCKETS": "false"}),  # TCP even on one host
     "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
+    "erdma-dpdk": ("erdma", {"ERDMA_TRANSPORT": "dpdk"}),  # erdma-dpdk: memif between the ranks of one host
     "erdma-int8": ("erdma", {"ERDMA_COMPRESSION": "int8"}),  # erdma-gpucomp: gradients as absmax int8, EF
     "erdma-int8-pipelined": ("erdma", {"ERDMA_COMPRESSION": "int8", "ERDMA_COMPRESSION_PIPELINE": "true"}),
     "gloo": ("gloo", {}),

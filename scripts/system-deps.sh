@@ -2,7 +2,8 @@
 # Debian packages the project needs beyond Python: installs only what is missing (no apt traffic otherwise).
 #   scripts/system-deps.sh test    the network lab's tests: iproute2, ethtool, ping, a C compiler, nftables, conntrack,
 #                                  coturn and stun-server (erdma-p2p's STUN/TURN servers); qemu, mmdebstrap and
-#                                  e2fsprogs (erdma-verbs' test guest, built on first use under /var/cache/erdma-guest)
+#                                  e2fsprogs (erdma-verbs' test guest, built on first use under /var/cache/erdma-guest);
+#                                  DPDK's headers and pkg-config (erdma-dpdk builds its C shim against them at install)
 #   scripts/system-deps.sh bench   plus Open MPI (mpirun, headers for mpi4py) for the benchmark lab
 set -euo pipefail
 want=(ip:iproute2 ethtool:ethtool ping:iputils-ping cc:gcc tc:iproute2 nft:nftables conntrack:conntrack
@@ -15,6 +16,9 @@ missing=()
 for pair in "${want[@]}"; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libdpdk; then
+    missing+=(libdpdk-dev pkg-config)
+fi
 if ((${#missing[@]} == 0)); then
     exit 0
 fi

@@ -66,6 +66,11 @@ class _Erdma:
         self.pg.allreduce(a, op="max")
         return float(a[0])
 
+    def sum_over_ranks(self, x: float) -> float:
+        a = np.array([x])
+        self.pg.allreduce(a, op="sum")
+        return float(a[0])
+
     def close(self) -> None:
         self.pg.destroy()
 
@@ -103,6 +108,11 @@ class _Gloo:
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
         return float(t[0])
 
+    def sum_over_ranks(self, x: float) -> float:
+        t = self.torch.tensor([x], dtype=self.torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
+        return float(t[0])
+
     def close(self) -> None:
         self.dist.destroy_process_group()
 
@@ -137,6 +147,11 @@ class _Mpi:
     def max_over_ranks(self, x: float) -> float:
         a = np.array([x])
         self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.MAX)
+        return float(a[0])
+
+    def sum_over_ranks(self, x: float) -> float:
+        a = np.array([x])
+        self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.SUM)
         return float(a[0])
 
     def close(self) -> None:
@@ -198,12 +213,14 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
         template, inp, expected = _buffers(op, count, backend.rank, p, dtype)
         out = template.copy()
         t_out, t_in = backend.wrap(out), backend.wrap(inp)
-        wrong, elapsed = 0, 0.0
+        wrong, elapsed, cpu = 0, 0.0, 0.0
         for i in range(n_warm + n_iters):
             np.copyto(out, template)
-            start = time.perf_counter()
+            cpu_start, start = time.process_time(), time.perf_counter()
             backend.op(op, t_out, t_in)
             took = time.perf_counter() - start
+            if i >= n_warm:
+                cpu += time.process_time() - cpu_start  # this process's every thread (I/O threads too)
             wrong += int(np.count_nonzero(np.abs(out - expected) > rtol * np.abs(expected)) if rtol
                          else np.count_nonzero(out != expected))
             if i >= n_warm:
@@ -214,9 +231,11 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
                 sys.stderr.flush()
         t = backend.max_over_ranks(elapsed / n_iters)
         algbw = count * dtype.itemsize / t / 1e9
+        cpu_per_gb = backend.sum_over_ranks(cpu) / (count * dtype.itemsize * n_iters / 1e9)
         rows.append({"backend": backend.name, "size": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                      "op": op, "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * BUS_FACTOR[op](p),
-                     "wrong": int(backend.max_over_ranks(wrong)), "ranks": p})
+                     "wrong": int(backend.max_over_ranks(wrong)), "ranks": p,
+                     "cpu_s_per_gb": cpu_per_gb})  # CPU seconds of all ranks per GB of the op's buffer
     if backend.rank == 0:
         sys.stderr.write("\r" + " " * 60 + "\r")
     return rows

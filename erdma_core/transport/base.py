@@ -60,6 +60,22 @@ def failed_elsewhere(store: Store, job: int) -> str | None:
         return None
 
 
+def await_key(ctx: TransportContext, key: str, deadline: float, gave_up: Callable[[str], Exception]) -> bytes:
+    """The store entry ``key``, which another rank writes during set-up (its address, "ready"), waiting until
+    ``deadline``; looks now and then whether a rank gave up (``failed_elsewhere``) and fails at once if so.
+    ``gave_up(why)`` makes the error, for another rank's reason or for the deadline."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return ctx.store.get(key, max(0.01, min(0.5, left)))
+        except TimeoutError:
+            why = failed_elsewhere(ctx.store, ctx.job)
+            if why is not None:
+                raise gave_up(f"another rank gave up: {why}") from None
+            if left <= 0:
+                raise gave_up(f"nothing under {key} within {ctx.connect_timeout:.0f}s") from None
+
+
 class Transport(Protocol):
     """A full mesh of reliable message channels between the ranks of one job.
 

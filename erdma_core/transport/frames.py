@@ -11,7 +11,8 @@ from .mailbox import Lent, Mailbox
 from .wire import ABORT, BYE, DATA, FRAME, LENT, MAX_PAYLOAD, PULL, PULLED, Header, abort_error
 
 _STAGE = 1 << 16  # bytes read at a time between large payloads
-_DIRECT = 1 << 15  # a payload with at least this much left is read straight into its place
+DIRECT_BYTES = 1 << 15  # a payload with at least this much left is read straight into its place
+_DIRECT = DIRECT_BYTES
 _HEAD = FRAME.size
 
 
@@ -107,6 +108,14 @@ class StreamReader:
     @property
     def between_frames(self) -> bool:
         return self._token is None and self._have == 0
+
+    @property
+    def direct(self) -> bool:
+        """``buffer()`` is a payload's own place (or scratch for a payload nobody receives): bytes written at
+        its start and reported with one ``advance`` go there. It stays so while at least ``DIRECT_BYTES`` of
+        the payload are left before an ``advance``; an adapter may let bytes land there as they arrive and
+        report them later in one ``advance``, as long as that many were left (erdma-dpdk does)."""
+        return self._token is not None and self._have == 0 and self._left >= _DIRECT
 
     def buffer(self) -> memoryview:
         if self._token is not None and self._have == 0 and self._left >= _DIRECT:

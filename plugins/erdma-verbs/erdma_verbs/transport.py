@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from erdma_core.errors import ConfigError, PeerLostError, ProtocolError
-from erdma_core.transport.base import MessageTransport, TransportContext, failed_elsewhere
+from erdma_core.transport.base import MessageTransport, TransportContext, await_key
 from erdma_core.transport.frames import StreamReader
 from erdma_core.transport.mailbox import Request
 from erdma_core.transport.wire import FRAME, Header
@@ -177,18 +177,8 @@ class VerbsTransport(MessageTransport):
         return f"verbs/{job & 0xFFFFFFFFFFFFFFFF:016x}/{rank}"
 
     def _get(self, ctx: TransportContext, key: str, deadline: float) -> bytes:
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return ctx.store.get(key, max(0.01, min(0.5, left)))
-            except TimeoutError:
-                why = failed_elsewhere(ctx.store, ctx.job)
-                if why is not None:
-                    raise rc.VerbsError(f"rank {self.rank}: another rank gave up: {why}") from None
-                if left <= 0:
-                    raise rc.VerbsError(f"rank {self.rank}: no queue-pair address under {key} within "
-                                        f"{ctx.connect_timeout:.0f}s (is that rank running with transport verbs?)"
-                                        ) from None
+        return await_key(ctx, key, deadline,
+                         lambda why: rc.VerbsError(f"rank {self.rank}: {why} (is that rank running with transport verbs?)"))
 
     def _post_recv(self, link: _Link, count: int = _REPOST) -> None:
         link.qp.post_recv(_RECV | link.peer, self.ctrl_addr, self.ctrl.nbytes, self.ctrl_mr.lkey, count)

@@ -1,0 +1,146 @@
+"""DPDK's environment abstraction layer, once per process: started on first use without hugepages or PCI
+(``--no-huge -m N --no-pci``, a file prefix of its own so that every rank is an independent primary), and
+cleaned up at exit (``rte_eal_cleanup``). Its run-time folder is removed as soon as the EAL has started (the
+files in it are mapped; only a secondary process would open them, and erdma starts none), so that a killed
+rank leaves nothing behind there; run-time folders of older processes that are gone, and memif sockets of
+killed ranks, are removed by the next rank that starts on the host."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pathlib
+import shutil
+import threading
+import time
+from collections.abc import Callable
+
+from erdma_core.errors import ErdmaError
+
+from ._shim import ffi, lib
+
+log = logging.getLogger("erdma.dpdk")
+PREFIX = "erdma-"
+_lock = threading.Lock()
+_started: dict[str, object] = {}  # pid, memory_mb, runtime folder
+_closers: list[Callable[[], None]] = []  # open endpoints, closed before the EAL at exit
+
+
+class DpdkError(ErdmaError):
+    """DPDK refused (EAL start-up, a device, a pool)."""
+
+
+def error() -> str:
+    return ffi.string(lib.eds_error()).decode(errors="replace")
+
+
+def runtime_root() -> pathlib.Path:
+    """Where DPDK keeps its run-time folders (rte_eal's rule)."""
+    if os.geteuid() == 0:
+        return pathlib.Path("/var/run/dpdk")
+    return pathlib.Path(os.environ.get("XDG_RUNTIME_DIR", "/tmp")) / "dpdk"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(root: pathlib.Path, pattern: str, pid_of: Callable[[str], int | None]) -> int:
+    """Remove what ``pattern`` matches under ``root`` whose owning process (``pid_of(name)``) is gone."""
+    removed = 0
+    for path in root.glob(pattern) if root.exists() else []:
+        pid = pid_of(path.name)
+        if pid is None or pid == os.getpid() or alive(pid):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def sweep_sockets(run_dir: pathlib.Path) -> int:
+    """memif sockets under ``run_dir`` (a folder per job) whose ranks are gone, then job folders left empty for a
+    minute (a younger empty one may be a starting job's, whose ranks are about to make their sockets)."""
+    removed = 0
+    for job in run_dir.iterdir() if run_dir.is_dir() else []:
+        if not job.is_dir():
+            continue
+        removed += sweep(job, "memif-*.sock", socket_pid)
+        try:
+            if time.time() - job.stat().st_mtime > 60:
+                job.rmdir()
+        except OSError:  # live ranks' sockets are there, or another rank removed it first
+            pass
+    return removed
+
+
+def socket_pid(name: str) -> int | None:
+    """``memif-0-1.1234.sock``: 1234."""
+    parts = name.split(".")
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def _pid_in(name: str) -> int | None:
+    """``erdma-1234``: 1234."""
+    tail = name[len(PREFIX):]
+    return int(tail) if name.startswith(PREFIX) and tail.isdigit() else None
+
+
+def start(memory_mb: int) -> pathlib.Path:
+    """Start the EAL in this process (once); returns its run-time folder."""
+    with _lock:
+        if _started:
+            if _started["pid"] != os.getpid():
+                raise DpdkError("DPDK was started in the parent of this process before it forked; DPDK cannot be "
+                                "used in a forked child of a process that started it (start it in each child)")
+            return pathlib.Path(str(_started["dir"]))
+        root = runtime_root()
+        gone = sweep(root, PREFIX + "*", _pid_in)
+        if gone:
+            log.info("removed %d DPDK run-time folder(s) of processes that no longer exist", gone)
+        prefix = f"{PREFIX}{os.getpid()}"
+        core = min(os.sched_getaffinity(0))
+        args = ["erdma-dpdk", "--no-huge", "-m", str(memory_mb), "--no-pci", "--no-telemetry",
+                f"--file-prefix={prefix}", "-l", str(core), "--log-level=*:warning"]
+        keep = [ffi.new("char[]", a.encode()) for a in args]
+        argv = ffi.new("char *[]", [*keep, ffi.NULL])
+        if lib.eds_eal_init(len(args), argv) != 0:
+            raise DpdkError(f"DPDK did not start ({' '.join(args[1:])}): {error()}")
+        # its files are mapped already, and only a secondary process would open them again (erdma starts none):
+        # gone now, nothing is left behind even by a rank that is killed
+        shutil.rmtree(root / prefix, ignore_errors=True)
+        _started.update(pid=os.getpid(), memory_mb=memory_mb, dir=str(root / prefix))
+        atexit.register(_at_exit)
+        log.info("DPDK started: %s", " ".join(args[1:]))
+        return root / prefix
+
+
+def memory_mb() -> int:
+    return int(_started.get("memory_mb", 0))  # type: ignore[call-overload]
+
+
+def on_exit(close: Callable[[], None]) -> Callable[[], None]:
+    """Run ``close`` at exit before the EAL goes; returns a function that forgets it."""
+    _closers.append(close)
+    return lambda: _closers.remove(close) if close in _closers else None
+
+
+def _at_exit() -> None:
+    if _started.get("pid") != os.getpid():
+        return
+    for close in list(reversed(_closers)):
+        try:
+            close()
+        except Exception:  # exiting: the others still close
+            log.debug("closing a DPDK endpoint at exit failed", exc_info=True)
+    lib.eds_eal_cleanup()
+    shutil.rmtree(str(_started["dir"]), ignore_errors=True)

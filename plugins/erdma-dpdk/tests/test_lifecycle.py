@@ -1,0 +1,48 @@
+"""What a job leaves on the host: nothing once it closes (memif sockets removed, DPDK's run-time folder gone
+from the start); a killed rank's sockets are removed by the next rank that starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+from erdma_dpdk import eal
+
+from .conftest import needs_dpdk
+
+
+def _pid(pg):
+    pg.allreduce(np.ones(1000, np.float32))
+    return os.getpid()
+
+
+def _die_after_one(pg):
+    pg.allreduce(np.ones(10, np.float32))
+    if pg.rank() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    pg.allreduce(np.ones(10, np.float32))
+
+
+@needs_dpdk
+def test_a_closed_job_leaves_nothing(erdma_world, tmp_path):
+    world = erdma_world(3, {"transport.name": "dpdk", "transport.dpdk.run_dir": str(tmp_path)})
+    pids = world.run(_pid)
+    sockets = sorted(p.name for p in tmp_path.rglob("*.sock"))
+    assert len(sockets) == 3 and all(any(f".{pid}." in s for s in sockets) for pid in pids[:2]), sockets
+    world.close()
+    assert not list(tmp_path.rglob("*.sock"))
+    assert not [p for p in eal.runtime_root().glob("erdma-*") if eal._pid_in(p.name) in pids]
+
+
+@needs_dpdk
+def test_a_killed_ranks_sockets_are_removed_by_the_next_rank_that_starts(erdma_world, tmp_path):
+    config = {"transport.name": "dpdk", "transport.dpdk.run_dir": str(tmp_path), "timeouts.collective": 30.0}
+    world = erdma_world(3, config, timeout=20)
+    outcomes = world.outcomes(_die_after_one)
+    assert "died" in outcomes[0], outcomes
+    world.close()
+    left = sorted(p.name for p in tmp_path.rglob("*.sock"))
+    assert len(left) == 2 and all(name.startswith("memif-0-") for name in left), left  # rank 0 served both
+    erdma_world(2, config).run(_pid)
+    assert not [p for p in tmp_path.rglob("memif-0-*.sock") if p.name in left]
