@@ -1,9 +1,16 @@
 """DPDK's environment abstraction layer, once per process: started on first use without hugepages or PCI
 (``--no-huge -m N --no-pci``, a file prefix of its own so that every rank is an independent primary), and
-cleaned up at exit (``rte_eal_cleanup``). Its run-time folder is removed as soon as the EAL has started (the
-files in it are mapped; only a secondary process would open them, and erdma starts none), so that a killed
-rank leaves nothing behind there; run-time folders of older processes that are gone, and memif sockets of
-killed ranks, are removed by the next rank that starts on the host."""
+left to the process's exit. Its run-time folder is removed as soon as the EAL has started (the files in it are
+mapped; only a secondary process would open them, and erdma starts none), so that a killed rank leaves nothing
+behind there; run-time folders of older processes that are gone, and memif sockets of killed ranks, are
+removed by the next rank that starts on the host.
+
+``rte_eal_cleanup`` is not called. In DPDK 22.11 it frees the EAL's memory while the interrupt thread keeps
+running, and memif removes its socket callbacks lazily, on that thread, at the socket's next event: a rank
+whose peer closed its memif connection after cleanup died of SIGSEGV in ``rte_intr_fd_get`` on that thread at
+exit (seen after a 16 MiB ``erdma bench`` on 2 ranks, every time). With ports closed and pools freed at
+close, no hugepages and the run-time folder gone, what the EAL still holds is this process's memory and file
+descriptors, which its exit returns."""
 
 from __future__ import annotations
 
@@ -129,7 +136,7 @@ def memory_mb() -> int:
 
 
 def on_exit(close: Callable[[], None]) -> Callable[[], None]:
-    """Run ``close`` at exit before the EAL goes; returns a function that forgets it."""
+    """Run ``close`` at exit (a process group not destroyed); returns a function that forgets it."""
     _closers.append(close)
     return lambda: _closers.remove(close) if close in _closers else None
 
@@ -142,5 +149,3 @@ def _at_exit() -> None:
             close()
         except Exception:  # exiting: the others still close
             log.debug("closing a DPDK endpoint at exit failed", exc_info=True)
-    lib.eds_eal_cleanup()
-    shutil.rmtree(str(_started["dir"]), ignore_errors=True)

@@ -202,8 +202,6 @@ int eds_eal_init(int argc, char **argv) {
     return 0;
 }
 
-void eds_eal_cleanup(void) { rte_eal_cleanup(); }
-
 /* ---- endpoint ----------------------------------------------------------------------------------------- */
 eds_ep *eds_ep_new(const char *name, int rank, unsigned int job, unsigned int nonce, int frame_bytes,
                    int buffer_bytes, int window, int nb_desc, int links, int ports, int rto_min_us, int rto_max_us,

@@ -13,7 +13,6 @@ typedef struct {
 } eds_link_info;
 
 int eds_eal_init(int argc, char **argv);
-void eds_eal_cleanup(void);
 const char *eds_error(void);
 
 eds_ep *eds_ep_new(const char *name, int rank, unsigned int job, unsigned int nonce, int frame_bytes,
