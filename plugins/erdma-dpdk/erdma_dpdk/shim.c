@@ -469,7 +469,7 @@ static uint16_t burst(eds_ep *ep, int i, int rx, struct rte_mbuf **pkts, uint16_
     if (!p->watch)
         return rx ? rte_eth_rx_burst(p->id, 0, pkts, n) : rte_eth_tx_burst(p->id, 0, pkts, n);
     sigjmp_buf here;
-    if (sigsetjmp(here, 1)) {
+    if (sigsetjmp(here, 0)) { /* no mask to save: the handler runs with SA_NODEFER */
         guard = NULL;
         port_gone(ep, i, rx ? "its memif rings went away under a receive (the process exited)"
                             : "its memif rings went away under a send (the process exited)");
