@@ -1,7 +1,8 @@
 """af_packet on veth pairs in a network namespace of their own (root only): each rank's interface joins a
 bridge whose forwarding drops 1% of the transport's frames at random (nftables, ``numgen random``: the
 kernel here has no netem), and the core's collective tests still pass byte for byte on 2 and 4 ranks, thanks
-to retransmission; the counters and the bridge's drop counter show the loss was there."""
+to retransmission, and so do its failure tests (a killed peer is noticed by silence: ``peer_timeout``); the
+counters and the bridge's drop counter show the loss was there."""
 
 from __future__ import annotations
 
@@ -73,10 +74,11 @@ AF_PACKET = {"ERDMA_TRANSPORT": "dpdk", "ERDMA_TRANSPORT_DPDK_BACKEND": "af_pack
              "ERDMA_TRANSPORT_DPDK_INTERFACE": "v{rank}"}
 
 
-def test_the_cores_collective_tests_pass_through_a_lossy_bridge(lab):
+@pytest.mark.parametrize("tests", ["test_collectives.py", "test_failures.py"])
+def test_the_cores_tests_pass_through_a_lossy_bridge(lab, tests):
     before = _dropped(lab)
     run = _in(lab, [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-                    str(CORE_TESTS / "test_collectives.py")], {**AF_PACKET, "PYTEST_ERDMA_WORLDS": "2,4"}, 900)
+                    str(CORE_TESTS / tests)], {**AF_PACKET, "PYTEST_ERDMA_WORLDS": "2,4"}, 900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert " passed" in run.stdout and "failed" not in run.stdout
     assert _dropped(lab) - before > 50  # the loss was there: many frames dropped and sent again
