@@ -98,10 +98,22 @@ def test_bad_file_values(tmp_path, toml, message):
     assert message in str(info.value)
 
 
+def _left_out(dist: str, plugin: str) -> str:
+    """What an unknown name provided by ``dist`` is told: install it, or (installed, and left out here by the
+    conftest's ERDMA_DISABLE_PLUGINS) that it is left out."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return f"it is provided by `pip install {dist}`"
+    return f"{dist} {version} is installed, but its plugin {plugin!r} is left out by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS"
+
+
 @pytest.mark.parametrize("var,value,message", [
     ("ERDMA_TIMEOUT", "abc", "config key 'timeouts.collective': value 'abc' is not a valid float"),
     ("ERDMA_TRANSPORT_TCP_NODELAY", "maybe", "value 'maybe' is not a boolean; valid: true, false, 1, 0"),
-    ("ERDMA_TRANSPORT", "dpdk", "valid choices: tcp; it is provided by `pip install erdma-dpdk`"),
+    ("ERDMA_TRANSPORT", "dpdk", "valid choices: tcp; " + _left_out("erdma-dpdk", "dpdk")),
     ("ERDMA_TIMEOUT", "nan", "config key 'timeouts.collective': value nan is not a finite number"),
     ("ERDMA_TIMEOUTS_CONNECT", "inf", "config key 'timeouts.connect': value inf is not a finite number"),
     ("ERDMA_TIMEOUT", "1e300", "config key 'timeouts.collective': value 1e+300 is above the maximum 604800.0"),

@@ -73,6 +73,7 @@ class Components:
         self.algorithms: dict[str, dict[str, Component]] = {}
         self.codecs: dict[int, Component] = {}  # compressors by wire codec id
         self.environment: dict[str, tuple[str, str]] = {}  # ERDMA_* variable -> (plugin, description)
+        self.skipped: dict[str, str] = {}  # installed plugins ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS left out -> dist
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.by_kind[kind])
@@ -95,6 +96,10 @@ class Components:
                     version = importlib.metadata.version(dist)
                 except importlib.metadata.PackageNotFoundError:
                     return f"; it is provided by `pip install {dist}`"
+                off = sorted(n for n, d in self.skipped.items() if d == dist)
+                if off:
+                    return (f"; {dist} {version} is installed, but its plugin {off[0]!r} is left out by "
+                            "ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS")
                 return f"; {dist} {version} is installed but does not provide {kind} {name!r} yet (see its README)"
             close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
             registered = self.by_kind[kind] if kind in self.by_kind else {n for a in self.algorithms.values() for n in a}
@@ -166,7 +171,8 @@ def build_plugin_manager() -> Components:
         infos.append(PluginInfo(ep.name, dist, _version(dist), (), f"{type(exc).__name__}: {exc}"))
 
     ExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)  # stevedore's, filled once per process
-    names = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    names = sorted(eps)
     unknown = sorted((allow or set()) - set(names))  # a plugin asked for and missing (disabling one is harmless)
     if unknown:
         raise PluginError(f"ERDMA_PLUGINS={os.environ['ERDMA_PLUGINS']!r} names {', '.join(map(repr, unknown))}, which "
@@ -185,7 +191,9 @@ def build_plugin_manager() -> Components:
     if os.environ.get("ERDMA_TRACE_PLUGINS", "") not in ("", "0"):
         pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[erdma.plugins] {msg}"))
         pm.enable_tracing()
-    return _collect(pm, infos)
+    comps = _collect(pm, infos)
+    comps.skipped = {n: _dist_of(eps[n]) for n in set(names) - set(wanted)}
+    return comps
 
 
 def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
