@@ -218,13 +218,12 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
             np.copyto(out, template)
             cpu_start, start = time.process_time(), time.perf_counter()
             backend.op(op, t_out, t_in)
-            took = time.perf_counter() - start
-            if i >= n_warm:
-                cpu += time.process_time() - cpu_start  # this process's every thread (I/O threads too)
+            took, cpu_took = time.perf_counter() - start, time.process_time() - cpu_start  # every thread's CPU
             wrong += int(np.count_nonzero(np.abs(out - expected) > rtol * np.abs(expected)) if rtol
                          else np.count_nonzero(out != expected))
             if i >= n_warm:
                 elapsed += took
+                cpu += cpu_took
             if backend.rank == 0 and time.perf_counter() - shown > 0.5:  # now and then: a write skews the ranks
                 shown = time.perf_counter()
                 sys.stderr.write(f"\r[bench] {backend.name} {op} {human(nbytes)} {i + 1}/{n_warm + n_iters}   ")

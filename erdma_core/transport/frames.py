@@ -12,7 +12,6 @@ from .wire import ABORT, BYE, DATA, FRAME, LENT, MAX_PAYLOAD, PULL, PULLED, Head
 
 _STAGE = 1 << 16  # bytes read at a time between large payloads
 DIRECT_BYTES = 1 << 15  # a payload with at least this much left is read straight into its place
-_DIRECT = DIRECT_BYTES
 _HEAD = FRAME.size
 
 
@@ -115,10 +114,10 @@ class StreamReader:
         its start and reported with one ``advance`` go there. It stays so while at least ``DIRECT_BYTES`` of
         the payload are left before an ``advance``; an adapter may let bytes land there as they arrive and
         report them later in one ``advance``, as long as that many were left (erdma-dpdk does)."""
-        return self._token is not None and self._have == 0 and self._left >= _DIRECT
+        return self._token is not None and self._have == 0 and self._left >= DIRECT_BYTES
 
     def buffer(self) -> memoryview:
-        if self._token is not None and self._have == 0 and self._left >= _DIRECT:
+        if self.direct:
             if self._target is not None:
                 return self._target[self._done:]  # straight into the receiver's memory
             return self._sv[:min(_STAGE, self._left)]  # dropped: through the stage, not kept
@@ -130,7 +129,7 @@ class StreamReader:
         return self._sv[self._have:]
 
     def advance(self, n: int) -> None:
-        if self._token is not None and self._have == 0 and self._left >= _DIRECT:
+        if self.direct:
             self._done += n
             self._left -= n
             if self._left == 0:
@@ -152,7 +151,7 @@ class StreamReader:
                 start = self._start
                 h = Header.parse(self._sv[start:start + _HEAD])
                 nbytes = h.nbytes
-                self._big = nbytes >= _DIRECT
+                self._big = nbytes >= DIRECT_BYTES
                 if self._have - _HEAD >= nbytes:  # the whole frame is staged (small frames): land it now
                     self._consume(_HEAD + nbytes)  # the stage is not written until this returns
                     self.inbox.whole(h, self._sv[start + _HEAD:start + _HEAD + nbytes])

@@ -30,7 +30,7 @@ from ._shim import ffi, lib
 log = logging.getLogger("erdma.dpdk")
 PREFIX = "erdma-"
 _lock = threading.Lock()
-_started: dict[str, object] = {}  # pid, memory_mb, runtime folder
+_started: dict[str, int] = {}  # pid, memory_mb
 _closers: list[Callable[[], None]] = []  # open endpoints, closed before the EAL at exit
 
 
@@ -102,14 +102,14 @@ def _pid_in(name: str) -> int | None:
     return int(tail) if name.startswith(PREFIX) and tail.isdigit() else None
 
 
-def start(memory_mb: int) -> pathlib.Path:
-    """Start the EAL in this process (once); returns its run-time folder."""
+def start(memory_mb: int) -> None:
+    """Start the EAL in this process (once)."""
     with _lock:
         if _started:
             if _started["pid"] != os.getpid():
                 raise DpdkError("DPDK was started in the parent of this process before it forked; DPDK cannot be "
                                 "used in a forked child of a process that started it (start it in each child)")
-            return pathlib.Path(str(_started["dir"]))
+            return
         root = runtime_root()
         gone = sweep(root, PREFIX + "*", _pid_in)
         if gone:
@@ -125,14 +125,13 @@ def start(memory_mb: int) -> pathlib.Path:
         # its files are mapped already, and only a secondary process would open them again (erdma starts none):
         # gone now, nothing is left behind even by a rank that is killed
         shutil.rmtree(root / prefix, ignore_errors=True)
-        _started.update(pid=os.getpid(), memory_mb=memory_mb, dir=str(root / prefix))
+        _started.update(pid=os.getpid(), memory_mb=memory_mb)
         atexit.register(_at_exit)
         log.info("DPDK started: %s", " ".join(args[1:]))
-        return root / prefix
 
 
 def memory_mb() -> int:
-    return int(_started.get("memory_mb", 0))  # type: ignore[call-overload]
+    return _started.get("memory_mb", 0)
 
 
 def on_exit(close: Callable[[], None]) -> Callable[[], None]:

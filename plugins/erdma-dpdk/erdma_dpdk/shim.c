@@ -151,7 +151,9 @@ struct link {
     uint8_t *sacked, *again; /* again: sent more than once (no RTT sample) */
     struct sdesc *q_head, *q_tail;
     uint64_t q_off; /* bytes of the head send already cut (its header first) */
-    uint64_t copied, srtt_ns, rto_ns, last_ack_ns, probe_ns;
+    uint64_t srtt_ns, rto_ns, last_ack_ns, probe_ns;
+    uint32_t sack_high; /* the highest PSN the peer's bitmap said it has, while sack_any */
+    int sack_any;
     /* receiving */
     uint32_t rcv_nxt, rcv_read, rcv_off, adv_wnd;
     struct rte_mbuf **rq;
@@ -159,6 +161,8 @@ struct link {
     uint8_t *sink; /* where the next bytes go as they arrive (a large payload's place), or NULL */
     uint64_t sink_len, sink_filled;
     int need_ack;
+    uint64_t sack;  /* the bitmap packets carry; computed again only after a packet was taken (sack_dirty) */
+    int sack_dirty;
     /* counters */
     uint64_t retransmits, duplicates, sent_packets, received_packets, data_packets;
     char why[160];
@@ -418,16 +422,20 @@ static void fill_header(eds_ep *ep, struct link *l, struct rte_mbuf *m, uint8_t 
     w->src = (uint16_t)ep->rank;
     w->dst = (uint16_t)l->peer;
     w->ack = l->rcv_nxt;
-    uint64_t sack = 0;
     uint32_t w_edge = l->rcv_read + (uint32_t)ep->window;
-    for (uint32_t i = 0; i < 64; i++) {
-        uint32_t psn = l->rcv_nxt + 1 + i;
-        if (!before(psn, w_edge))
-            break;
-        if (l->rq[psn % (uint32_t)ep->window])
-            sack |= 1ull << i;
+    if (l->sack_dirty) { /* which packets after rcv_nxt are here changes only when one arrives */
+        uint64_t sack = 0;
+        for (uint32_t i = 0; i < 64; i++) {
+            uint32_t psn = l->rcv_nxt + 1 + i;
+            if (!before(psn, w_edge))
+                break;
+            if (l->rq[psn % (uint32_t)ep->window])
+                sack |= 1ull << i;
+        }
+        l->sack = sack;
+        l->sack_dirty = 0;
     }
-    w->sack = sack;
+    w->sack = l->sack;
     w->wnd = w_edge;
     l->adv_wnd = w_edge;
     l->need_ack = 0;
@@ -555,7 +563,6 @@ static int send_new(eds_ep *ep, struct link *l, uint64_t now) {
             }
             room -= (int)take;
             l->q_off += take;
-            l->copied += take;
             if (l->q_off == total) {
                 l->q_head = d->next;
                 if (!l->q_head)
@@ -589,10 +596,10 @@ static void retransmit(eds_ep *ep, struct link *l, uint64_t now) {
     uint32_t W = (uint32_t)ep->window;
     int timeout = now - l->tx_time[l->snd_una % W] >= l->rto_ns && now - l->last_ack_ns >= l->rto_ns;
     /* holes the peer's bitmap shows (packets after them arrived), or everything at the timeout */
-    uint32_t last_sacked = l->snd_una;
-    for (uint32_t p = l->snd_una; before(p, l->snd_nxt); p++)
-        if (l->sacked[p % W])
-            last_sacked = p;
+    int holes = l->sack_any && before(l->snd_una, l->sack_high);
+    if (!timeout && !holes)
+        return;
+    uint32_t last_sacked = holes ? l->sack_high : l->snd_una;
     uint64_t rtt = l->srtt_ns ? l->srtt_ns + l->srtt_ns / 2 : ep->rto_min;
     int sent = 0;
     for (uint32_t p = l->snd_una; before(p, l->snd_nxt) && ep->ports[l->port].npending < BURST; p++) {
@@ -627,6 +634,8 @@ static void on_ack(eds_ep *ep, struct link *l, const struct wire *w, uint64_t no
             l->retx[s] = NULL;
             l->snd_una++;
         }
+        if (l->sack_any && before(l->sack_high, l->snd_una))
+            l->sack_any = 0;
         uint64_t rto = 3 * l->srtt_ns;
         l->rto_ns = rto < ep->rto_min ? ep->rto_min : rto > ep->rto_max ? ep->rto_max : rto;
         l->last_ack_ns = now;
@@ -634,8 +643,12 @@ static void on_ack(eds_ep *ep, struct link *l, const struct wire *w, uint64_t no
     for (uint32_t i = 0; i < 64; i++)
         if (w->sack >> i & 1) {
             uint32_t p = w->ack + 1 + i;
-            if (!before(p, l->snd_una) && before(p, l->snd_nxt))
+            if (!before(p, l->snd_una) && before(p, l->snd_nxt)) {
                 l->sacked[p % W] = 1;
+                if (!l->sack_any || before(l->sack_high, p))
+                    l->sack_high = p;
+                l->sack_any = 1;
+            }
         }
     if (before(l->peer_wnd, w->wnd))
         l->peer_wnd = w->wnd;
@@ -678,6 +691,7 @@ static void on_data(eds_ep *ep, struct link *l, struct rte_mbuf *m, const struct
     rte_pktmbuf_adj(m, (uint16_t)HDR);
     rte_pktmbuf_trim(m, (uint16_t)(rte_pktmbuf_data_len(m) - w->len));
     l->rq[psn % W] = m;
+    l->sack_dirty = 1;
     while (before(l->rcv_nxt, l->rcv_read + W) && l->rq[l->rcv_nxt % W]) {
         l->readable += rte_pktmbuf_data_len(l->rq[l->rcv_nxt % W]);
         l->rcv_nxt++;
@@ -912,7 +926,6 @@ int eds_link_info_get(eds_ep *ep, int peer, eds_link_info *info) {
         return -1;
     pthread_mutex_lock(&ep->mu);
     struct link *l = &ep->links[peer];
-    info->copied = l->copied;
     info->readable = l->readable;
     info->retransmits = l->retransmits;
     info->duplicates = l->duplicates;
@@ -921,42 +934,12 @@ int eds_link_info_get(eds_ep *ep, int peer, eds_link_info *info) {
     info->received_packets = l->received_packets;
     info->data_packets = l->data_packets;
     info->dead = l->dead;
-    info->up = l->active ? ep->ports[l->port].up : 0;
     info->pending = l->q_head != NULL || l->snd_una != l->snd_nxt;
-    snprintf(info->why, sizeof info->why, "%s", l->why);
+    if (l->dead)
+        snprintf(info->why, sizeof info->why, "%s", l->why);
+    else
+        info->why[0] = 0;
     pthread_mutex_unlock(&ep->mu);
-    return 0;
-}
-
-int eds_drained(eds_ep *ep) {
-    pthread_mutex_lock(&ep->mu);
-    int all = 1;
-    for (int k = 0; k < ep->nactive; k++) {
-        struct link *l = &ep->links[ep->active[k]];
-        if (!l->dead && (l->q_head || l->snd_una != l->snd_nxt))
-            all = 0;
-    }
-    for (int i = 0; i < ep->nports; i++)
-        all &= ep->ports[i].npending == 0;
-    pthread_mutex_unlock(&ep->mu);
-    return all;
-}
-
-int eds_port_stats(eds_ep *ep, int port, unsigned long long *out) {
-    if (port < 0 || port >= ep->nports)
-        return -1;
-    struct rte_eth_stats st;
-    memset(&st, 0, sizeof st);
-    pthread_mutex_lock(&ep->mu);
-    rte_eth_stats_get(ep->ports[port].id, &st);
-    out[6] = rte_mempool_avail_count(ep->pool);
-    pthread_mutex_unlock(&ep->mu);
-    out[0] = st.ipackets;
-    out[1] = st.opackets;
-    out[2] = st.imissed;
-    out[3] = st.ierrors;
-    out[4] = st.oerrors;
-    out[5] = st.rx_nombuf;
     return 0;
 }
 

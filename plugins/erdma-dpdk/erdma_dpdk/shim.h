@@ -3,11 +3,9 @@
 typedef struct eds_ep eds_ep;
 
 typedef struct {
-    unsigned long long copied;     /* stream bytes of this link's sends copied into packets */
     unsigned long long readable;   /* bytes received in order and not read yet */
     unsigned long long retransmits, duplicates, foreign, sent_packets, received_packets, data_packets;
     int dead;                      /* 1: the link failed (``why`` says how) */
-    int up;                        /* the port's link is up */
     int pending;                   /* sends queued, or packets not acknowledged yet */
     char why[160];
 } eds_link_info;
@@ -30,8 +28,6 @@ long long eds_sink_take(eds_ep *ep, int peer);
 int eds_completions(eds_ep *ep, unsigned long long *tokens, int *status, int max);
 int eds_drop_queued(eds_ep *ep);
 int eds_link_info_get(eds_ep *ep, int peer, eds_link_info *info);
-int eds_drained(eds_ep *ep);
-int eds_port_stats(eds_ep *ep, int port, unsigned long long *out); /* ipackets opackets imissed ierrors oerrors rx_nombuf pool_free */
 void eds_wake(eds_ep *ep);
 void eds_set_loss(eds_ep *ep, unsigned int per_million);
 void eds_ep_free(eds_ep *ep);

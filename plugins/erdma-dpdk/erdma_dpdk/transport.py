@@ -44,8 +44,6 @@ _names = itertools.count()
 _ids = itertools.count(1)
 
 
-
-
 class _Link:
     __slots__ = ("dead", "error", "peer", "reader", "sink")
 
@@ -298,7 +296,6 @@ class DpdkTransport(MessageTransport):
                         link.sink = where
                     return
         except Exception as exc:  # a malformed frame: this peer's stream cannot be trusted any more
-            self._drop_sink(link)
             self._link_failed(link, exc)
 
     def _drop_sink(self, link: _Link) -> None:
@@ -391,10 +388,10 @@ class DpdkTransport(MessageTransport):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
         with self._plock:
-            self._driver = threading.get_ident()
             if self.ep is None:
                 self._remove_sockets()
                 return
+            self._driver = threading.get_ident()
             until = time.monotonic() + 2.0
             info = self._info
             while time.monotonic() < until:
