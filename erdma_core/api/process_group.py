@@ -8,9 +8,12 @@ group's runner threads (or on the thread that waits for it, if none has started 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import itertools
+import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
@@ -20,18 +23,20 @@ from ..algorithms.schedule import Spec
 from ..engine import dtypes, executor, reduce_ops, topology
 from ..engine.buffers import Buffer, as_buffer, page_aligned
 from ..engine.codecs import Codecs
+from ..engine.offload import Fallback, HostChannel, Offload, OffloadCall, OffloadContext
 from ..engine.ops import OPS, buffer_sizes
 from ..engine.plans import plan
 from ..engine.program import Program, compile_plan
 from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
-from ..errors import PluginError
+from ..errors import AbortedError, ErdmaError, PluginError
 from ..transport.mailbox import as_bytes
 from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from .serial import Serial
 from .work import Work
 
 _EMPTY = np.empty(0, np.uint8)
+log = logging.getLogger("erdma.collectives")
 
 
 class _Compiled(NamedTuple):
@@ -39,6 +44,7 @@ class _Compiled(NamedTuple):
     op: executor.Op | None  # the op's fields every call shares (None: no steps to run, as in most ops of a group of one)
     work: int | None  # elements of the 'work' buffer (None: the schedule does not use one)
     codecs: Codecs  # the runtime's codecs for this op
+    offload: Any = None  # the registered offload algorithm (``engine.offload``): no program of its own
 
 
 class ProcessGroup:
@@ -65,6 +71,10 @@ class ProcessGroup:
         local = frozenset(frozenset(self.ranks.index(r) for r in pair) for pair in rt.slow_links
                           if all(r in self.ranks for r in pair))
         self.ring = tuple(self.ranks[i] for i in topology.ring_order(len(self.ranks), local))
+        self._offloads: dict[Any, tuple[str, Offload]] = {}  # factory -> (name, its object for this group)
+        self._host: HostChannel | None = None
+        self._counters: collections.Counter[str] = collections.Counter()
+        self._reasons: set[str] = set()
 
     def rank(self) -> int:
         return self._rank
@@ -101,10 +111,7 @@ class ProcessGroup:
         """Plan one collective in the caller's thread (bad input raises here), then run it in issue order."""
         seq = next(self._seq)
         ckey = (name, count, dtype, reduce_op, algorithm, *spec_fields.values())
-        compiled = self._plans.get(ckey)
-        if compiled is None:
-            compiled = self._plans[ckey] = self._compile(name, count, dtype, buffers["out"].itemsize, reduce_op,
-                                                         algorithm, spec_fields)
+        compiled = self._compiled(ckey, name, count, dtype, buffers["out"].itemsize, reduce_op, algorithm, spec_fields)
         codecs = compiled.codecs
         if codecs.lossy and key is None:
             key = _memory_key(buffers["out"], dtype)
@@ -113,11 +120,24 @@ class ProcessGroup:
         transport, group = self.rt.transport, self.group_id
 
         def run() -> None:
-            if compiled.op is not None:
-                if compiled.work is not None:
-                    buffers["work"] = self._scratch(compiled.work, buffers["out"].dtype, 2)
+            host = compiled
+            if compiled.offload is not None:
                 transport.begin(group, seq)
-                executor.run(compiled.program, buffers, transport, compiled.op.again(seq, key), self._scratch, codecs)
+                fallback = self._offloaded(compiled.offload, OffloadCall(
+                    name, seq, buffers, dtype, count, reduce_op, spec_fields.get("root"),
+                    time.monotonic() + self.rt.timeout))
+                host = None if fallback is None else self._compiled(
+                    (*ckey, fallback.algorithm), name, count, dtype, buffers["out"].itemsize, reduce_op,
+                    fallback.algorithm, spec_fields)
+                if host is not None and host.offload is not None:
+                    raise PluginError(f"{name} algorithm {compiled.offload.name!r} fell back to "
+                                      f"{fallback.algorithm!r}, which is not a host algorithm")
+            if host is not None and host.op is not None:
+                if host.work is not None:
+                    buffers["work"] = self._scratch(host.work, buffers["out"].dtype, 2)
+                if host is compiled:
+                    transport.begin(group, seq)
+                executor.run(host.program, buffers, transport, host.op.again(seq, key), self._scratch, host.codecs)
             if after is not None:
                 after()
 
@@ -126,12 +146,80 @@ class ProcessGroup:
             return None
         return self._submit(name, run, async_op)
 
+    def _compiled(self, ckey: tuple[Any, ...], name: str, count: int, dtype: str, itemsize: int,
+                  reduce_op: ReduceOp | None, algorithm: str | None, spec_fields: dict[str, Any]) -> _Compiled:
+        compiled = self._plans.get(ckey)
+        if compiled is None:
+            compiled = self._compile(name, count, dtype, itemsize, reduce_op, algorithm, spec_fields)
+            if len(self._plans) >= 1024:
+                self._plans.clear()
+            self._plans[ckey] = compiled
+        return compiled
+
+    def _offloaded(self, component: Any, call: OffloadCall) -> Fallback | None:
+        """Run ``call`` through the group's object of the offload ``component``; its Fallback, if any, is
+        logged and counted here (the caller runs the host algorithm)."""
+        what = f"{call.op}.{component.name}"
+        try:
+            got = self._offload_for(component).run(call)
+        except ErdmaError as exc:
+            self.rt.transport.abort(exc)  # the peers must not wait for this rank until their timeout
+            raise
+        except Exception as exc:
+            self.rt.transport.abort(AbortedError(
+                f"rank {self.rt.rank}: {call.op} (group {self.group_id}, seq {call.seq}) failed there in "
+                f"{component.name}: {type(exc).__name__}: {exc}", rank=self.rt.rank, op=call.op))
+            raise
+        if got is None:
+            self._counters[f"{what}.offloaded"] += 1
+            return None
+        if not isinstance(got, Fallback):
+            raise PluginError(f"{call.op} algorithm {component.name!r} of plugin {component.plugin!r} returned "
+                              f"{type(got).__name__}; expected None or erdma_core.engine.offload.Fallback")
+        self._counters[f"{what}.fallback"] += 1
+        self._counters[f"{what}.fallback.{got.algorithm}"] += 1
+        first = got.reason not in self._reasons
+        self._reasons.add(got.reason)
+        log.log(logging.WARNING if first else logging.INFO, "rank %d: %s (group %d, seq %d) runs on the hosts "
+                "with %s instead of %s: %s", self.rt.rank, call.op, self.group_id, call.seq, got.algorithm,
+                component.name, got.reason)
+        return got
+
+    def _offload_for(self, component: Any) -> Offload:
+        found = self._offloads.get(component.factory)
+        if found is not None:
+            return found[1]
+        if self._host is None:
+            self._host = HostChannel(transport=self.rt.transport, algorithm=self.rt.algorithm, job=self.rt.job,
+                                     group=self.group_id, ranks=self.ranks, rank=self.rt.rank,
+                                     timeout=self.rt.timeout, chunk_bytes=self._chunk_bytes)
+        _, options = self.rt.algorithm(component.op, component.name)
+        ctx = OffloadContext(job=self.rt.job, group=self.group_id, rank=self._rank, size=self.size(),
+                             ranks=self.ranks, timeout=self.rt.timeout, options=options, config=self.rt.config,
+                             host=self._host, secret=self.rt.config["security.secret"].encode())
+        made = component.factory(ctx)
+        self._offloads[component.factory] = (component.name, made)
+        return made
+
+    def counters(self) -> dict[str, int]:
+        """How this group's collectives ran through offloaded algorithms: ``<op>.<algorithm>.offloaded``,
+        ``<op>.<algorithm>.fallback`` and ``<op>.<algorithm>.fallback.<host algorithm>``, and what an offload's
+        own ``counters()`` (optional) reports, as ``<algorithm>.<name>``."""
+        out = dict(self._counters)
+        for name, offload in self._offloads.values():
+            own = getattr(offload, "counters", None)
+            if own is not None:
+                out.update({f"{name}.{k}": v for k, v in own().items()})
+        return out
+
     def _compile(self, name: str, count: int, dtype: str, itemsize: int, reduce_op: ReduceOp | None,
                  algorithm: str | None, spec_fields: dict[str, Any]) -> _Compiled:
         """The checked plan of a collective, compiled for this group: worked out once per (op, size, dtype)."""
         local = sum(spec_fields["send_counts"]) if name == "alltoall" else count  # alltoall's count is 0
         algo = self._algorithm(name, local * itemsize, algorithm)
         component, options = self.rt.algorithm(name, algo)
+        if component.offload:
+            return _Compiled(Program((), False), None, None, self.rt.codecs.for_op(name), component)
         # any member may stand anywhere in an allreduce ring (each ends with the same sum)
         ranks = self.ring if name == "allreduce" and algo == "ring" else self.ranks
         spec = Spec(name, ranks.index(self.rt.rank), self.size(), count, options=options, **spec_fields)
@@ -140,8 +228,6 @@ class ProcessGroup:
         except PluginError as exc:
             self.rt.transport.abort(exc)  # the peers would otherwise wait for this rank until their timeout
             raise
-        if len(self._plans) >= 1024:
-            self._plans.clear()
         program = compile_plan(checked, ranks, self._chunk_bytes // itemsize, itemsize,
                                elide=not self.rt.codecs.for_op(name).lossy)
         op = None
@@ -361,6 +447,12 @@ class ProcessGroup:
         self._serial.shutdown()
         self._sender.shutdown()
         self._recv_waiters.shutdown(wait=True)
+        for _, offload in self._offloads.values():
+            try:
+                offload.close()
+            except Exception:  # a plugin's close must not keep the transport open
+                log.exception("rank %d: closing an offloaded algorithm failed", self.rt.rank)
+        self._offloads.clear()
         if self.group_id == 0:
             self.rt.close()
 

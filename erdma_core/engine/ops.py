@@ -56,6 +56,7 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
     OpInfo(name="send", code=10),  # point to point (send/recv): no algorithm
 )}
 COLLECTIVES: tuple[str, ...] = tuple(name for name, op in OPS.items() if op.default is not None)
+OFFLOADABLE = ("allreduce", "broadcast", "reduce_scatter")  # ops an offloaded algorithm may implement
 BENCHMARKED: dict[str, Callable[[int], float]] = {n: op.bus_factor for n, op in OPS.items() if op.bus_factor}
 _BY_CODE = {op.code: name for name, op in OPS.items()}
 

@@ -82,15 +82,28 @@ def erdma_register_compressors(register: Callable[..., None]) -> None:
 
 @hookspec
 def erdma_register_algorithms(register: Callable[..., None]) -> None:
-    """Register collective algorithms (pure schedules).
+    """Register collective algorithms: pure schedules among the group's ranks, or offloads that run a
+    collective with an endpoint outside the group (an aggregation node, a switch).
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(op, name,
-    schedule_fn, *, options=None, description="")``; ``op`` is one of ``erdma_core.engine.ops.COLLECTIVES``;
-    ``schedule_fn(spec)`` takes an ``erdma_core.algorithms.schedule.Spec`` and returns a list of
-    ``erdma_core.algorithms.schedule.Step`` (who sends which slice to whom); ``options`` declares the keys
-    of ``[algorithm.<op>.<name>]``, which reach the schedule as ``spec.options``. The executor checks each
-    schedule once (``erdma_core.engine.plans.check``) and refuses one it could run wrongly, naming the
-    algorithm and this plugin. Returns: nothing. Every implementation is called.
+    schedule_fn, *, options=None, description="", offload=False)``; ``op`` is one of
+    ``erdma_core.engine.ops.COLLECTIVES``; ``options`` declares the keys of ``[algorithm.<op>.<name>]``.
+
+    A schedule (``offload=False``): ``schedule_fn(spec)`` takes an ``erdma_core.algorithms.schedule.Spec``
+    (the options as ``spec.options``) and returns a list of ``erdma_core.algorithms.schedule.Step`` (who
+    sends which slice to whom). The executor checks each schedule once (``erdma_core.engine.plans.check``)
+    and refuses one it could run wrongly, naming the algorithm and this plugin.
+
+    An offload (``offload=True``, for ``erdma_core.engine.ops.OFFLOADABLE`` ops): ``schedule_fn`` is a factory
+    ``f(ctx: erdma_core.engine.offload.OffloadContext)`` called once per process group (and factory: the same
+    factory registered for several ops makes one shared object) on the first collective that selects it,
+    returning an object with ``run(call: OffloadCall) -> Fallback | None`` (called once per collective, on the
+    thread that runs the group's collectives) and ``close()`` (once, when the group is destroyed). ``run``
+    completes the collective in ``call.buffers`` or returns ``Fallback(algorithm, reason)``, and the core runs
+    the collective with that host algorithm instead, logging and counting why; every rank must answer alike
+    (they agree through ``ctx.host``). It raises ``CollectiveError`` subclasses naming rank and op on failure,
+    and never blocks past ``call.deadline``. ``erdma_core.engine.offload`` writes the contract down.
+    Returns: nothing. Every implementation is called.
     """
 
 

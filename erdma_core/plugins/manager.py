@@ -47,6 +47,7 @@ class Component:
     options: Mapping[str, Option] = attrs.field(factory=dict)
     description: str = ""
     op: str = ""
+    offload: bool = False  # an algorithm whose factory makes an ``engine.offload.Offload``, not a schedule
 
     @property
     def section(self) -> str:
@@ -220,8 +221,9 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
         return register
 
     def register_algorithm(op: str, name: str, schedule_fn: Callable[..., Any], *,
-                           options: Mapping[str, Option] | None = None, description: str = "") -> None:
-        from ..engine.ops import COLLECTIVES
+                           options: Mapping[str, Option] | None = None, description: str = "",
+                           offload: bool = False) -> None:
+        from ..engine.ops import COLLECTIVES, OFFLOADABLE
 
         if op not in COLLECTIVES:
             raise PluginError(f"plugin {current['plugin']!r} registered algorithm {name!r} for {op!r}, which is not "
@@ -230,7 +232,11 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
         if name in mine:
             raise PluginError(f"{op} algorithm {name!r} registered twice: by {mine[name].plugin!r} and "
                               f"{current['plugin']!r}")
-        mine[name] = Component("algorithm", name, schedule_fn, current["plugin"], dict(options or {}), description, op)
+        if offload and op not in OFFLOADABLE:
+            raise PluginError(f"plugin {current['plugin']!r} registered {op} algorithm {name!r} as an offload; "
+                              f"offloads are run for {', '.join(OFFLOADABLE)} only")
+        mine[name] = Component("algorithm", name, schedule_fn, current["plugin"], dict(options or {}), description, op,
+                               offload)
 
     def register_env(name: str, description: str) -> None:
         if not name.startswith("ERDMA_"):

@@ -26,7 +26,8 @@ FRAME header, 64 bytes, followed by ``nbytes`` of payload::
     redop   B  ReduceOp code of the collective (0: none)
     job     I  low 32 bits of the job id
     root    I  the root rank (in the group) of broadcast, reduce, gather and scatter; NO_ROOT (0xFFFFFFFF) else
-    group   I  process-group id (bit 31 set: point-to-point send/recv)
+    group   I  process-group id (bit 31 set: point-to-point send/recv; bit 30: the group's host channel of
+               an offloaded collective, ``erdma_core.engine.offload``)
     tag     I  message index inside the collective
     seq     Q  collective sequence number in the group (send/recv: the user tag)
     codec   I  0 = raw elements; else the id of the compressor that encoded the payload (``codec_id``)
@@ -56,6 +57,7 @@ DATA, ABORT, BYE, PULL, PULLED = 1, 2, 3, 4, 5
 HELLO_REQUEST, HELLO_ACCEPTED, HELLO_REJECTED = 0, 1, 2
 RAW = 0  # codec of an unencoded payload
 P2P_GROUP_BIT = 1 << 31
+CONTROL_GROUP_BIT = 1 << 30  # an offloaded collective's host channel (``engine.offload.HostChannel``)
 MAX_PAYLOAD = 1 << 40
 MAX_CONTROL_BYTES = 1 << 16  # ABORT and BYE payloads
 ABORT_BODY = struct.Struct("<Bi")  # ABORT payload: error class code, lost peer (or -1), then the UTF-8 reason

@@ -1,0 +1,139 @@
+"""Offloaded collectives: an algorithm that runs a collective with an endpoint outside the group (an
+aggregation node, a switch) instead of a schedule among the ranks.
+
+A plugin registers one with ``register(op, name, factory, offload=True)`` (``erdma_register_algorithms``).
+The core calls ``factory(OffloadContext)`` once per process group and factory (register the same factory
+for several ops and they share that object, its connections and its state), on the first collective that
+selects it, and then ``run(OffloadCall)`` for each collective; ``close()`` when the group is destroyed.
+
+``run`` either completes the collective (the result in ``call.buffers['out']``, before the core's
+finishing step: ReduceOp.AVG still divides afterwards, so an offload sums for AVG) and returns None, or
+returns ``Fallback(algorithm, reason)``: the core then runs this same collective (same sequence number, same
+buffers, untouched) with that host algorithm, logs the reason and counts it (``ProcessGroup.counters``).
+Every rank must answer the same for the same collective; ranks agree through ``OffloadContext.host``, a
+channel of host collectives among the group's ranks over the group's transport, apart from the
+collectives' own sequence numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import attrs
+import numpy as np
+
+from ..algorithms.schedule import Options, Spec
+from ..transport import auth
+from ..transport.base import Transport
+from ..transport.wire import CONTROL_GROUP_BIT, NO_ROOT
+from . import dtypes, executor
+from .ops import OPS, buffer_sizes
+from .plans import plan
+from .program import compile_plan
+from .reduce_ops import ReduceOp
+
+
+@attrs.frozen
+class Fallback:
+    """``Offload.run``'s answer when the collective must run on the hosts: the host ``algorithm`` (registered
+    for the op) and why, for the log and the counters."""
+
+    algorithm: str
+    reason: str
+
+
+class OffloadCall(NamedTuple):
+    """One collective handed to an offload. ``buffers``: ``out`` (the result; holds the input for allreduce
+    and broadcast) and ``in`` (reduce_scatter's ``size * count`` input); ``count`` as ``Spec.count``;
+    ``root``: the group rank of a rooted op, else None; ``deadline``: ``time.monotonic()`` value by which it
+    must have finished or raised ``CollectiveTimeoutError``."""
+
+    op: str
+    seq: int
+    buffers: Mapping[str, np.ndarray]
+    dtype: str
+    count: int
+    reduce_op: ReduceOp | None
+    root: int | None
+    deadline: float
+
+
+class Offload(Protocol):
+    def run(self, call: OffloadCall) -> Fallback | None: ...
+
+    def close(self) -> None: ...
+
+
+class HostChannel:
+    """Host collectives among a group's ranks on a sequence of their own (the group id with
+    ``CONTROL_GROUP_BIT``): every rank must make the same calls in the same order. Built-in algorithms only
+    (an offload must not reach itself)."""
+
+    def __init__(self, *, transport: Transport, algorithm: Callable[[str, str], tuple[Any, Options]], job: int,
+                 group: int, ranks: Sequence[int], rank: int, timeout: float, chunk_bytes: int) -> None:
+        self._transport, self._algorithm = transport, algorithm
+        self._job, self._group, self._ranks, self._rank = job, group | CONTROL_GROUP_BIT, tuple(ranks), rank
+        self._timeout, self._chunk_bytes = timeout, chunk_bytes
+        self._seq = itertools.count(1)
+
+    def run(self, op: str, algorithm: str, buffers: Mapping[str, np.ndarray], *, count: int,
+            reduce_op: ReduceOp | None = None, root: int | None = None, dtype: str | None = None) -> None:
+        """Run ``op`` with the host ``algorithm`` on ``buffers`` (``out``, and ``in`` where the op has one) of
+        eRDMA dtype ``dtype`` (default: the numpy dtype's; bfloat16 must be named); raises
+        ``CollectiveError`` naming the op and the peer as the collectives do."""
+        comp, options = self._algorithm(op, algorithm)
+        if comp.plugin != "builtin":
+            raise ValueError(f"HostChannel runs built-in algorithms only, not {algorithm!r} of {comp.plugin!r}")
+        group_rank = self._ranks.index(self._rank)
+        spec = Spec(op, group_rank, len(self._ranks), count, root=root or 0, options=options)
+        out = buffers["out"]
+        dtype = dtype or dtypes.name_for_numpy(out.dtype)
+        program = compile_plan(plan(comp, spec), self._ranks, max(1, self._chunk_bytes // out.itemsize), out.itemsize)
+        bufs = {"in": np.empty(0, out.dtype), **buffers}
+        if program.uses_work:
+            bufs["work"] = np.empty(buffer_sizes(spec)["work"], out.dtype)
+        seq = next(self._seq)
+        self._transport.begin(self._group, seq)
+        xop = executor.Op(name=op, algorithm=algorithm, opcode=OPS[op].code, dtype=dtype,
+                          dtype_code=dtypes.code_of(dtype), numel=count, job=self._job, group=self._group, seq=seq,
+                          reduce_op=reduce_op, timeout=self._timeout, ranks=self._ranks, rank=self._rank,
+                          root=NO_ROOT if root is None else root)
+        if program.stages:
+            executor.run(program, bufs, self._transport, xop)
+
+    def allgather(self, values: Sequence[int]) -> np.ndarray:
+        """Every rank's ``values`` (int64, the same length on every rank): an array of shape (size, len)."""
+        mine = np.asarray(values, np.int64)
+        out = np.empty(len(self._ranks) * mine.size, np.int64)
+        self.run("allgather", "ring", {"in": mine, "out": out}, count=mine.size)
+        return out.reshape(len(self._ranks), mine.size)
+
+    def broadcast(self, array: np.ndarray, root: int) -> None:
+        """``array`` of group rank ``root`` copied into ``array`` on every rank (same size and dtype)."""
+        self.run("broadcast", "tree", {"out": array.reshape(-1)}, count=array.size, root=root)
+
+
+@attrs.frozen
+class OffloadContext:
+    """What an offload is given once per group: the job, this rank's place in the group (``rank`` is the
+    group rank; ``ranks`` the members' global ranks), the collective timeout, its options (the section
+    ``[algorithm.<op>.<name>]`` of the op that first selected it; ``config`` is the whole effective config,
+    for an offload serving several ops from one section), ``host``, and ``key(purpose)``: a
+    32-byte key derived from the job's secret (``security.secret``) and its id, the same on every rank,
+    for authenticating this job to an endpoint."""
+
+    job: int
+    group: int
+    rank: int
+    size: int
+    ranks: tuple[int, ...]
+    timeout: float
+    options: Options
+    config: Any
+    host: HostChannel
+    secret: bytes = attrs.field(repr=False)
+
+    def key(self, purpose: bytes) -> bytes:
+        return auth.derive(self.secret, b"offload:" + purpose + b":" + self.job.to_bytes(8, "little"))
