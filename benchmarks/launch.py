@@ -25,6 +25,10 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma-tcp": ("erdma", {"ERDMA_TRANSPORT_TCP_LOCAL_SOCKETS": "false"}),  # TCP even on one host
     "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
     "erdma-dpdk": ("erdma", {"ERDMA_TRANSPORT": "dpdk"}),  # erdma-dpdk: memif between the ranks of one host
+    "erdma-ring": ("erdma", {"ERDMA_ALGORITHM": "ring"}),  # allreduce always by the ring, whatever the size
+    # erdma-naca: allreduce through an aggregation node (``erdma naca serve``) that run_job starts in the root
+    # namespace, on the lab's host port (the switch: its link is not rate-limited) or on loopback
+    "erdma-naca": ("erdma", {"ERDMA_ALGORITHM": "naca"}),
     "erdma-int8": ("erdma", {"ERDMA_COMPRESSION": "int8"}),  # erdma-gpucomp: gradients as absmax int8, EF
     "erdma-int8-pipelined": ("erdma", {"ERDMA_COMPRESSION": "int8", "ERDMA_COMPRESSION_PIPELINE": "true"}),
     "gloo": ("gloo", {}),
@@ -71,6 +75,8 @@ def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = No
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "erdma_core.cli.bench", "--backend", backend, *bench_args, *BENCH_ARGS.get(system, []),
                 "--json", str(out)]
+        node = _naca_node(Path(tmp), lab) if system == "erdma-naca" else None
+        system_env = system_env | (node[1] if node else {})
         if backend == "mpi":
             cmd, env = _mpirun(n, argv, lab, system_env.get("MPI_BTL", "tcp,self"))
             procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
@@ -81,8 +87,32 @@ def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = No
                        | (erdma_env or {}))
             procs = [subprocess.Popen(lab.command(i, argv) if lab else argv, env=env | {"RANK": str(i)},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
-        _wait(system, procs, timeout)
+        try:
+            _wait(system, procs, timeout)
+        finally:
+            if node is not None:
+                node[0].kill()
+                node[0].wait()
         return json.loads(out.read_text())
+
+
+def _naca_node(tmp: Path, lab: Lab | None) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """An aggregation node for one job, and the environment that points the ranks at it."""
+    secret = tmp / "naca.secret"
+    secret.write_text(os.urandom(32).hex())
+    host = lab.host_addr if lab else "127.0.0.1"
+    if lab is not None and not lab.host_port:
+        raise ValueError("erdma-naca in the lab needs the lab's host port (Lab(..., host_port=True))")
+    proc = subprocess.Popen([sys.executable, "-m", "erdma_core.cli", "naca", "serve", "--host", host, "--port", "0",
+                             "--secret-file", str(secret)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise JobFailed(f"erdma-naca: the aggregation node did not start: {line!r}")
+    port = line.split()[4].rsplit(":", 1)[1]
+    return proc, {"ERDMA_NACA_NODES": f"{host}:{port}", "ERDMA_ALGORITHM_ALLREDUCE_NACA_SECRET_FILE": str(secret)}
 
 
 def _wait(system: str, procs: list[subprocess.Popen[str]], timeout: float) -> None:

@@ -1,0 +1,263 @@
+"""The aggregation node's protocol, sans-IO: ``Aggregator.handle(datagram, addr, now)`` returns the datagrams
+to send as ``(addr, bytes)``; ``expire(now)`` drops idle jobs. ``serve.py`` is its UDP adapter.
+
+Jobs (R10): a job joins with a JOIN tagged with the node's admission key; it carries the job's own key
+(masked), which the node keeps: every later datagram of the job must carry that key's tag, a JOIN for the
+same job with another key is refused, and datagrams of jobs the node does not know are answered with
+REJECT (unknown job) and otherwise ignored. Each job gets its own slots, at most ``job_slots`` of the pool's
+``slots`` (R7: SwitchML/ATP-style bounded slots); no slots left: REJECT (the ranks fall back, R2).
+
+Slots (R4/R5/R6): chunk ``seq`` of a job lives in slot ``seq % granted``. Contributions are kept per rank
+and reduced in rank order once every rank's is in, so the result is the same bits as
+``((x0 op x1) op x2) ...`` whatever order they arrived in, and a duplicate is never counted twice. The
+result goes to every rank that needs it (allreduce: all; reduce_scatter: the slice's owner; broadcast:
+the non-roots), DONE to the others. A slot keeps its last result until its next chunk is complete, so a
+rank whose result was lost gets it again when it retransmits (a rank sends chunk ``seq + granted`` only
+after it has chunk ``seq``'s answer); a retransmitted contribution to a chunk still waiting for others is
+answered with PENDING, which tells the rank the node is alive.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from erdma_core.engine import dtypes, reduce_ops
+
+from . import header as H
+
+Addr = tuple[str, int]
+Out = list[tuple[Addr, bytes]]
+
+
+@dataclass
+class _Chunk:
+    head: H.Header  # the first contribution's header: every other must agree on its fields
+    parts: dict[int, bytes] = field(default_factory=dict)  # rank -> payload
+    bitmap: int = 0
+
+
+@dataclass
+class _Done:
+    seq: int
+    result: bytes  # a packed RESULT datagram (empty: none)
+    done: bytes  # a packed DONE datagram
+    takers: int  # bitmap of the ranks that get ``result``
+
+
+@dataclass
+class _Slot:
+    pending: _Chunk | None = None
+    last: _Done | None = None
+
+
+@dataclass
+class Job:
+    key: bytes
+    size: int
+    granted: int
+    slots: list[_Slot]
+    addrs: dict[int, Addr] = field(default_factory=dict)
+    seen: float = 0.0
+    left: int = 0  # bitmap of ranks that sent LEAVE
+
+
+@dataclass
+class Stats:
+    datagrams: int = 0
+    malformed: int = 0
+    bad_tag: int = 0
+    unknown_job: int = 0
+    duplicates: int = 0
+    results: int = 0
+    joins: int = 0
+    rejected_joins: int = 0
+
+
+def _same(a: H.Header, b: H.Header) -> bool:
+    return (a.op, a.dtype, a.redop, a.message, a.offset, a.total, a.count, a.root, a.size) == \
+        (b.op, b.dtype, b.redop, b.message, b.offset, b.total, b.count, b.root, b.size)
+
+
+class Aggregator:
+    def __init__(self, secret: bytes, slots: int, job_slots: int, idle_s: float = 300.0,
+                 max_chunk_bytes: int = H.MAX_DATAGRAM) -> None:
+        self.admission = H.admission_key(secret)
+        self.slots, self.job_slots, self.idle_s = slots, job_slots, idle_s
+        self.max_chunk_bytes = max_chunk_bytes
+        self.jobs: dict[tuple[int, int], Job] = {}
+        self.stats = Stats()
+
+    @property
+    def free(self) -> int:
+        return self.slots - sum(j.granted for j in self.jobs.values())
+
+    def handle(self, datagram: bytes, addr: Addr, now: float) -> Out:
+        self.stats.datagrams += 1
+        try:
+            h = H.peek(datagram)
+        except H.Malformed:
+            self.stats.malformed += 1
+            return []
+        if h.kind == H.JOIN:
+            return self._join(h, datagram, addr, now)
+        job = self.jobs.get((h.job, h.group))
+        if job is None:
+            self.stats.unknown_job += 1
+            if h.kind != H.DATA:
+                return []
+            return [(addr, self._reject(h, H.UNKNOWN_JOB, self.admission))]
+        try:
+            payload = H.verify(datagram, job.key)
+        except H.Malformed:
+            self.stats.bad_tag += 1
+            return []
+        if h.size != job.size or h.rank >= job.size:
+            self.stats.malformed += 1
+            return []
+        job.seen = now
+        job.addrs[h.rank] = addr
+        if h.kind == H.LEAVE:
+            job.left |= 1 << h.rank
+            if job.left == (1 << job.size) - 1:
+                del self.jobs[(h.job, h.group)]
+            return []
+        if h.kind != H.DATA:
+            return []
+        problem = self._check(h)
+        if problem:
+            return [(addr, self._error(h, job, H.MISMATCH, f"rank {h.rank}: {problem}"))]
+        return self._data(h, bytes(payload), job, addr)
+
+    def _check(self, h: H.Header) -> str:
+        """What is wrong with a DATA header on its own (the other ranks' are compared later)."""
+        if h.dtype not in _CODES:
+            return f"dtype code {h.dtype}"
+        if h.count * dtypes.storage(dtypes.name_of(h.dtype)).itemsize > self.max_chunk_bytes:
+            return f"{h.count} elements exceed the node's largest chunk ({self.max_chunk_bytes} bytes)"
+        if h.op == H.BROADCAST:
+            if h.root >= h.size:
+                return f"root {h.root} of size {h.size}"
+            if (h.rank == h.root) == bool(h.flags & H.NO_DATA):
+                return "the root sends the data, the other ranks none"
+            return ""
+        if h.flags & H.NO_DATA or h.redop not in reduce_ops.NAMES:
+            return f"a reduction without data or with op code {h.redop}"
+        if h.op == H.REDUCE_SCATTER:
+            n = h.total // max(1, h.size)
+            if h.total % max(1, h.size) or (h.count and h.offset // n != (h.offset + h.count - 1) // n):
+                return f"reduce_scatter chunk [{h.offset}, +{h.count}) of {h.total} crosses a rank's slice"
+        return ""
+
+    def expire(self, now: float) -> int:
+        """Forget jobs that sent nothing for ``idle_s``; returns how many."""
+        old = [k for k, j in self.jobs.items() if now - j.seen > self.idle_s]
+        for k in old:
+            del self.jobs[k]
+        return len(old)
+
+    # ---- jobs -----------------------------------------------------------------------------------------
+    def _join(self, h: H.Header, datagram: bytes, addr: Addr, now: float) -> Out:
+        try:
+            payload = H.verify(datagram, self.admission)
+        except H.Malformed:
+            self.stats.rejected_joins += 1
+            return [(addr, self._reject(h, H.BAD_ADMISSION, b""))]  # the rank cannot check it: a hint only
+        if len(payload) != 48 or not 1 <= h.size <= H.MAX_RANKS or h.rank >= h.size or h.status < 1:
+            self.stats.rejected_joins += 1
+            return [(addr, self._reject(h, H.BAD_JOIN, self.admission))]
+        nonce = bytes(payload[:16])
+        key = H.xor(bytes(payload[16:]), H.wrap_mask(self.admission, h.job, h.group, nonce))
+        job = self.jobs.get((h.job, h.group))
+        if job is not None and (not hmac.compare_digest(job.key, key) or job.size != h.size):
+            self.stats.rejected_joins += 1
+            return [(addr, self._reject(h, H.JOB_KEY, self.admission))]
+        if job is None:
+            granted = min(h.status, self.job_slots, self.free)
+            if granted < 1:
+                self.stats.rejected_joins += 1
+                return [(addr, self._reject(h, H.NO_SLOTS, self.admission))]
+            job = self.jobs[(h.job, h.group)] = Job(key, h.size, granted, [_Slot() for _ in range(granted)])
+        self.stats.joins += 1
+        job.seen = now
+        job.addrs[h.rank] = addr
+        job.left &= ~(1 << h.rank)
+        ok = H.Header(H.JOIN_OK, job=h.job, group=h.group, status=job.granted, rank=H.NO_RANK, size=job.size)
+        return [(addr, H.pack(ok, nonce, key))]
+
+    def _reject(self, h: H.Header, reason: int, key: bytes) -> bytes:
+        text = H.REASONS[reason].encode()
+        return H.pack(H.Header(H.REJECT, job=h.job, group=h.group, status=reason, message=h.message, seq=h.seq,
+                               rank=H.NO_RANK, size=h.size), text, key)
+
+    def _error(self, h: H.Header, job: Job, reason: int, detail: str) -> bytes:
+        text = f"{H.REASONS[reason]}: {detail}".encode()[:1024]
+        return H.pack(h._replace(kind=H.ERROR, status=reason, rank=H.NO_RANK, bitmap=0, flags=0, count=0,
+                                 offset=0), text, job.key)
+
+    # ---- data -----------------------------------------------------------------------------------------
+    def _data(self, h: H.Header, payload: bytes, job: Job, addr: Addr) -> Out:
+        slot = job.slots[h.seq % job.granted]
+        last, pend = slot.last, slot.pending
+        if last is not None and h.seq == last.seq:  # its answer was lost: again
+            self.stats.duplicates += 1
+            return [(addr, last.result if last.takers >> h.rank & 1 else last.done)]
+        if (last is not None and h.seq < last.seq) or (pend is not None and h.seq < pend.head.seq):
+            return []  # stale
+        if pend is not None and h.seq > pend.head.seq:
+            return []  # a rank cannot be here before the chunk in this slot is complete
+        want = 0 if h.flags & H.NO_DATA else h.count * dtypes.storage(dtypes.name_of(h.dtype)).itemsize
+        if len(payload) != want:
+            return [(addr, self._error(h, job, H.MISMATCH, f"rank {h.rank} sent {len(payload)} bytes for "
+                                                         f"{h.count} elements"))]
+        if pend is None:
+            pend = slot.pending = _Chunk(h)
+        elif not _same(pend.head, h):
+            err = self._error(h, job, H.MISMATCH, f"rank {h.rank} sent {H.describe(h)} (dtype {h.dtype}, "
+                              f"op {h.redop}), another rank {H.describe(pend.head)} (dtype {pend.head.dtype}, "
+                              f"op {pend.head.redop})")
+            return [(a, err) for a in job.addrs.values()]
+        bit = 1 << h.rank
+        if pend.bitmap & bit:
+            self.stats.duplicates += 1
+            pending = pend.head._replace(kind=H.PENDING, rank=H.NO_RANK, bitmap=pend.bitmap, flags=0, count=0)
+            return [(addr, H.pack(pending, b"", job.key))]
+        pend.bitmap |= bit
+        if not h.flags & H.NO_DATA:
+            pend.parts[h.rank] = payload
+        if pend.bitmap != (1 << job.size) - 1:
+            return []
+        slot.pending = None
+        slot.last = done = self._complete(pend, job)
+        self.stats.results += 1
+        return [(a, done.result if done.takers >> r & 1 else done.done) for r, a in job.addrs.items()]
+
+    def _complete(self, c: _Chunk, job: Job) -> _Done:
+        h = c.head
+        head = h._replace(rank=H.NO_RANK, bitmap=c.bitmap, flags=0)
+        if h.op == H.BROADCAST:
+            result = c.parts.get(h.root, b"")
+            takers = ((1 << job.size) - 1) & ~(1 << h.root)
+        else:
+            name = dtypes.name_of(h.dtype)
+            dt = dtypes.storage(name)
+            op = reduce_ops.ReduceOp[reduce_ops.NAMES[h.redop]]
+            acc = np.frombuffer(c.parts[0], dt).copy()
+            try:
+                for r in range(1, job.size):
+                    reduce_ops.reduce_into(acc, np.frombuffer(c.parts[r], dt), op, name)
+            except TypeError as exc:  # e.g. a bitwise op on floats
+                err = self._error(h, job, H.MISMATCH, f"{op.name} on {name}: {exc}")
+                return _Done(h.seq, err, err, 0)
+            result = acc.tobytes()
+            if h.op == H.ALLREDUCE:
+                takers = (1 << job.size) - 1
+            else:
+                takers = 1 << (h.offset // max(1, h.total // job.size))
+        done = H.pack(head._replace(kind=H.DONE), b"", job.key)
+        return _Done(h.seq, H.pack(head._replace(kind=H.RESULT), result, job.key), done, takers)
+
+
+_CODES = frozenset(range(1, len(dtypes.NAMES) + 1))

@@ -1,0 +1,40 @@
+"""Entry point ``erdma.plugins: naca``: the ``naca`` algorithm for allreduce, broadcast and reduce_scatter
+(one offload object per group serves all three) and ``erdma naca serve``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from erdma_core import hookimpl
+
+from .options import ENVIRONMENT, OPTIONS
+
+
+def naca(ctx: Any) -> Any:
+    from .offload import Naca
+
+    return Naca(ctx)
+
+
+@hookimpl
+def erdma_register_algorithms(register: Callable[..., None]) -> None:
+    register("allreduce", "naca", naca, offload=True, options=OPTIONS,
+             description="through aggregation nodes (erdma naca serve): one round up, one down; ring on the hosts "
+                         "when none can serve")
+    for op in ("broadcast", "reduce_scatter"):
+        register(op, "naca", naca, offload=True,
+                 description="through aggregation nodes; options in [algorithm.allreduce.naca]")
+
+
+@hookimpl
+def erdma_register_environment(register: Callable[..., None]) -> None:
+    for name, description in ENVIRONMENT.items():
+        register(name, description)
+
+
+@hookimpl
+def erdma_add_commands(subparsers: Any) -> None:
+    from .serve import add_parser
+
+    add_parser(subparsers)
