@@ -84,3 +84,22 @@ def test_offload_only_for_offloadable_ops() -> None:
     with pytest.raises(PluginError, match="plugin 'elsewhere' registered gather algorithm 'elsewhere' as an "
                                           "offload; offloads are run for allreduce, broadcast, reduce_scatter only"):
         _collect(pm, [])
+
+
+def compressed(pg: Any) -> str:
+    try:
+        pg.allreduce(np.ones(4, np.float32), algorithm="host_sum")
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_compression_an_offload_cannot_apply_is_refused(install_plugin: Any) -> None:
+    install_plugin("testoffload", "testoffload")
+    install_plugin("testcodecs", "testcodecs")
+    with World(2, {"compression.name": "fp16", "timeouts.collective": 30.0}) as w:
+        assert w.run(compressed) == ["ConfigError: allreduce algorithm 'host_sum' runs through an offload (plugin "
+                                     "'testoffload'), which compression.name='fp16' cannot apply to; leave "
+                                     "allreduce out of compression.ops or choose another algorithm"] * 2
+    with World(2, {"compression.name": "fp16", "compression.ops": "broadcast"}) as w:
+        assert w.run(compressed) == ["ok"] * 2

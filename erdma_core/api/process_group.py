@@ -29,7 +29,7 @@ from ..engine.plans import plan
 from ..engine.program import Program, compile_plan
 from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
-from ..errors import AbortedError, ErdmaError, PluginError
+from ..errors import AbortedError, ConfigError, ErdmaError, PluginError
 from ..transport.mailbox import as_bytes
 from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from .serial import Serial
@@ -219,7 +219,13 @@ class ProcessGroup:
         algo = self._algorithm(name, local * itemsize, algorithm)
         component, options = self.rt.algorithm(name, algo)
         if component.offload:
-            return _Compiled(Program((), False), None, None, self.rt.codecs.for_op(name), component)
+            codecs = self.rt.codecs.for_op(name)
+            if codecs.sender is not None:  # an offload moves the caller's elements as they are
+                comp = self.rt.config["compression.name"]
+                raise ConfigError(f"{name} algorithm {algo!r} runs through an offload (plugin {component.plugin!r}), "
+                                  f"which compression.name={comp!r} cannot apply to; leave {name} out of "
+                                  f"compression.ops or choose another algorithm")
+            return _Compiled(Program((), False), None, None, codecs, component)
         # any member may stand anywhere in an allreduce ring (each ends with the same sum)
         ranks = self.ring if name == "allreduce" and algo == "ring" else self.ranks
         spec = Spec(name, ranks.index(self.rt.rank), self.size(), count, options=options, **spec_fields)
