@@ -106,13 +106,13 @@ def _naca_node(tmp: Path, lab: Lab | None) -> tuple[subprocess.Popen[str], dict[
     proc = subprocess.Popen([sys.executable, "-m", "erdma_core.cli", "naca", "serve", "--host", host, "--port", "0",
                              "--secret-file", str(secret)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise JobFailed(f"erdma-naca: the aggregation node did not start: {line!r}")
-    port = line.split()[4].rsplit(":", 1)[1]
-    return proc, {"ERDMA_NACA_NODES": f"{host}:{port}", "ERDMA_ALGORITHM_ALLREDUCE_NACA_SECRET_FILE": str(secret)}
+    from erdma_naca.serve import address_of  # erdma-naca's; imported only for this system
+
+    try:
+        address = address_of(proc)
+    except RuntimeError as exc:
+        raise JobFailed(f"erdma-naca: {exc}") from None
+    return proc, {"ERDMA_NACA_NODES": address, "ERDMA_ALGORITHM_ALLREDUCE_NACA_SECRET_FILE": str(secret)}
 
 
 def _wait(system: str, procs: list[subprocess.Popen[str]], timeout: float) -> None:

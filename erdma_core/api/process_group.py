@@ -121,8 +121,9 @@ class ProcessGroup:
 
         def run() -> None:
             host = compiled
-            if compiled.offload is not None:
+            if compiled.offload is not None or compiled.op is not None:
                 transport.begin(group, seq)
+            if compiled.offload is not None:
                 fallback = self._offloaded(compiled.offload, OffloadCall(
                     name, seq, buffers, dtype, count, reduce_op, spec_fields.get("root"),
                     time.monotonic() + self.rt.timeout))
@@ -135,8 +136,6 @@ class ProcessGroup:
             if host is not None and host.op is not None:
                 if host.work is not None:
                     buffers["work"] = self._scratch(host.work, buffers["out"].dtype, 2)
-                if host is compiled:
-                    transport.begin(group, seq)
                 executor.run(host.program, buffers, transport, host.op.again(seq, key), self._scratch, host.codecs)
             if after is not None:
                 after()

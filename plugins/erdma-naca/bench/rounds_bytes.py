@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from erdma_naca.serve import address_of
 
 from erdma_core.algorithms import ring
 from erdma_core.algorithms.schedule import Spec
@@ -53,8 +54,7 @@ def main() -> int:
         secret.write_text(secrets.token_hex(32))
         node = subprocess.Popen([sys.executable, "-m", "erdma_core.cli", "naca", "serve", "--host", "127.0.0.1",
                                  "--secret-file", str(secret)], stdout=subprocess.PIPE, text=True)
-        assert node.stdout is not None
-        address = node.stdout.readline().split()[4]
+        address = address_of(node)
         cfg = {"collectives.allreduce": "naca", "algorithm.allreduce.naca.nodes": address,
                "algorithm.allreduce.naca.secret_file": str(secret)}
         print("| size | naca rounds | naca datagrams sent/received | naca bytes sent/received | ring steps | "

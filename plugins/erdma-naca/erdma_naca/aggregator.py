@@ -82,11 +82,9 @@ def _same(a: H.Header, b: H.Header) -> bool:
 
 
 class Aggregator:
-    def __init__(self, secret: bytes, slots: int, job_slots: int, idle_s: float = 300.0,
-                 max_chunk_bytes: int = H.MAX_DATAGRAM) -> None:
+    def __init__(self, secret: bytes, slots: int, job_slots: int, idle_s: float = 300.0) -> None:
         self.admission = H.admission_key(secret)
         self.slots, self.job_slots, self.idle_s = slots, job_slots, idle_s
-        self.max_chunk_bytes = max_chunk_bytes
         self.jobs: dict[tuple[int, int], Job] = {}
         self.stats = Stats()
 
@@ -133,10 +131,10 @@ class Aggregator:
 
     def _check(self, h: H.Header) -> str:
         """What is wrong with a DATA header on its own (the other ranks' are compared later)."""
-        if h.dtype not in _CODES:
+        if h.dtype not in _ITEMSIZE:
             return f"dtype code {h.dtype}"
-        if h.count * dtypes.storage(dtypes.name_of(h.dtype)).itemsize > self.max_chunk_bytes:
-            return f"{h.count} elements exceed the node's largest chunk ({self.max_chunk_bytes} bytes)"
+        if h.count * _ITEMSIZE[h.dtype] > H.MAX_DATAGRAM:
+            return f"{h.count} elements exceed the largest chunk ({H.MAX_DATAGRAM} bytes)"
         if h.op == H.BROADCAST:
             if h.root >= h.size:
                 return f"root {h.root} of size {h.size}"
@@ -208,7 +206,7 @@ class Aggregator:
             return []  # stale
         if pend is not None and h.seq > pend.head.seq:
             return []  # a rank cannot be here before the chunk in this slot is complete
-        want = 0 if h.flags & H.NO_DATA else h.count * dtypes.storage(dtypes.name_of(h.dtype)).itemsize
+        want = 0 if h.flags & H.NO_DATA else h.count * _ITEMSIZE[h.dtype]
         if len(payload) != want:
             return [(addr, self._error(h, job, H.MISMATCH, f"rank {h.rank} sent {len(payload)} bytes for "
                                                          f"{h.count} elements"))]
@@ -260,4 +258,4 @@ class Aggregator:
         return _Done(h.seq, H.pack(head._replace(kind=H.RESULT), result, job.key), done, takers)
 
 
-_CODES = frozenset(range(1, len(dtypes.NAMES) + 1))
+_ITEMSIZE = {dtypes.code_of(n): dtypes.storage(n).itemsize for n in dtypes.NAMES}  # by wire code

@@ -54,10 +54,10 @@ OP_NAMES = {v: k for k, v in OPS.items()}
 NO_DATA, RETRY = 1, 2
 
 # REJECT and ERROR reason codes
-BAD_ADMISSION, NO_SLOTS, JOB_KEY, BAD_JOIN, MISMATCH, UNKNOWN_JOB, TOO_LARGE = range(1, 8)
+BAD_ADMISSION, NO_SLOTS, JOB_KEY, BAD_JOIN, MISMATCH, UNKNOWN_JOB = range(1, 7)
 REASONS = {BAD_ADMISSION: "the node's admission secret was not proved", NO_SLOTS: "the node has no free slots",
            JOB_KEY: "the job is registered with another key", BAD_JOIN: "malformed JOIN",
-           MISMATCH: "contributions disagree", UNKNOWN_JOB: "unknown job", TOO_LARGE: "chunk too large"}
+           MISMATCH: "contributions disagree", UNKNOWN_JOB: "unknown job"}
 
 
 class Header(NamedTuple):

@@ -29,6 +29,7 @@ import numpy as np
 
 from erdma_core.engine import dtypes
 from erdma_core.engine.offload import Fallback, OffloadCall, OffloadContext
+from erdma_core.engine.reduce_ops import ReduceOp
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, MismatchError, ProtocolError
 
 from . import header as H
@@ -218,7 +219,8 @@ class Naca:
         per = self._elements(call)
         rank, p, n = self.ctx.rank, self.ctx.size, call.count
         scratch = self._scratch_for(n * item)
-        redop = 0 if call.reduce_op is None else (1 if call.reduce_op.name == "AVG" else call.reduce_op.code)
+        redop = 0 if call.reduce_op is None else (  # AVG sums on the node; the core divides afterwards
+            ReduceOp.SUM.code if call.reduce_op is ReduceOp.AVG else call.reduce_op.code)
         if call.op == "reduce_scatter":
             src = memoryview(call.buffers["in"]).cast("B")
             chunks = [Chunk(r * n + o, min(per, n - o), src[(r * n + o) * item:(r * n + o + min(per, n - o)) * item],

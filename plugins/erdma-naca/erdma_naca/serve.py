@@ -8,6 +8,7 @@ import random
 import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -15,6 +16,18 @@ from .aggregator import Aggregator
 from .header import read_secret
 
 log = logging.getLogger("erdma.naca.node")
+
+
+def address_of(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
+    """``HOST:PORT`` of an ``erdma naca serve`` started with ``stdout=PIPE, text=True``, from the line it prints
+    once bound; RuntimeError (with what it printed) if that line does not come within ``timeout``."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"erdma naca serve did not start in {timeout:.0f}s: {line!r}")
+    return line.split()[4]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from erdma_naca.serve import address_of
 
 os.environ["ERDMA_PLUGINS"] = "naca"  # the core's test worlds load only the plugins they are told to
 
@@ -21,13 +22,8 @@ class Node:
             [sys.executable, "-m", "erdma_core.cli", "naca", "serve", "--host", "127.0.0.1", "--port", "0",
              "--secret-file", str(secret_file), *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if "listening on" not in line:
-            self.proc.kill()
-            raise RuntimeError(f"erdma naca serve did not start: {line!r} {self.proc.stderr.read()!r}")
-        self.port = int(line.split()[4].rsplit(":", 1)[1])
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = address_of(self.proc)
+        self.port = int(self.address.rsplit(":", 1)[1])
 
     def kill(self) -> None:
         self.proc.kill()
