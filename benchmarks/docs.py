@@ -34,6 +34,23 @@ def _summary(cells: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def elastic_section(table: str) -> list[str]:
+    """The section on elastic groups, around ``python -m benchmarks.elastic``'s table."""
+    return ["## Elastic groups: recovering from a death, admitting a peer", "",
+            "`python -m benchmarks.elastic --scenarios loopback,continental --peers 4 --elements 1M --kills 10` "
+            "(see its docstring): an elastic job of 4 peers allreducing 4 MiB of float32 per step "
+            "(`erdma_core.testing.elastic_peer`); a fourth peer kills itself in the middle of an allreduce (before "
+            "one of its messages, picked at random) and a new one takes its place, 10 times. Times are medians in "
+            "ms. `plain P`: an allreduce call of the 4 members (its vote included); `plain P-1`: of 3 members; "
+            "`death step`: the allreduce call in which a member died (the failed attempt, detection, the vote, the "
+            "survivors' new group, whose set-up alone is the next column, and the allreduce again among 3); "
+            "`admit`: the members' step boundary that admits a newcomer (a new group, then its set-up column, the "
+            "4 MiB state to the newcomer, its hash check and vote). Ratios are against `plain P` in the same run. "
+            "In the lab each peer has a namespace of its own and the store is served on the lab's host port, "
+            "40 ms (`ping`) from each peer, as the peers are from each other.", "", "```",
+            *table.strip("\n").splitlines(), "```", ""]
+
+
 def build(src: Path, dest: Path) -> str:
     images = dest.parent / "benchmarks"
     if images.exists():
@@ -104,6 +121,9 @@ def build(src: Path, dest: Path) -> str:
            "halving-doubling changes partner at every step, so when ranks drift apart a rank's downlink briefly "
            "carries two senders, its one-BDP queue overflows and TCP's loss recovery adds time the model does "
            "not have. Where `drops` is 0, the ratio measures the model itself.", ""]
+    elastic = src / "elastic.txt"
+    if elastic.exists():
+        md += elastic_section(elastic.read_text())
     for run in runs:
         text = (run / "report.md").read_text()
         for png in sorted((run / "plots").glob("*.png")):

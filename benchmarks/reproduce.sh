@@ -41,6 +41,7 @@ run --scenarios lan --ops allgather,broadcast,reduce_scatter,alltoall "${LINKS[@
 run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce --systems erdma,erdma-quic,gloo,mpi \
     "${WAN[@]}" --out "$OUT/wan"
 $PY -m benchmarks.alphabeta "${AB[@]}" --json "$OUT/alphabeta.json" | tee "$OUT/alphabeta.txt"
+$PY -m benchmarks.elastic --scenarios loopback,continental --peers 4 --elements 1M --kills 10 --json "$OUT/elastic.json" | tee "$OUT/elastic.txt"
 $PY -m benchmarks.profile_small --iters "${PROFILE_ITERS:-3000}" | tee "$OUT/profile.txt"
 $PY -m benchmarks.profile_small --iters "${PROFILE_ITERS:-3000}" --transport quic | tee "$OUT/profile-quic.txt"
 $PY -m benchmarks.docs "$OUT" docs/benchmarks.md

@@ -135,7 +135,7 @@ def test_store_request(head):
         op, timeout, klen, vlen = store.parse_request(head)
     except ProtocolError:
         return
-    assert op in (1, 2, 3) and 0 <= timeout <= 7 * 24 * 3600
+    assert op in (1, 2, 3, 4) and 0 <= timeout <= 7 * 24 * 3600
     assert klen <= store.MAX_KEY and vlen <= store.MAX_VALUE
 
 

@@ -31,7 +31,7 @@ def test_core_layout_shows_the_layers():
     core = ROOT / "erdma_core"
     assert sorted(p.stem for p in core.glob("*.py")) == ["__init__", "compression", "errors", "torch", "traversal"]
     assert sorted(p.name for p in core.iterdir() if (p / "__init__.py").is_file()) == [
-        "algorithms", "api", "cli", "config", "discovery", "engine", "plugins", "testing", "transport"]
+        "algorithms", "api", "cli", "config", "discovery", "elastic", "engine", "plugins", "testing", "transport"]
 
 
 def test_stream_transports_write_only_set_up_and_byte_movement():

@@ -66,15 +66,10 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     for rank in range(nprocs):
-        renv = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        pipe = subprocess.PIPE if prefix else None
-        p = subprocess.Popen(list(cmd), env=renv, stdout=pipe, stderr=pipe, start_new_session=True)
+        p, threads = spawn(list(cmd), {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                           f"[rank {rank}] " if prefix else None)
         procs.append(p)
-        if prefix:
-            for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
-                t = threading.Thread(target=_pump, args=(src, dst, f"[rank {rank}] "), daemon=True)
-                t.start()
-                pumps.append(t)
+        pumps += threads
     deadline = None if timeout is None else time.monotonic() + timeout
     failed: tuple[int, int] | None = None
     delay = 0.01
@@ -95,7 +90,7 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
     except KeyboardInterrupt:
         failed = (-1, 130)
     if failed is not None:
-        _stop(procs)
+        stop(procs)
     for t in pumps:
         t.join(2.0)
     if failed is None:
@@ -106,7 +101,21 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
     return code if code > 0 else 128 - code
 
 
-def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+def spawn(cmd: list[str], env: Mapping[str, str], prefix: str | None
+          ) -> tuple[subprocess.Popen[bytes], list[threading.Thread]]:
+    """Start ``cmd`` in a session of its own; with ``prefix``, its output lines are copied with it."""
+    pipe = subprocess.PIPE if prefix is not None else None
+    p = subprocess.Popen(cmd, env=dict(env), stdout=pipe, stderr=pipe, start_new_session=True)
+    threads = []
+    if prefix is not None:
+        for src, dst in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
+            t = threading.Thread(target=_pump, args=(src, dst, prefix), daemon=True)
+            t.start()
+            threads.append(t)
+    return p, threads
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)

@@ -20,6 +20,12 @@ def _run(args: argparse.Namespace) -> int:
         print("erdma run: give the command after --, e.g. erdma run -n 4 -- python train.py", file=sys.stderr)
         return 2
     load_config(args.config)  # ./erdma.toml, ERDMA_CONFIG and ERDMA_*: fail here, once, rather than in every rank
+    if args.elastic or args.join:
+        from . import elastic_launch
+
+        return elastic_launch.run(args.nprocs, cmd, config=args.config, join=args.join, host=args.host,
+                                  port=args.port, secret_file=args.secret_file, prefix=not args.no_prefix,
+                                  timeout=args.timeout)
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=not args.no_prefix, timeout=args.timeout)
 
 
@@ -113,6 +119,15 @@ def add_core_commands(sub: Any) -> None:
     run.add_argument("--config", default=None)
     run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank N]")
     run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
+    run.add_argument("--elastic", action="store_true", help="an elastic job (erdma_core.elastic): serve its "
+                     "store here and keep the other peers going when one exits; prints how to add peers")
+    run.add_argument("--join", metavar="HOST:PORT", default=None, help="add the N peers to the elastic job whose "
+                     "store `erdma run --elastic` serves at HOST:PORT")
+    run.add_argument("--host", default="127.0.0.1", help="--elastic: address to serve the store on (0.0.0.0: "
+                     "every interface, for peers on other machines)")
+    run.add_argument("--port", type=int, default=0, help="--elastic: port of the store (0: a free one)")
+    run.add_argument("--secret-file", default=None, help="the job's secret (--elastic writes a new one to a "
+                     "0600 file and prints its path when neither this nor ERDMA_SECRET is given)")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_run)
     b = sub.add_parser("bench", help="benchmark collectives on N local ranks: an nccl-tests style table")

@@ -55,6 +55,13 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                                "measured so far the helper thread gained nothing: see erdma-gpucomp's README)"),
         },
         "collectives": collectives,
+        "elastic": {
+            "job": Option(str, "default", "name of the elastic job a peer joins (``erdma_core.elastic.join``)"),
+            "min_peers": Option(int, 1, "peers that must have joined before an elastic job starts (`erdma run "
+                                "--elastic -n N` sets N)", minimum=1, maximum=1 << 16),
+            "join_timeout": Option(float, 600.0, "seconds a peer waits to be admitted to an elastic job",
+                                   minimum=0.001, maximum=MAX_TIMEOUT),
+        },
         "timeouts": {
             "collective": Option(float, 300.0, "seconds any blocking collective may take", minimum=0.001,
                                  maximum=MAX_TIMEOUT),

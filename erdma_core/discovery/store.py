@@ -24,7 +24,8 @@ from ..transport.sockets import dial, recv_exact
 
 log = logging.getLogger("erdma.discovery")
 
-_SET, _GET, _ADD = 1, 2, 3
+_SET, _GET, _ADD, _CAS = 1, 2, 3, 4
+_CAS_LEN = struct.Struct("<I")  # a compare_set value: length of the expected value, expected, desired
 _REQ = struct.Struct("<BdII")  # op, timeout, key length, value length
 _RESP = struct.Struct("<BI")  # status (0 ok, 1 timeout, 2 refused), value length
 MAX_KEY = 4096  # bytes of a key
@@ -37,9 +38,10 @@ HANDSHAKE_S = 5.0  # seconds a new connection has to prove the secret
 class Store(Protocol):
     """What a discovery method gives every rank of a job: the same key-value store. ``set`` publishes,
     ``get`` waits up to ``timeout`` seconds for a key to appear (else ``CollectiveTimeoutError``), ``add``
-    is an atomic counter, ``close`` releases what this rank holds. Optional: ``host`` (the host ranks reach
-    the store at; the TCP transport advertises the address that routes there) and ``cleanup()`` (called by
-    rank 0 at the end of the job)."""
+    is an atomic counter, ``close`` releases what this rank holds. Optional: ``compare_set(key, expected,
+    desired)`` (atomic; returns the value after; an absent key compares as b""; elastic groups need it),
+    ``host`` (the host ranks reach the store at; the TCP transport advertises the address that routes there)
+    and ``cleanup()`` (called by rank 0 at the end of the job)."""
 
     def set(self, key: str, value: bytes) -> None: ...
 
@@ -48,6 +50,22 @@ class Store(Protocol):
     def add(self, key: str, amount: int) -> int: ...
 
     def close(self) -> None: ...
+
+
+def cas_body(expected: bytes, desired: bytes) -> bytes:
+    return _CAS_LEN.pack(len(expected)) + expected + desired
+
+
+def cas_apply(data: dict[str, bytes], key: str, body: bytes) -> bytes:
+    """``compare_set`` on a dict: set ``key`` to the desired value when it holds the expected one (an
+    absent key holds b""); return what ``key`` holds afterwards."""
+    (n,) = _CAS_LEN.unpack_from(body)
+    if n > len(body) - _CAS_LEN.size:
+        raise ProtocolError(f"compare_set: expected value of {n} bytes in a body of {len(body)}")
+    expected, desired = body[_CAS_LEN.size:_CAS_LEN.size + n], body[_CAS_LEN.size + n:]
+    if data.get(key, b"") == expected:
+        data[key] = desired
+    return data.get(key, b"")
 
 
 def _timeout(key: str, timeout: float, where: str) -> CollectiveTimeoutError:
@@ -59,14 +77,17 @@ def parse_request(head: bytes) -> tuple[int, float, int, int]:
     """``(op, timeout, key length, value length)`` of a store request header; ProtocolError when any is out
     of bounds (checked before anything is read or allocated)."""
     op, timeout, klen, vlen = _REQ.unpack(head)
-    if op not in (_SET, _GET, _ADD):
+    if op not in (_SET, _GET, _ADD, _CAS):
         raise ProtocolError(f"unknown store op {op}")
     if not 0.0 <= timeout <= MAX_TIMEOUT:  # also refuses nan
         raise ProtocolError(f"store request timeout {timeout!r} is not in [0, {MAX_TIMEOUT:.0f}] seconds")
     if klen > MAX_KEY:
         raise ProtocolError(f"store key of {klen} bytes exceeds {MAX_KEY}")
-    if vlen > (MAX_VALUE if op == _SET else 32):
-        raise ProtocolError(f"store value of {vlen} bytes exceeds {MAX_VALUE if op == _SET else 32}")
+    limit = MAX_VALUE if op in (_SET, _CAS) else 32
+    if vlen > limit:
+        raise ProtocolError(f"store value of {vlen} bytes exceeds {limit}")
+    if op == _CAS and vlen < _CAS_LEN.size:
+        raise ProtocolError(f"store compare_set value of {vlen} bytes is shorter than its {_CAS_LEN.size}-byte length")
     return op, timeout, klen, vlen
 
 
@@ -142,6 +163,9 @@ class _Handler(socketserver.BaseRequestHandler):
                     else:
                         srv.data[key] = out = str(n).encode()
                         srv.cond.notify_all()
+                elif op == _CAS:
+                    out = cas_apply(srv.data, key, value)
+                    srv.cond.notify_all()
                 elif srv.cond.wait_for(lambda k=key: k in srv.data, timeout=timeout):
                     out = srv.data[key]
                 else:
@@ -230,6 +254,9 @@ class TCPStore:
     def add(self, key: str, amount: int) -> int:
         return int(self._call(_ADD, key, str(amount).encode(), 1.0)[1])
 
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        return self._call(_CAS, key, cas_body(expected, desired), 1.0)[1]
+
     def close(self) -> None:
         self._sock.close()
         if self._server is not None:
@@ -283,6 +310,19 @@ class FileStore:
                 n = amount
             self.set(key, str(n).encode())
             return n
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        with open(self.path / ".lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                held = {key: self._file(key).read_bytes()}
+            except FileNotFoundError:
+                held = {}
+            before = held.get(key, b"")
+            out = cas_apply(held, key, cas_body(expected, desired))
+            if out != before:
+                self.set(key, out)
+            return out
 
     def close(self) -> None:
         pass

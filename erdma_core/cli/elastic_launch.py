@@ -1,0 +1,107 @@
+"""``erdma run --elastic``: serve an elastic job's store and start N local peers that keep going when one
+exits; ``erdma run --join HOST:PORT``: add peers to such a job from another shell or machine."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from ..discovery.store import TCPStore
+from ..errors import ConfigError
+from .launcher import free_port, spawn, stop
+
+
+def read_secret(path: str) -> str:
+    try:
+        secret = open(path, encoding="utf-8").read().strip()
+    except OSError as exc:
+        raise ConfigError(f"erdma run: --secret-file {path!r} cannot be read: {exc.strerror}") from None
+    if not secret:
+        raise ConfigError(f"erdma run: --secret-file {path!r} is empty")
+    return secret
+
+
+def _write_secret(secret: str, port: int) -> str:
+    fd, path = tempfile.mkstemp(prefix=f"erdma-elastic-{port}-", suffix=".secret")  # 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return path
+
+
+def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None, host: str, port: int,
+        secret_file: str | None, prefix: bool, timeout: float | None) -> int:
+    """Start ``nprocs`` peers of ``cmd``; return 0 once one of them finished well, else the first failure's code.
+    Without ``join``: serve the job's store on ``host:port`` (0: a free port) for as long as a peer runs."""
+    if nprocs < 1:
+        raise ValueError(f"-n must be at least 1, got {nprocs}")
+    secret = read_secret(secret_file) if secret_file else (
+        os.environ.get("ERDMA_SECRET") or os.environ.get("ERDMA_SECURITY_SECRET") or "")
+    env = {"PYTHONUNBUFFERED": "1"}
+    store = None
+    if join is None:
+        secret = secret or secrets.token_hex(32)
+        port = port or free_port()
+        store = TCPStore(host, port, is_server=True, timeout=10.0, secret=secret.encode())
+        path = secret_file or _write_secret(secret, port)
+        where = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+        sys.stderr.write(f"erdma run: elastic job's store on {where}; add a peer from another shell with\n"
+                         f"  erdma run --join {where} --secret-file {path} -n 1 -- {' '.join(cmd)}\n")
+        env["ERDMA_ELASTIC_MIN_PEERS"] = str(nprocs)
+    else:
+        where = join
+        if not secret:
+            raise ConfigError("erdma run --join: give the job's secret (--secret-file, as `erdma run --elastic` "
+                              "printed it, or ERDMA_SECRET)")
+    addr, _, p = where.rpartition(":")
+    if not addr or not p.isdigit():
+        raise ConfigError(f"erdma run: --join {where!r} is not HOST:PORT")
+    env |= {"MASTER_ADDR": addr, "MASTER_PORT": p, "ERDMA_SECRET": secret}
+    if config:
+        env["ERDMA_CONFIG"] = os.path.abspath(config)
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
+    label = "peer" if join is None else "joined peer"
+    procs, pumps = [], []
+    for k in range(nprocs):
+        p_, threads = spawn(list(cmd), {**os.environ, **env}, f"[{label} {k}] " if prefix else None)
+        procs.append(p_)
+        pumps += threads
+    code = _watch(procs, timeout)
+    for t in pumps:
+        t.join(2.0)
+    if store is not None:
+        store.close()
+    return code
+
+
+def _watch(procs: list[subprocess.Popen[bytes]], timeout: float | None) -> int:
+    """Report each peer's exit and keep the others going; 0 when a peer finished well."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen: set[int] = set()
+    codes: list[int] = []
+    try:
+        while len(seen) < len(procs):
+            for k, p in enumerate(procs):
+                c = p.poll()
+                if c is not None and k not in seen:
+                    seen.add(k)
+                    codes.append(c)
+                    sys.stderr.write(f"erdma run: peer {k} exited with code {c}; {len(procs) - len(seen)} of "
+                                     "this run's peers still running\n")
+            if deadline is not None and time.monotonic() > deadline:
+                stop(procs)
+                sys.stderr.write("erdma run: the run timed out; stopped the peers\n")
+                return 124
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        stop(procs)
+        return 130
+    if 0 in codes:
+        return 0
+    bad = next(c for c in codes if c)
+    return bad if bad > 0 else 128 - bad

@@ -1,0 +1,319 @@
+"""``ElasticGroup``: a group whose members change while the job runs (``erdma_core.elastic``).
+
+Each membership is an *epoch* with a ``ProcessGroup`` of its own (its store keys under the epoch's prefix).
+Steps taken together (a state transfer, an allreduce) end in a ballot (``membership``): committed everywhere
+or aborted everywhere. An aborted allreduce is rolled back (each member's input restored) and run again among
+the survivors, who form the next epoch from the votes alone. Newcomers wait with a ticket; a committed step
+admits those who drew one before it, at the next ``sync()``, where they receive the state and check it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..api.join import init_with_store
+from ..api.process_group import ProcessGroup
+from ..config import Config
+from ..engine.reduce_ops import ReduceOp
+from ..errors import (
+    AbortedError,
+    AuthenticationError,
+    CollectiveTimeoutError,
+    ConfigError,
+    ErdmaError,
+    PeerLostError,
+)
+from . import state as shared
+from .membership import Ballot, ExcludedError, JobFinishedError, Keys, Member, Outcome, Record, need_compare_set, propose
+from .prefix import PrefixStore
+
+log = logging.getLogger("erdma.elastic")
+SETTLE_S = 5.0  # after an abort, how long a member that has not voted has before it counts as dead
+RETRIED = (PeerLostError, CollectiveTimeoutError, AbortedError)  # failures a change of membership explains
+
+
+class ElasticGroup:
+    """Members of job ``job`` that share ``state`` (name -> numpy array or CPU tensor, the same names, dtypes
+    and shapes on every peer). Made by ``erdma_core.elastic.join``; see its docstring for the loop."""
+
+    def __init__(self, store: Any, conf: Config, job: str, state: Mapping[str, Any], *, min_peers: int,
+                 join_timeout: float, announce: bool) -> None:
+        need_compare_set(store)
+        for name in state:
+            shared.view(state[name])  # refuses what it cannot share
+        self.store, self.conf, self.state = store, conf, dict(state)
+        self.keys = Keys(job)
+        self.id = secrets.token_hex(8)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.step = 0  # the caller's outer step; travels with the state and is part of its hash
+        self.min_peers, self.join_timeout, self.announce = min_peers, join_timeout, announce
+        self.record: Record | None = None
+        self.pg: ProcessGroup | None = None
+        self._op = 0  # ballots cast in this epoch
+        self._admit = 0  # tickets the last committed step said to admit
+        self.counters = {"epochs": 0, "aborted": 0, "admitted": 0, "lost": 0, "rejoined": 0}
+        self.setup_s = 0.0  # how long the last epoch's ProcessGroup took to set up
+
+    # ---- the caller's API ---------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self.record.epoch if self.record else 0
+
+    def rank(self) -> int:
+        index = self.record.index(self.id) if self.record else None
+        if index is None:
+            raise ExcludedError("elastic: this peer is not a member now")
+        return index
+
+    def size(self) -> int:
+        return len(self.record.members) if self.record else 0
+
+    def members(self) -> list[str]:
+        return [m.name for m in self.record.members] if self.record else []
+
+    def state_hash(self) -> str:
+        return shared.state_hash(self.state, self.step).hex()
+
+    def sync(self) -> None:
+        """A step boundary: admit the newcomers the last committed step counted (they receive the state and
+        check its hash). Every member calls it at the same point of its loop."""
+        if self.record is None:
+            self._join()
+        elif self._admit > self.record.admitted:
+            old = self.record
+            try:
+                self._enter(propose(self.store, self.keys, Record(
+                    old.epoch + 1, old.members + self._newcomers(old.admitted, self._admit), self._admit)), old)
+                self._transfer()
+            except ExcludedError:
+                self._rejoin()
+
+    def allreduce(self, x: Any, op: ReduceOp | str = ReduceOp.AVG) -> int:
+        """Reduce ``x`` in place over the members. A member lost meanwhile makes every survivor restore its
+        input and run it again among the survivors, so the result is the same on each and over exactly the
+        members that count returns. 0: this peer was counted out and has rejoined as a newcomer, with the
+        members' state (``x`` is restored; start the step again)."""
+        buf = shared.view(x)
+        backup = buf.copy()
+        while True:
+            assert self.pg is not None
+            error: BaseException | None = None
+            try:
+                self._ready()
+                self.pg.allreduce(x, op=op)
+            except ErdmaError as exc:
+                error = exc
+            try:
+                outcome = self._decide(error)
+                if outcome.commit:
+                    self._admit = max(self._admit, outcome.tickets)
+                    return self.size()
+                buf[...] = backup
+                self._recover(outcome, error)
+            except ExcludedError:
+                buf[...] = backup
+                self._rejoin()
+                return 0
+
+    def finish(self) -> None:
+        """The job is done: peers still waiting to be admitted get ``JobFinishedError``; this peer leaves."""
+        self.store.set(self.keys("finished"), str(self.step).encode())
+        self.leave()
+
+    def leave(self) -> None:
+        """Leave the job: the others go on without waiting to find out."""
+        if self.record is not None and self.pg is not None:
+            try:
+                Ballot(self.store, self.keys, self.epoch, self._op, self.rank(), self.size()).leave()
+            except ErdmaError:
+                pass
+        self._drop_pg()
+        self.record = None
+
+    # ---- epochs ------------------------------------------------------------------------------------------
+    def _ready(self) -> None:
+        """Fail at once when the epoch's transport already lost a peer (its next collective cannot finish)."""
+        aborted = self._aborted()
+        if aborted is not None:
+            raise aborted
+
+    def _aborted(self) -> BaseException | None:
+        mailbox = getattr(self.pg.rt.transport, "mailbox", None) if self.pg else None
+        return getattr(mailbox, "aborted", None)
+
+    def _lost(self) -> set[int]:
+        err = self._aborted()
+        return {err.peer} if isinstance(err, PeerLostError) else set()
+
+    def _decide(self, error: BaseException | None, retry: bool | None = None) -> Outcome:
+        """The ballot on the step just taken. A failure that no membership change explains (a mismatch, a
+        protocol error) is raised here after this member votes itself out, so that the others go on without
+        it rather than try again forever."""
+        assert self.record is not None
+        ballot = Ballot(self.store, self.keys, self.epoch, self._op, self.rank(), self.size())
+        self._op += 1
+        if error is not None and not (isinstance(error, RETRIED) if retry is None else retry):
+            ballot.leave()
+            raise error
+        return ballot.decide(error is None, self._lost, time.monotonic() + self.conf["timeouts.collective"],
+                             SETTLE_S)
+
+    def _recover(self, outcome: Outcome, error: BaseException | None) -> None:
+        """After an abort: the next epoch is the survivors (the votes say who, less the peer this member's
+        transport saw go), with the state flags they had. The first proposal written is everyone's."""
+        assert self.record is not None
+        old = self.record
+        self.counters["aborted"] += 1
+        gone = self._lost()
+        alive = [i for i in outcome.survivors if i not in gone]
+        self.counters["lost"] += len(old.members) - len(alive)
+        if self.rank() not in alive:
+            raise ExcludedError("elastic: counted as dead")
+        members = tuple(old.members[i] for i in alive)
+        self._enter(propose(self.store, self.keys, Record(old.epoch + 1, members, old.admitted)), old)
+
+    def _enter(self, record: Record, old: Record | None) -> None:
+        """Make ``record``'s ProcessGroup (the old one is closed on a thread of its own: peers that are gone
+        must not delay the new one)."""
+        index = record.index(self.id)
+        if index is None:
+            raise ExcludedError(f"elastic: epoch {record.epoch} does not include this peer")
+        self._drop_pg()
+        self.record, self._op = record, 0
+        self.counters["epochs"] += 1
+        try:
+            if old is not None:
+                self._admit_tickets(old.admitted, record)
+            prefix = PrefixStore(self.store, self.keys("pg", record.epoch) + "/")
+            started = time.monotonic()
+            self.pg = init_with_store(prefix, index, len(record.members), self.conf)
+            self.setup_s = time.monotonic() - started
+        except ErdmaError as exc:
+            # a member that died before the epoch was up: the others fail their set-up too, and vote so
+            log.warning("elastic: epoch %d set-up failed on %s: %s", record.epoch, self.name, exc)
+            outcome = self._decide(exc, not isinstance(exc, (ConfigError, AuthenticationError)))
+            if outcome.commit:  # cannot happen: this member voted fail
+                raise
+            self._recover(outcome, exc)
+            return
+        if self.announce and index == 0:
+            self._say(record, old)
+
+    def _transfer(self) -> None:
+        """Bring every member of the epoch to the shared state; repeated on the survivors until it commits."""
+        while True:
+            assert self.pg is not None and self.record is not None
+            error: BaseException | None = None
+            try:
+                self._ready()
+                has = self.record.members[self.rank()].has_state
+                step = shared.transfer(self.pg, self.state, self.step, has)
+            except ErdmaError as exc:
+                error = exc
+            outcome = self._decide(error)
+            if outcome.commit:
+                self.counters["admitted"] += sum(not m.has_state for m in self.record.members)
+                self.step = step
+                self.record = Record(self.record.epoch, tuple(Member(m.id, m.name, True)
+                                                              for m in self.record.members), self.record.admitted)
+                self._admit = max(self._admit, outcome.tickets)
+                return
+            self._recover(outcome, error)
+
+    def _newcomers(self, first_after: int, upto: int) -> tuple[Member, ...]:
+        found = []
+        for t in range(first_after + 1, upto + 1):
+            try:
+                pid, name = self.store.get(self.keys("ticket", t), 5.0).decode().split(" ", 1)
+            except CollectiveTimeoutError:
+                continue  # drew a ticket and went before saying who it is
+            found.append(Member(pid, name, False))
+        return tuple(found)
+
+    # ---- newcomers ---------------------------------------------------------------------------------------
+    def _join(self) -> None:
+        """Draw a ticket, wait to be admitted (or found the job with the first ``min_peers``), receive the
+        state."""
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            ticket = self.store.add(self.keys("tickets"), 1)
+            self.store.set(self.keys("ticket", ticket), f"{self.id} {self.name}".encode())
+            if ticket == self.min_peers:  # founds the job: the peers that drew tickets so far
+                drawn = self.store.add(self.keys("tickets"), 0)
+                first = self._newcomers(0, drawn)
+                founders = (Member(first[0].id, first[0].name, True), *first[1:])
+                self._admit_tickets(0, propose(self.store, self.keys, Record(1, founders, drawn)))
+            epoch = self._wait(ticket, deadline)
+            record = Record.decode(self.store.get(self.keys("epoch", epoch), 5.0))
+            if record.index(self.id) is None:
+                continue  # skipped (its name came too late): draw again
+            try:
+                self._enter(record, None)
+                self._transfer()
+                return
+            except ExcludedError:
+                self._drop_pg()
+                self.record = None
+
+    def _wait(self, ticket: int, deadline: float) -> int:
+        key = self.keys("admit", ticket)
+        while True:
+            try:
+                return int(self.store.get(key, min(1.0, max(0.01, deadline - time.monotonic()))))
+            except CollectiveTimeoutError:
+                try:
+                    step = int(self.store.get(self.keys("finished"), 0.0))
+                except CollectiveTimeoutError:
+                    pass
+                else:
+                    raise JobFinishedError(f"elastic: job {self.keys.job!r} finished at step {step} before ticket "
+                                           f"{ticket} was admitted")
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(
+                        f"elastic: ticket {ticket} was not admitted within {self.join_timeout:.0f}s (is the job "
+                        f"running and reaching step boundaries? it starts once {self.min_peers} peers joined)"
+                    ) from None
+
+    def _admit_tickets(self, after: int, record: Record) -> None:
+        """Tell the newcomers with tickets ``after+1..record.admitted`` which epoch took them (a ticket the
+        record skipped reads it too, finds itself missing and draws again)."""
+        for t in range(after + 1, record.admitted + 1):
+            self.store.compare_set(self.keys("admit", t), b"", str(record.epoch).encode())
+
+    def _rejoin(self) -> None:
+        self.counters["rejoined"] += 1
+        self._drop_pg()
+        self.record = None
+        self._join()
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    def _drop_pg(self) -> None:
+        """Close the epoch's group on a thread of its own: peers that are gone must not delay the next one."""
+        if self.pg is not None:
+            threading.Thread(target=_destroy, args=(self.pg,), name="erdma-elastic-close", daemon=True).start()
+            self.pg = None
+
+    def _say(self, record: Record, old: Record | None) -> None:
+        before = {m.id for m in old.members} if old else set()
+        now = {m.id for m in record.members}
+        joined = [m.name for m in record.members if m.id not in before]
+        left = [m.name for m in (old.members if old else ()) if m.id not in now]
+        sys.stderr.write(f"erdma elastic: epoch {record.epoch}: {len(record.members)} members "
+                         f"[{', '.join(self.members())}]" + (f" joined: {', '.join(joined)}" if joined else "")
+                         + (f" left: {', '.join(left)}" if left else "") + "\n")
+        sys.stderr.flush()
+
+
+def _destroy(pg: ProcessGroup) -> None:
+    try:
+        pg.destroy()
+    except Exception as exc:  # its peers may be gone; nothing depends on this
+        log.debug("elastic: closing an old epoch's group: %s", exc)

@@ -1,0 +1,173 @@
+"""Membership of an elastic job, agreed through the job's store with no master: tickets for newcomers, epoch
+records, and the ballot every member casts after each step it takes with the others.
+
+Keys live under ``erdma/elastic/<job>/``. A newcomer draws a ticket (``add("tickets")``) and publishes who it
+is under it. An epoch's record (``epoch/<e>``: its members in rank order, which of them hold the shared state,
+and how many tickets it has admitted) is written with ``compare_set`` from empty, so whoever proposes first
+wins and everyone reads the same record.
+
+A *ballot* decides one step of an epoch (state transfer, an allreduce): each member sets its own vote with
+``compare_set`` (``done`` or ``fail``); a member that sees a peer's connection drop, or waits past the
+deadline, sets that peer's vote to ``dead`` the same way. Votes are final, so the outcome is too: *commit*
+when every vote is ``done``, else *abort*. The last ``done`` vote (a counter reaching the epoch's size)
+writes the outcome, with the number of tickets drawn by then (the newcomers the next boundary admits); a
+``fail`` or ``dead`` vote writes *abort*. After an abort the survivors are the members whose vote is not
+``dead``: every member reads the same votes, so they agree on the next epoch without another round.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import CollectiveTimeoutError, ConfigError, ErdmaError
+
+DONE, FAIL, DEAD = b"done", b"fail", b"dead"
+POLL_S = 0.05  # how often a waiting member looks at its transport for a lost peer
+SCAN_S = 1.0  # how often it reads every vote (a member that voted and died before counting itself)
+
+
+class ExcludedError(ErdmaError):
+    """This peer was counted as dead by the others (it answered too late): it has to join again."""
+
+
+class JobFinishedError(ErdmaError):
+    """The elastic job finished (``ElasticGroup.finish``) before this peer was admitted."""
+
+
+@dataclass(frozen=True)
+class Member:
+    id: str  # drawn by the peer at start, unique
+    name: str  # for people: host:pid
+    has_state: bool  # holds the job's shared state (newcomers do not, until a transfer commits)
+
+
+@dataclass(frozen=True)
+class Record:
+    epoch: int
+    members: tuple[Member, ...]
+    admitted: int  # tickets admitted so far (newcomers with a higher ticket wait)
+
+    def encode(self) -> bytes:
+        return json.dumps({"epoch": self.epoch, "admitted": self.admitted,
+                           "members": [[m.id, m.name, m.has_state] for m in self.members]}).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> Record:
+        try:
+            d = json.loads(raw)
+            return Record(int(d["epoch"]), tuple(Member(str(i), str(n), bool(s)) for i, n, s in d["members"]),
+                          int(d["admitted"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ErdmaError(f"elastic: an epoch record in the store is malformed: {exc}") from None
+
+    def index(self, peer: str) -> int | None:
+        return next((i for i, m in enumerate(self.members) if m.id == peer), None)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    commit: bool
+    tickets: int  # tickets drawn when the step committed (0 on abort)
+    survivors: tuple[int, ...]  # on abort: the members (indices) whose vote is not dead
+
+
+class Keys:
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.base = f"erdma/elastic/{job}/"
+
+    def __call__(self, *parts: object) -> str:
+        return self.base + "/".join(str(p) for p in parts)
+
+
+def need_compare_set(store: object) -> None:
+    if not callable(getattr(store, "compare_set", None)):
+        raise ConfigError(f"elastic groups need a store with compare_set; {type(store).__name__} has none "
+                          "(discovery.init_method: env://, tcp:// or file:// give one)")
+
+
+def propose(store: object, keys: Keys, record: Record) -> Record:
+    """Write ``record`` as its epoch's unless someone did first; the epoch's record either way."""
+    won = store.compare_set(keys("epoch", record.epoch), b"", record.encode())  # type: ignore[attr-defined]
+    return Record.decode(won)
+
+
+class Ballot:
+    """One step of epoch ``epoch`` (``step``: its number within the epoch), for member ``index`` of ``size``."""
+
+    def __init__(self, store: object, keys: Keys, epoch: int, step: int, index: int, size: int) -> None:
+        self.store, self.index, self.size = store, index, size
+        self._key = lambda *p: keys("vote", epoch, step, *p)
+        self._tickets = keys("tickets")
+
+    def _vote(self, member: int, value: bytes) -> bytes:
+        return self.store.compare_set(self._key(member), b"", value)  # type: ignore[attr-defined]
+
+    def _settle(self, value: bytes) -> bytes:
+        return self.store.compare_set(self._key("outcome"), b"", value)  # type: ignore[attr-defined]
+
+    def _read(self, member: int) -> bytes:
+        try:
+            return self.store.get(self._key(member), 0.0)  # type: ignore[attr-defined]
+        except CollectiveTimeoutError:
+            return b""
+
+    def leave(self) -> None:
+        """Vote this member dead before it goes, so that the others need not wait to find out."""
+        self._vote(self.index, DEAD)
+
+    def decide(self, ok: bool, lost: Callable[[], set[int]], deadline: float, settle_s: float) -> Outcome:
+        """Cast this member's vote and wait for the outcome. ``lost()``: members this one's transport saw
+        go; ``deadline``: when members that have not voted count as dead; ``settle_s``: after an abort, how
+        long members that have not voted get before they count as dead."""
+        if self._vote(self.index, DONE if ok else FAIL) == DEAD:
+            raise ExcludedError(f"elastic: member {self.index} was counted as dead before it voted")
+        if not ok:
+            self._settle(b"abort")
+        elif self.store.add(self._key("count"), 1) == self.size:  # type: ignore[attr-defined]
+            self._settle(b"commit:%d" % self.store.add(self._tickets, 0))  # type: ignore[attr-defined]
+        scan = time.monotonic() + SCAN_S
+        while True:
+            try:
+                out = self.store.get(self._key("outcome"), POLL_S)  # type: ignore[attr-defined]
+                break
+            except CollectiveTimeoutError:
+                pass
+            now = time.monotonic()
+            gone = lost()
+            if gone or now > scan or now > deadline:
+                scan = now + SCAN_S
+                self._look(gone, now > deadline)
+        if out.startswith(b"commit:"):
+            return Outcome(True, int(out[7:]), ())
+        end = time.monotonic() + settle_s
+        while True:
+            votes = [self._read(m) for m in range(self.size)]
+            missing = [m for m, v in enumerate(votes) if not v]
+            if not missing:
+                return Outcome(False, 0, tuple(m for m, v in enumerate(votes) if v != DEAD))
+            gone = lost()
+            late = time.monotonic() > end
+            for m in missing:
+                if m in gone or late:
+                    self._vote(m, DEAD)
+            if not late and not gone & set(missing):
+                try:  # wakes as soon as that member votes
+                    self.store.get(self._key(missing[0]), POLL_S)  # type: ignore[attr-defined]
+                except CollectiveTimeoutError:
+                    pass
+
+    def _look(self, gone: set[int], late: bool) -> None:
+        """Read every vote; count the lost (or, past the deadline, every silent) member dead; write the
+        outcome when the votes decide it."""
+        votes = [self._read(m) for m in range(self.size)]
+        for m, v in enumerate(votes):
+            if not v and (m in gone or late):
+                votes[m] = self._vote(m, DEAD)
+        if any(v in (FAIL, DEAD) for v in votes):
+            self._settle(b"abort")
+        elif all(v == DONE for v in votes):
+            self._settle(b"commit:%d" % self.store.add(self._tickets, 0))  # type: ignore[attr-defined]

@@ -1,0 +1,104 @@
+"""A test harness for elastic jobs: a store served here and peers started, killed and read as processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..cli.launcher import free_port
+from ..discovery.store import TCPStore
+
+
+class Peer:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc, self.log = proc, log
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.log, "w") as f:
+            for raw in self.proc.stdout:
+                line = raw.decode(errors="replace")
+                f.write(line)
+                f.flush()
+                self.lines.append(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(5.0)
+        return code
+
+
+class ElasticJob:
+    """One elastic job: its store (served by this process, as `erdma run --elastic` does) and its peers, each
+    ``cmd`` with the job's environment (set-up and collective timeouts of 20 s and 60 s unless ``env`` says
+    otherwise), output in ``folder``."""
+
+    def __init__(self, cmd: Sequence[str], folder: Path, *, min_peers: int, secret: str = "elastic-test",
+                 env: dict[str, str] | None = None, host: str = "127.0.0.1") -> None:
+        self.cmd, self.folder = list(cmd), Path(folder)
+        self.port = free_port()
+        self.store = TCPStore(host, self.port, is_server=True, timeout=10.0, secret=secret.encode())
+        self.env = {**os.environ, "MASTER_ADDR": host, "MASTER_PORT": str(self.port), "ERDMA_SECRET": secret,
+                    "ERDMA_ELASTIC_MIN_PEERS": str(min_peers), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                    "ERDMA_TIMEOUTS_CONNECT": "20", "ERDMA_TIMEOUTS_COLLECTIVE": "60", **(env or {})}
+        self.peers: list[Peer] = []
+
+    def start(self, extra_env: dict[str, str] | None = None, wrap: Sequence[str] = ()) -> Peer:
+        """Start a peer (``wrap``: a command that runs it, e.g. ``ip netns exec NS``)."""
+        log = self.folder / f"peer{len(self.peers)}.log"
+        proc = subprocess.Popen([*wrap, *self.cmd], env={**self.env, **(extra_env or {})}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        peer = Peer(proc, log)
+        self.peers.append(peer)
+        return peer
+
+    def live(self) -> list[Peer]:
+        return [p for p in self.peers if p.alive()]
+
+    def wait_all(self, timeout: float) -> list[int | None]:
+        """Every peer's exit code; a peer still running at the deadline is killed and reads None."""
+        end = time.monotonic() + timeout
+        codes: list[int | None] = []
+        for p in self.peers:
+            try:
+                codes.append(p.wait(max(0.1, end - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(None)
+        return codes
+
+    def close(self) -> None:
+        for p in self.peers:
+            p.kill()
+        self.store.close()
+
+    def __enter__(self) -> ElasticJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def python(*args: str | Path) -> list[str]:
+    return [sys.executable, *map(str, args)]

@@ -1,0 +1,101 @@
+"""DiLoCo on an elastic group: peers take inner steps alone, then average their pseudo-gradients (how far
+their inner steps moved the model) in an outer step, while peers come and go.
+
+    erdma run --elastic -n 4 -- python examples/diloco.py            # prints how to add a peer
+    erdma run --join 127.0.0.1:PORT --secret-file F -n 1 -- python examples/diloco.py
+
+The model is a small numpy MLP fitting a fixed teacher function; each peer draws its own training data. The
+shared state is the global model and the outer optimizer's momentum: after every outer step each peer
+prints the state's hash and the members, identical on every member. ``--compress int8`` sends the
+pseudo-gradients as int8 with error feedback (needs erdma-gpucomp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from erdma_core import elastic
+
+DIM, HIDDEN = 32, 128
+
+
+def teacher(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    w = np.random.default_rng(1234).standard_normal((DIM, 8)).astype(np.float32) / np.sqrt(DIM)
+    x = rng.standard_normal((n, DIM)).astype(np.float32)
+    return x, np.tanh(x @ w).sum(axis=1, keepdims=True).astype(np.float32)
+
+
+def unpack(p: np.ndarray) -> tuple[np.ndarray, ...]:
+    a = DIM * HIDDEN
+    return p[:a].reshape(DIM, HIDDEN), p[a:a + HIDDEN], p[a + HIDDEN:a + 2 * HIDDEN].reshape(HIDDEN, 1), p[-1:]
+
+
+def loss_and_grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+    w1, b1, w2, b2 = unpack(p)
+    h = np.tanh(x @ w1 + b1)
+    err = h @ w2 + b2 - y
+    g_out = 2 * err / len(x)
+    g_h = (g_out @ w2.T) * (1 - h * h)
+    grad = np.concatenate([(x.T @ g_h).ravel(), g_h.sum(0), (h.T @ g_out).ravel(), g_out.sum(0)])
+    return float(np.mean(err * err)), grad.astype(np.float32)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--outer-steps", type=int, default=40)
+    ap.add_argument("--inner-steps", type=int, default=20)
+    ap.add_argument("--inner-lr", type=float, default=0.05)
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--step-time", type=float, default=0.0, help="seconds each inner step also sleeps (stands "
+                    "in for a bigger model's compute)")
+    ap.add_argument("--compress", choices=("none", "int8"), default="none")
+    ap.add_argument("--data-seed", type=int, default=None, help="draw the training data from this seed plus the "
+                    "peer's rank when it joined (default: each peer from fresh entropy)")
+    args = ap.parse_args()
+
+    init = np.random.default_rng(0)
+    params = (init.standard_normal(DIM * HIDDEN + 2 * HIDDEN + 1) * 0.1).astype(np.float32)
+    momentum = np.zeros_like(params)
+    config = {"compression.name": "int8", "compression.min_bytes": 0} if args.compress == "int8" else {}
+    try:
+        group = elastic.join({"params": params, "momentum": momentum}, config)
+    except elastic.JobFinishedError as exc:
+        print(f"not admitted: {exc}", flush=True)
+        return 0
+    seed = None if args.data_seed is None else args.data_seed + group.rank()
+    data = np.random.default_rng(seed)  # each peer its own data
+    val_x, val_y = teacher(2048, np.random.default_rng(99))
+    delta = np.empty_like(params)  # one buffer: error feedback keeps its residual per buffer
+    while group.step < args.outer_steps:
+        group.sync()  # newcomers admitted here receive params, momentum and the step
+        local = params.copy()
+        for _ in range(args.inner_steps):
+            x, y = teacher(args.batch, data)
+            local -= args.inner_lr * loss_and_grad(local, x, y)[1]
+            if args.step_time:
+                time.sleep(args.step_time)
+        np.subtract(params, local, out=delta)  # the pseudo-gradient
+        n = group.allreduce(delta)  # its average over the members
+        if n == 0:
+            continue  # this peer had been counted out and came back with the members' state
+        momentum *= args.momentum
+        momentum += delta
+        params -= args.outer_lr * (delta + args.momentum * momentum)  # Nesterov
+        group.step += 1
+        val = loss_and_grad(params, val_x, val_y)[0]
+        print(f"outer {group.step} epoch {group.epoch} members {n} [{', '.join(group.members())}] "
+              f"hash {group.state_hash()[:16]} loss {val:.5f}", flush=True)
+    print(f"final loss {loss_and_grad(params, val_x, val_y)[0]:.5f} pid {os.getpid()}", flush=True)
+    group.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

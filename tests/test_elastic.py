@@ -1,0 +1,358 @@
+"""Elastic groups, piece by piece: the store's compare_set, the ballot that decides every step, the state's
+hash, refused settings, `erdma run --elastic` / `--join`, leaving, and a newcomer whose state does not fit."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from erdma_core import ConfigError, elastic
+from erdma_core.cli.launcher import free_port
+from erdma_core.discovery import FileStore, TCPStore
+from erdma_core.discovery.store import _REQ
+from erdma_core.elastic import state as shared
+from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys
+from erdma_core.errors import CollectiveTimeoutError
+from erdma_core.testing.elastic import ElasticJob, python
+from erdma_core.transport import auth
+from erdma_core.transport.sockets import recv_exact
+
+PEER = ("-m", "erdma_core.testing.elastic_peer")
+
+
+# ---- the store's compare_set --------------------------------------------------------------------------------
+@pytest.fixture(params=["tcp", "file"])
+def store(request, tmp_path):
+    if request.param == "file":
+        yield FileStore(tmp_path / "store")
+        return
+    s = TCPStore("127.0.0.1", free_port(), is_server=True, timeout=5.0, secret=b"k")
+    yield s
+    s.close()
+
+
+def test_compare_set_sets_only_what_holds_the_expected_value(store):
+    assert store.compare_set("a", b"", b"one") == b"one"  # absent compares as empty
+    assert store.compare_set("a", b"", b"two") == b"one"  # taken: the holder's value comes back
+    assert store.compare_set("a", b"one", b"three") == b"three"
+    assert store.get("a", 1.0) == b"three"
+    assert store.compare_set("b", b"x", b"y") == b""  # absent and expected something: nothing set
+    with pytest.raises(CollectiveTimeoutError):
+        store.get("b", 0.05)
+
+
+def test_compare_set_has_one_winner_among_racing_threads(tmp_path):
+    s = TCPStore("127.0.0.1", free_port(), is_server=True, timeout=5.0, secret=b"k")
+    clients = [TCPStore("127.0.0.1", s.port, is_server=False, timeout=5.0, secret=b"k") for _ in range(8)]
+    got: list[bytes] = []
+    threads = [threading.Thread(target=lambda c=c, i=i: got.append(c.compare_set("k", b"", b"%d" % i)))
+               for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 1 and len(got) == 8
+    for c in clients:
+        c.close()
+    s.close()
+
+
+def test_store_drops_a_malformed_compare_set():
+    s = TCPStore("127.0.0.1", free_port(), is_server=True, timeout=5.0, secret=b"k")
+    sock = socket.create_connection(("127.0.0.1", s.port), 5.0)
+    hs = auth.StoreClient(auth.store_key(b"k"), "test")
+    sock.sendall(hs.first())
+    sock.sendall(hs.on_challenge(recv_exact(sock, auth.NONCE + auth.MAC)))
+    assert recv_exact(sock, 1) == b"\0"
+    body = struct.pack("<I", 1000) + b"xy"  # says 1000 bytes of expected value, carries 2
+    sock.sendall(_REQ.pack(4, 1.0, 1, len(body)) + b"k" + body)
+    assert sock.recv(16) == b""  # dropped, nothing stored
+    sock.close()
+    assert s.compare_set("k", b"", b"v") == b"v"
+    s.close()
+
+
+# ---- ballots ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def served():
+    s = TCPStore("127.0.0.1", free_port(), is_server=True, timeout=5.0, secret=b"k")
+    clients = [TCPStore("127.0.0.1", s.port, is_server=False, timeout=5.0, secret=b"k") for _ in range(4)]
+    yield clients
+    for c in clients:
+        c.close()
+    s.close()
+
+
+def _vote(clients, oks, lost=lambda: set(), deadline=30.0, settle=5.0, who=None):
+    keys = Keys("t")
+    out: dict[int, object] = {}
+
+    def one(i: int) -> None:
+        try:
+            ballot = Ballot(clients[i], keys, 1, 0, i, len(clients))
+            out[i] = ballot.decide(oks[i], lost, time.monotonic() + deadline, settle)
+        except Exception as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in (who if who is not None else range(len(clients)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_ballot_commits_when_every_member_is_done_and_says_how_many_tickets(served):
+    served[0].add(Keys("t")("tickets"), 6)
+    out = _vote(served, [True] * 4)
+    assert {(o.commit, o.tickets) for o in out.values()} == {(True, 6)}
+
+
+def test_ballot_aborts_everywhere_when_one_member_failed(served):
+    out = _vote(served, [True, False, True, True])
+    assert {(o.commit, o.survivors) for o in out.values()} == {(False, (0, 1, 2, 3))}
+
+
+def test_a_member_a_transport_saw_go_is_counted_dead(served):
+    out = _vote(served, [False] * 4, lost=lambda: {3}, who=[0, 1, 2])  # member 3 never votes
+    assert {(o.commit, o.survivors) for o in out.values()} == {(False, (0, 1, 2))}
+
+
+def test_a_silent_member_is_counted_dead_at_the_deadline_and_then_told_so(served):
+    start = time.monotonic()
+    out = _vote(served, [True] * 4, deadline=0.5, who=[0, 1, 2])
+    assert time.monotonic() - start < 10
+    assert {(o.commit, o.survivors) for o in out.values()} == {(False, (0, 1, 2))}
+    late = Ballot(served[3], Keys("t"), 1, 0, 3, 4)
+    with pytest.raises(ExcludedError, match="counted as dead"):
+        late.decide(True, lambda: set(), time.monotonic() + 5, 1.0)
+
+
+def test_a_member_that_voted_and_died_before_counting_itself_still_commits(served):
+    keys = Keys("t")
+    assert served[3].compare_set(keys("vote", 1, 0, 3), b"", DONE) == DONE  # voted, never counted
+    out = _vote(served, [True] * 4, who=[0, 1, 2])
+    assert {o.commit for o in out.values()} == {True}
+
+
+def test_leaving_votes_dead_so_the_others_do_not_wait(served):
+    keys = Keys("t")
+    Ballot(served[3], keys, 1, 0, 3, 4).leave()
+    assert served[0].get(keys("vote", 1, 0, 3), 1.0) == DEAD
+    out = _vote(served, [True] * 4, deadline=600, settle=600, who=[0, 1, 2])  # only its vote can end this
+    assert {(o.commit, o.survivors) for o in out.values() if not isinstance(o, Exception)} == {(False, (0, 1, 2))}
+    assert len(out) == 3
+
+
+# ---- state --------------------------------------------------------------------------------------------------
+def test_state_hash_covers_names_dtypes_shapes_bytes_and_the_step():
+    a = {"w": np.arange(6, dtype=np.float32)}
+    h = shared.state_hash(a, 3)
+    assert h == shared.state_hash({"w": np.arange(6, dtype=np.float32)}, 3)
+    assert h != shared.state_hash(a, 4)
+    assert h != shared.state_hash({"v": np.arange(6, dtype=np.float32)}, 3)
+    assert h != shared.state_hash({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, 3)
+    assert h != shared.state_hash({"w": np.arange(6, dtype=np.float64)}, 3)
+    b = np.arange(6, dtype=np.float32)
+    b[5] = np.nextafter(b[5], np.float32(10))
+    assert h != shared.state_hash({"w": b}, 3)
+
+
+def test_torch_tensors_share_memory_with_what_is_hashed_and_received():
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(4)
+    v = shared.view(t)
+    v[:] = 2
+    assert t.tolist() == [2, 2, 2, 2]
+    with pytest.raises(TypeError, match="not a numpy array or a torch tensor"):
+        shared.view([1, 2])
+
+
+# ---- settings refused ---------------------------------------------------------------------------------------
+def test_min_peers_below_one_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"elastic\.min_peers"):
+        elastic.join({}, {"elastic.min_peers": 0})
+
+
+def test_a_discovery_url_that_cannot_hold_membership_is_refused():
+    with pytest.raises(ConfigError, match=r"discovery.init_method.*valid: env://, tcp://HOST:PORT, file:///PATH"):
+        elastic.open_store("mpi://", b"", 1.0)
+
+
+def test_a_store_without_compare_set_is_refused(tmp_path):
+    class Plain:
+        def set(self, key, value): ...
+
+    from erdma_core.api.join import load_config
+    from erdma_core.elastic.group import ElasticGroup
+
+    with pytest.raises(ConfigError, match="compare_set"):
+        ElasticGroup(Plain(), load_config({}), "j", {}, min_peers=1, join_timeout=1.0, announce=False)
+
+
+# ---- peers as processes -------------------------------------------------------------------------------------
+def _steps(peer) -> list[str]:
+    return [line for line in peer.lines if line.startswith("step ")]
+
+
+def test_a_newcomer_with_other_state_shapes_leaves_and_the_members_go_on(tmp_path):
+    stop = tmp_path / "stop"
+    with ElasticJob(python(*PEER), tmp_path, min_peers=2,
+                    env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024"}) as job:
+        a, b = job.start(), job.start()
+        while len(_steps(a)) < 3:
+            time.sleep(0.05)
+        odd = job.start({"ELEMENTS": "1000"})
+        assert odd.wait(60) == 1
+        before = len(_steps(a))
+        while len(_steps(a)) < before + 3:
+            time.sleep(0.05)
+        stop.touch()
+        assert (a.wait(60), b.wait(60)) == (0, 0)
+    assert "MismatchError" in "\n".join(odd.lines) and "other names, dtypes or shapes" in "\n".join(odd.lines)
+    assert _steps(a)[-1].split()[11] == _steps(b)[-1].split()[11]  # the state hash
+
+
+def test_a_peer_that_leaves_lets_the_others_go_on_without_it(tmp_path):
+    stop = tmp_path / "stop"
+    with ElasticJob(python(*PEER), tmp_path, min_peers=3,
+                    env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024"}) as job:
+        peers = [job.start(), job.start(), job.start({"STEPS": "4"})]  # the third leaves after 4 steps
+        assert peers[2].wait(60) == 0
+        before = len(_steps(peers[0]))
+        while len(_steps(peers[0])) < before + 3:
+            time.sleep(0.02)
+        stop.touch()
+        assert [p.wait(60) for p in peers[:2]] == [0, 0]
+    assert " n 2 " in _steps(peers[0])[-1]
+
+
+def test_a_peer_that_comes_after_the_job_finished_is_told(tmp_path):
+    with ElasticJob(python("examples/diloco.py", "--outer-steps", "2", "--inner-steps", "2"), tmp_path,
+                    min_peers=1) as job:
+        assert job.start().wait(60) == 0
+        late = job.start()
+        assert late.wait(30) == 0
+    assert any("not admitted" in line and "finished at step 2" in line for line in late.lines), late.lines
+
+
+# ---- erdma run --elastic / --join ---------------------------------------------------------------------------
+def _erdma(*args: str, **kw) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "erdma_core.cli", "run", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_erdma_run_elastic_prints_how_to_join_and_a_joined_peer_becomes_a_member(tmp_path, monkeypatch):
+    stop = tmp_path / "stop"
+    monkeypatch.setenv("STOP_FILE", str(stop))
+    monkeypatch.setenv("STEPS", "100000")
+    monkeypatch.setenv("ELEMENTS", "1024")
+    monkeypatch.delenv("ERDMA_SECRET", raising=False)
+    first = _erdma("--elastic", "-n", "2", "--", sys.executable, *PEER)
+    assert first.stdout is not None
+    lines: list[str] = []
+    join_cmd = None
+    while join_cmd is None:
+        line = first.stdout.readline()
+        assert line, lines
+        lines.append(line)
+        m = re.search(r"erdma run --join (\S+) --secret-file (\S+) -n 1", line)
+        if m:
+            join_cmd = m.groups()
+    reader = threading.Thread(target=lambda: lines.extend(first.stdout), daemon=True)
+    reader.start()
+    refused = _erdma("--join", join_cmd[0], "-n", "1", "--", sys.executable, *PEER)
+    assert refused.wait(30) == 2
+    assert "give the job's secret" in refused.stdout.read()
+    joined = _erdma("--join", join_cmd[0], "--secret-file", join_cmd[1], "-n", "1", "--", sys.executable, *PEER)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("epoch 2: 3 members" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        out = joined.stdout
+        stop.touch()
+        assert joined.wait(60) == 0 and first.wait(60) == 0
+    finally:
+        for p in (first, joined):
+            if p.poll() is None:
+                p.kill()
+    reader.join(5)
+    text = "".join(lines)
+    assert "erdma elastic: epoch 1: 2 members" in text and "epoch 2: 3 members" in text and "joined:" in text
+    assert "[peer 0] step" in text and "[joined peer 0] step" in out.read()
+
+
+def test_erdma_run_elastic_keeps_the_others_going_when_one_exits(tmp_path, monkeypatch):
+    stop = tmp_path / "stop"
+    monkeypatch.setenv("ELEMENTS", "1024")
+    script = tmp_path / "peer.py"
+    script.write_text(
+        "import os, sys\n"
+        "import numpy as np\n"
+        "from erdma_core import elastic\n"
+        "g = elastic.join({'w': np.zeros(4, np.float32)})\n"
+        "while g.step < 30:\n"
+        "    g.sync()\n"
+        "    if g.step == 5 and g.rank() == 1:\n"
+        "        os._exit(3)\n"
+        "    if g.allreduce(np.ones(4, np.float32)):\n"
+        "        g.step += 1\n"
+        "print('done', g.step, g.size())\n"
+        "g.finish()\n")
+    p = _erdma("--elastic", "-n", "3", "--", sys.executable, str(script))
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    assert re.search(r"peer \d exited with code 3; 2 of this run's peers still running", out), out
+    assert out.count("done 30 2") == 2, out
+    assert not stop.exists()
+
+
+def test_the_block_in_docs_elastic_runs_as_a_two_peer_job(tmp_path):
+    from test_docs import ROOT, blocks
+
+    (code,) = blocks(ROOT / "docs" / "elastic.md", "python")
+    script = tmp_path / "block.py"
+    script.write_text(code)
+    p = _erdma("--elastic", "-n", "2", "--", sys.executable, str(script), cwd=tmp_path)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    finals = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[peer") and "5 [" in line]
+    assert len(finals) == 2 and finals[0] == finals[1], out
+
+
+def test_a_peer_stopped_past_the_timeout_is_counted_out_and_rejoins_as_a_newcomer(tmp_path):
+    """SIGSTOP one of 3 peers past ``timeouts.collective``: the other two time out, count it dead and go on;
+    once it runs again it finds itself counted out, joins again as a newcomer, receives their state and goes on
+    with them (the same state hash at every step it prints)."""
+    stop = tmp_path / "stop"
+    with ElasticJob(python(*PEER), tmp_path, min_peers=3,
+                    env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024",
+                         "ERDMA_TIMEOUTS_COLLECTIVE": "2", "ERDMA_TIMEOUTS_CONNECT": "5"}) as job:
+        a, b, c = job.start(), job.start(), job.start()
+        while len(_steps(c)) < 3:
+            time.sleep(0.05)
+        os.kill(c.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        before = len(_steps(a))
+        while len(_steps(a)) < before + 3 or " n 2 " not in _steps(a)[-1]:  # the two went on without it
+            time.sleep(0.1)
+        os.kill(c.pid, signal.SIGCONT)
+        seen = len(_steps(c))
+        while len(_steps(c)) < seen + 3:  # it is back
+            time.sleep(0.1)
+        stop.touch()
+        assert [p.wait(60) for p in (a, b, c)] == [0, 0, 0]
+    mine = {line.split()[1]: line.split()[11] for line in _steps(c)}
+    theirs = {line.split()[1]: line.split()[11] for line in _steps(a)}
+    assert all(theirs[s] == h for s, h in mine.items() if s in theirs)
+    assert any(line.startswith("counters") and "rejoined=1" in line for line in c.lines), c.lines[-3:]
