@@ -174,6 +174,9 @@ def test_torch_tensors_share_memory_with_what_is_hashed_and_received():
     v = shared.view(t)
     v[:] = 2
     assert t.tolist() == [2, 2, 2, 2]
+    b = torch.ones(3, dtype=torch.bfloat16)
+    shared.view(b)[:] = shared.view(torch.full((3,), 2.0, dtype=torch.bfloat16))  # bytes, as int16
+    assert b.tolist() == [2.0, 2.0, 2.0]
     with pytest.raises(TypeError, match="not a numpy array or a torch tensor"):
         shared.view([1, 2])
 
@@ -287,6 +290,7 @@ def test_erdma_run_elastic_prints_how_to_join_and_a_joined_peer_becomes_a_member
             if p.poll() is None:
                 p.kill()
     reader.join(5)
+    assert not os.path.exists(join_cmd[1])  # the secret written for the job went with it
     text = "".join(lines)
     assert "erdma elastic: epoch 1: 2 members" in text and "epoch 2: 3 members" in text and "joined:" in text
     assert "[peer 0] step" in text and "[joined peer 0] step" in out.read()

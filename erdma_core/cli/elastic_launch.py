@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 
@@ -42,13 +44,16 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     secret = read_secret(secret_file) if secret_file else (
         os.environ.get("ERDMA_SECRET") or os.environ.get("ERDMA_SECURITY_SECRET") or "")
     env = {"PYTHONUNBUFFERED": "1"}
-    store = None
+    pumps: list[threading.Thread] = []
+    store: TCPStore | None = None
+    written: str | None = None
     if join is None:
         secret = secret or secrets.token_hex(32)
         port = port or free_port()
         store = TCPStore(host, port, is_server=True, timeout=10.0, secret=secret.encode())
-        path = secret_file or _write_secret(secret, port)
-        where = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+        written = None if secret_file else _write_secret(secret, port)
+        path = secret_file or written
+        where = f"{socket.gethostname() if host in ('', '0.0.0.0') else host}:{port}"  # what other machines dial
         sys.stderr.write(f"erdma run: elastic job's store on {where}; add a peer from another shell with\n"
                          f"  erdma run --join {where} --secret-file {path} -n 1 -- {' '.join(cmd)}\n")
         env["ERDMA_ELASTIC_MIN_PEERS"] = str(nprocs)
@@ -66,16 +71,21 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
     label = "peer" if join is None else "joined peer"
-    procs, pumps = [], []
-    for k in range(nprocs):
-        p_, threads = spawn(list(cmd), {**os.environ, **env}, f"[{label} {k}] " if prefix else None)
-        procs.append(p_)
-        pumps += threads
-    code = _watch(procs, timeout)
-    for t in pumps:
-        t.join(2.0)
-    if store is not None:
-        store.close()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for k in range(nprocs):
+            proc, threads = spawn(list(cmd), {**os.environ, **env}, f"[{label} {k}] " if prefix else None)
+            procs.append(proc)
+            pumps += threads
+        code = _watch(procs, timeout)
+        for t in pumps:
+            t.join(2.0)
+    finally:
+        stop(procs)
+        if store is not None:
+            store.close()  # the job ends with its store: the secret written for it goes too
+        if written is not None:
+            os.unlink(written)
     return code
 
 

@@ -24,6 +24,10 @@ def view(x: Any) -> np.ndarray:
         t = detach()
         if str(t.device) != "cpu":
             raise TypeError(f"elastic state: a tensor on {t.device}; register CPU tensors (or numpy arrays)")
+        if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16: the same bytes as int16
+            import torch
+
+            t = t.view(torch.int16)
         return t.numpy()
     raise TypeError(f"elastic state: {type(x).__name__} is not a numpy array or a torch tensor")
 
