@@ -188,8 +188,10 @@ def test_min_peers_below_one_is_refused_naming_the_key():
 
 
 def test_a_discovery_url_that_cannot_hold_membership_is_refused():
+    from erdma_core.api.join import load_config
+
     with pytest.raises(ConfigError, match=r"discovery.init_method.*valid: env://, tcp://HOST:PORT, file:///PATH"):
-        elastic.open_store("mpi://", b"", 1.0)
+        elastic.open_store("mpi://", load_config({}))
 
 
 def test_a_store_without_compare_set_is_refused(tmp_path):
@@ -208,18 +210,24 @@ def _steps(peer) -> list[str]:
     return [line for line in peer.lines if line.startswith("step ")]
 
 
+def _until(done, what: str, timeout: float = 60.0) -> None:
+    """Wait for ``done()``; fail naming ``what`` after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, f"{what}: not within {timeout:.0f}s"
+        time.sleep(0.05)
+
+
 def test_a_newcomer_with_other_state_shapes_leaves_and_the_members_go_on(tmp_path):
     stop = tmp_path / "stop"
     with ElasticJob(python(*PEER), tmp_path, min_peers=2,
                     env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024"}) as job:
         a, b = job.start(), job.start()
-        while len(_steps(a)) < 3:
-            time.sleep(0.05)
+        _until(lambda: len(_steps(a)) >= 3, "3 steps")
         odd = job.start({"ELEMENTS": "1000"})
         assert odd.wait(60) == 1
         before = len(_steps(a))
-        while len(_steps(a)) < before + 3:
-            time.sleep(0.05)
+        _until(lambda: len(_steps(a)) >= before + 3, "3 more steps")
         stop.touch()
         assert (a.wait(60), b.wait(60)) == (0, 0)
     assert "MismatchError" in "\n".join(odd.lines) and "other names, dtypes or shapes" in "\n".join(odd.lines)
@@ -233,8 +241,7 @@ def test_a_peer_that_leaves_lets_the_others_go_on_without_it(tmp_path):
         peers = [job.start(), job.start(), job.start({"STEPS": "4"})]  # the third leaves after 4 steps
         assert peers[2].wait(60) == 0
         before = len(_steps(peers[0]))
-        while len(_steps(peers[0])) < before + 3:
-            time.sleep(0.02)
+        _until(lambda: len(_steps(peers[0])) >= before + 3, "3 more steps")
         stop.touch()
         assert [p.wait(60) for p in peers[:2]] == [0, 0]
     assert " n 2 " in _steps(peers[0])[-1]
@@ -264,24 +271,17 @@ def test_erdma_run_elastic_prints_how_to_join_and_a_joined_peer_becomes_a_member
     first = _erdma("--elastic", "-n", "2", "--", sys.executable, *PEER)
     assert first.stdout is not None
     lines: list[str] = []
-    join_cmd = None
-    while join_cmd is None:
-        line = first.stdout.readline()
-        assert line, lines
-        lines.append(line)
-        m = re.search(r"erdma run --join (\S+) --secret-file (\S+) -n 1", line)
-        if m:
-            join_cmd = m.groups()
     reader = threading.Thread(target=lambda: lines.extend(first.stdout), daemon=True)
     reader.start()
+    _until(lambda: any("erdma run --join" in line for line in lines), "the join line")
+    join_cmd = next(m.groups() for line in lines
+                    if (m := re.search(r"erdma run --join (\S+) --secret-file (\S+) -n 1", line)))
     refused = _erdma("--join", join_cmd[0], "-n", "1", "--", sys.executable, *PEER)
     assert refused.wait(30) == 2
     assert "give the job's secret" in refused.stdout.read()
     joined = _erdma("--join", join_cmd[0], "--secret-file", join_cmd[1], "-n", "1", "--", sys.executable, *PEER)
     try:
-        deadline = time.monotonic() + 60
-        while not any("epoch 2: 3 members" in line for line in lines) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until(lambda: any("epoch 2: 3 members" in line for line in lines), "the joined peer's epoch")
         out = joined.stdout
         stop.touch()
         assert joined.wait(60) == 0 and first.wait(60) == 0
@@ -316,7 +316,8 @@ def test_erdma_run_elastic_keeps_the_others_going_when_one_exits(tmp_path, monke
     p = _erdma("--elastic", "-n", "3", "--", sys.executable, str(script))
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out
-    assert re.search(r"peer \d exited with code 3; 2 of this run's peers still running", out), out
+    # (the count still running depends on which exits one poll of the launcher sees first)
+    assert re.search(r"peer \d exited with code 3; \d of this run's peers still running", out), out
     assert out.count("done 30 2") == 2, out
     assert not stop.exists()
 
@@ -343,20 +344,29 @@ def test_a_peer_stopped_past_the_timeout_is_counted_out_and_rejoins_as_a_newcome
                     env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024",
                          "ERDMA_TIMEOUTS_COLLECTIVE": "2", "ERDMA_TIMEOUTS_CONNECT": "5"}) as job:
         a, b, c = job.start(), job.start(), job.start()
-        while len(_steps(c)) < 3:
-            time.sleep(0.05)
+        _until(lambda: len(_steps(c)) >= 3, "3 steps")
         os.kill(c.pid, signal.SIGSTOP)
         time.sleep(1.0)
         before = len(_steps(a))
-        while len(_steps(a)) < before + 3 or " n 2 " not in _steps(a)[-1]:  # the two went on without it
-            time.sleep(0.1)
+        _until(lambda: len(_steps(a)) >= before + 3 and " n 2 " in _steps(a)[-1], "the two going on without it")
         os.kill(c.pid, signal.SIGCONT)
         seen = len(_steps(c))
-        while len(_steps(c)) < seen + 3:  # it is back
-            time.sleep(0.1)
+        _until(lambda: len(_steps(c)) >= seen + 3, "the stopped peer back")
         stop.touch()
         assert [p.wait(60) for p in (a, b, c)] == [0, 0, 0]
     mine = {line.split()[1]: line.split()[11] for line in _steps(c)}
     theirs = {line.split()[1]: line.split()[11] for line in _steps(a)}
     assert all(theirs[s] == h for s, h in mine.items() if s in theirs)
     assert any(line.startswith("counters") and "rejoined=1" in line for line in c.lines), c.lines[-3:]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--host", "0.0.0.0"], "--host applies only to --elastic"),
+    (["--secret-file", "x"], "--secret-file applies only to --elastic or --join"),
+    (["--join", "127.0.0.1:1", "--port", "5"], "--port applies only to --elastic"),
+    (["--elastic", "--join", "127.0.0.1:1"], "give one of them"),
+])
+def test_erdma_run_refuses_an_elastic_option_it_would_ignore(args, said):
+    p = _erdma(*args, "-n", "1", "--", sys.executable, "-c", "pass")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 2 and said in out, out

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ..discovery.store import TCPStore
 from ..errors import ConfigError
-from .launcher import free_port, spawn, stop
+from .launcher import free_port, local_env, spawn, stop
 
 
 def read_secret(path: str) -> str:
@@ -43,7 +43,7 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
         raise ValueError(f"-n must be at least 1, got {nprocs}")
     secret = read_secret(secret_file) if secret_file else (
         os.environ.get("ERDMA_SECRET") or os.environ.get("ERDMA_SECURITY_SECRET") or "")
-    env = {"PYTHONUNBUFFERED": "1"}
+    env = local_env(os.environ, nprocs, config)
     pumps: list[threading.Thread] = []
     store: TCPStore | None = None
     written: str | None = None
@@ -66,10 +66,6 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     if not addr or not p.isdigit():
         raise ConfigError(f"erdma run: --join {where!r} is not HOST:PORT")
     env |= {"MASTER_ADDR": addr, "MASTER_PORT": p, "ERDMA_SECRET": secret}
-    if config:
-        env["ERDMA_CONFIG"] = os.path.abspath(config)
-    if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
     label = "peer" if join is None else "joined peer"
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -47,22 +47,30 @@ def _pump(src: IO[bytes], dst: IO[str], prefix: str) -> None:
             return
 
 
+def local_env(env: Mapping[str, str], nprocs: int, config: str | None) -> dict[str, str]:
+    """What every process this launcher starts on this host gets, on top of ``env``: unbuffered output, the
+    config file, and a share of the cores for its intra-op threads."""
+    out = {"PYTHONUNBUFFERED": "1"}
+    if config:
+        out["ERDMA_CONFIG"] = os.path.abspath(config)
+    if nprocs > 1 and "OMP_NUM_THREADS" not in env:
+        # as torchrun does: N ranks each running a full-width intra-op pool oversubscribe the cores
+        out["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
+    return out
+
+
 def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapping[str, str] | None = None,
         master_addr: str = "127.0.0.1", prefix: bool = True, timeout: float | None = None) -> int:
     """Run ``cmd`` as ranks 0..nprocs-1; return 0, or the exit code of the first rank that failed."""
     if nprocs < 1:
         raise ValueError(f"-n must be at least 1, got {nprocs}")
     base = {**os.environ, **(env or {}), "MASTER_ADDR": master_addr, "MASTER_PORT": str(free_port()),
-            "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs), "PYTHONUNBUFFERED": "1"}
-    if config:
-        base["ERDMA_CONFIG"] = os.path.abspath(config)
+            "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs)}
+    base |= local_env(base, nprocs, config)
     if not base.get("ERDMA_SECRET") and not base.get("ERDMA_SECURITY_SECRET"):
         # a secret per job, known only to its ranks: every connection they accept must prove it (a secret
         # set in the config file is overridden: the ranks are all started here, with this one)
         base["ERDMA_SECRET"] = secrets.token_hex(32)
-    if nprocs > 1 and "OMP_NUM_THREADS" not in base:
-        # as torchrun does: N ranks each running a full-width intra-op pool oversubscribe the cores
-        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nprocs))
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
     for rank in range(nprocs):

@@ -20,12 +20,19 @@ def _run(args: argparse.Namespace) -> int:
         print("erdma run: give the command after --, e.g. erdma run -n 4 -- python train.py", file=sys.stderr)
         return 2
     load_config(args.config)  # ./erdma.toml, ERDMA_CONFIG and ERDMA_*: fail here, once, rather than in every rank
+    if args.elastic and args.join:
+        print("erdma run: --elastic serves a job's store, --join joins one: give one of them", file=sys.stderr)
+        return 2
+    for name, needs in (("host", "--elastic"), ("port", "--elastic"), ("secret_file", "--elastic or --join")):
+        if getattr(args, name) is not None and not (args.elastic or (args.join and name == "secret_file")):
+            print(f"erdma run: --{name.replace('_', '-')} applies only to {needs}", file=sys.stderr)
+            return 2
     if args.elastic or args.join:
         from . import elastic_launch
 
-        return elastic_launch.run(args.nprocs, cmd, config=args.config, join=args.join, host=args.host,
-                                  port=args.port, secret_file=args.secret_file, prefix=not args.no_prefix,
-                                  timeout=args.timeout)
+        return elastic_launch.run(args.nprocs, cmd, config=args.config, join=args.join,
+                                  host=args.host or "127.0.0.1", port=args.port or 0, secret_file=args.secret_file,
+                                  prefix=not args.no_prefix, timeout=args.timeout)
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=not args.no_prefix, timeout=args.timeout)
 
 
@@ -123,9 +130,9 @@ def add_core_commands(sub: Any) -> None:
                      "store here and keep the other peers going when one exits; prints how to add peers")
     run.add_argument("--join", metavar="HOST:PORT", default=None, help="add the N peers to the elastic job whose "
                      "store `erdma run --elastic` serves at HOST:PORT")
-    run.add_argument("--host", default="127.0.0.1", help="--elastic: address to serve the store on (0.0.0.0: "
-                     "every interface, for peers on other machines)")
-    run.add_argument("--port", type=int, default=0, help="--elastic: port of the store (0: a free one)")
+    run.add_argument("--host", default=None, help="--elastic: address to serve the store on (default "
+                     "127.0.0.1; 0.0.0.0: every interface, for peers on other machines)")
+    run.add_argument("--port", type=int, default=None, help="--elastic: port of the store (0: a free one)")
     run.add_argument("--secret-file", default=None, help="the job's secret (--elastic writes a new one to a "
                      "0600 file and prints its path when neither this nor ERDMA_SECRET is given)")
     run.add_argument("cmd", nargs=argparse.REMAINDER)

@@ -315,14 +315,13 @@ class FileStore:
         with open(self.path / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                held = {key: self._file(key).read_bytes()}
+                held = self._file(key).read_bytes()
             except FileNotFoundError:
-                held = {}
-            before = held.get(key, b"")
-            out = cas_apply(held, key, cas_body(expected, desired))
-            if out != before:
-                self.set(key, out)
-            return out
+                held = b""
+            if held != expected:
+                return held
+            self.set(key, desired)
+            return desired
 
     def close(self) -> None:
         pass

@@ -17,37 +17,29 @@ static ``ProcessGroup`` is unchanged; each epoch of an elastic group has one.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
 
 from ..api.join import load_config
-from ..discovery.store import FileStore, TCPStore
+from ..discovery import env_store, file_store, tcp_store
 from ..errors import ConfigError
 from .group import ElasticGroup
-from .membership import ExcludedError, JobFinishedError
+from .membership import CasStore, ExcludedError, JobFinishedError
 
 __all__ = ["ElasticGroup", "ExcludedError", "JobFinishedError", "join", "open_store"]
 
 
-def open_store(url: str, secret: bytes, timeout: float) -> Any:
-    """A client of the store at ``url`` (tcp://host:port, env:// as MASTER_ADDR/MASTER_PORT, file:///path).
-    An elastic job's store is served by something that outlives its peers (``erdma run --elastic``), never by
-    a peer."""
-    parsed = urlparse(url)
-    if parsed.scheme == "env":
-        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-        if not host or not port:
-            raise ConfigError("elastic: init_method 'env://' needs MASTER_ADDR and MASTER_PORT (set by "
-                              "`erdma run --elastic`)")
-        return TCPStore(host, int(port), is_server=False, timeout=timeout, secret=secret)
-    if parsed.scheme == "tcp" and parsed.hostname and parsed.port:
-        return TCPStore(parsed.hostname, parsed.port, is_server=False, timeout=timeout, secret=secret)
-    if parsed.scheme == "file" and parsed.path:
-        return FileStore(parsed.path)
-    raise ConfigError(f"config key 'discovery.init_method': {url!r} cannot hold an elastic job's membership; "
-                      "valid: env://, tcp://HOST:PORT, file:///PATH")
+def open_store(url: str, conf: Any) -> CasStore:
+    """A client of the store at ``url`` (env://, tcp://HOST:PORT or file:///PATH), made by the built-in
+    discovery method as a rank other than 0 would make it: an elastic job's store is served by something that
+    outlives its peers (``erdma run --elastic``), never by a peer."""
+    methods = {"env": env_store, "tcp": tcp_store, "file": file_store}
+    method = methods.get(urlparse(url).scheme)
+    if method is None:
+        raise ConfigError(f"config key 'discovery.init_method': {url!r} cannot hold an elastic job's membership; "
+                          "valid: env://, tcp://HOST:PORT, file:///PATH")
+    return method(url, -1, 0, conf["timeouts.connect"], conf)  # type: ignore[return-value]  # -1: not the server
 
 
 def join(state: Mapping[str, Any], config: Any = None, *, announce: bool = True) -> ElasticGroup:
@@ -56,7 +48,7 @@ def join(state: Mapping[str, Any], config: Any = None, *, announce: bool = True)
     the members' next step boundary (waiting at most ``elastic.join_timeout``). ``config``: as ``init``'s.
     ``announce``: the member of rank 0 prints each new membership to stderr."""
     conf = load_config(config)
-    store = open_store(conf["discovery.init_method"], conf["security.secret"].encode(), conf["timeouts.connect"])
+    store = open_store(conf["discovery.init_method"], conf)
     group = ElasticGroup(store, conf, conf["elastic.job"], state, min_peers=conf["elastic.min_peers"],
                          join_timeout=conf["elastic.join_timeout"], announce=announce)
     group.sync()

@@ -32,7 +32,18 @@ from ..errors import (
     PeerLostError,
 )
 from . import state as shared
-from .membership import Ballot, ExcludedError, JobFinishedError, Keys, Member, Outcome, Record, need_compare_set, propose
+from .membership import (
+    Ballot,
+    CasStore,
+    ExcludedError,
+    JobFinishedError,
+    Keys,
+    Member,
+    Outcome,
+    Record,
+    need_compare_set,
+    propose,
+)
 from .prefix import PrefixStore
 
 log = logging.getLogger("erdma.elastic")
@@ -44,7 +55,7 @@ class ElasticGroup:
     """Members of job ``job`` that share ``state`` (name -> numpy array or CPU tensor, the same names, dtypes
     and shapes on every peer). Made by ``erdma_core.elastic.join``; see its docstring for the loop."""
 
-    def __init__(self, store: Any, conf: Config, job: str, state: Mapping[str, Any], *, min_peers: int,
+    def __init__(self, store: CasStore, conf: Config, job: str, state: Mapping[str, Any], *, min_peers: int,
                  join_timeout: float, announce: bool) -> None:
         need_compare_set(store)
         for name in state:
@@ -141,17 +152,13 @@ class ElasticGroup:
     # ---- epochs ------------------------------------------------------------------------------------------
     def _ready(self) -> None:
         """Fail at once when the epoch's transport already lost a peer (its next collective cannot finish)."""
-        aborted = self._aborted()
-        if aborted is not None:
-            raise aborted
-
-    def _aborted(self) -> BaseException | None:
-        mailbox = getattr(self.pg.rt.transport, "mailbox", None) if self.pg else None
-        return getattr(mailbox, "aborted", None)
+        failure = self.pg.failure() if self.pg else None
+        if failure is not None:
+            raise failure
 
     def _lost(self) -> set[int]:
-        err = self._aborted()
-        return {err.peer} if isinstance(err, PeerLostError) else set()
+        failure = self.pg.failure() if self.pg else None
+        return {failure.peer} if isinstance(failure, PeerLostError) else set()
 
     def _decide(self, error: BaseException | None, retry: bool | None = None) -> Outcome:
         """The ballot on the step just taken. A failure that no membership change explains (a mismatch, a

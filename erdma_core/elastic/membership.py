@@ -21,12 +21,25 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import CollectiveTimeoutError, ConfigError, ErdmaError
 
 DONE, FAIL, DEAD = b"done", b"fail", b"dead"
 POLL_S = 0.05  # how often a waiting member looks at its transport for a lost peer
 SCAN_S = 1.0  # how often it reads every vote (a member that voted and died before counting itself)
+
+
+class CasStore(Protocol):
+    """The store calls an elastic group makes (``erdma_core.discovery.Store`` with ``compare_set``)."""
+
+    def set(self, key: str, value: bytes) -> None: ...
+
+    def get(self, key: str, timeout: float) -> bytes: ...
+
+    def add(self, key: str, amount: int) -> int: ...
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...
 
 
 class ExcludedError(ErdmaError):
@@ -89,29 +102,32 @@ def need_compare_set(store: object) -> None:
                           "(discovery.init_method: env://, tcp:// or file:// give one)")
 
 
-def propose(store: object, keys: Keys, record: Record) -> Record:
+def propose(store: CasStore, keys: Keys, record: Record) -> Record:
     """Write ``record`` as its epoch's unless someone did first; the epoch's record either way."""
-    won = store.compare_set(keys("epoch", record.epoch), b"", record.encode())  # type: ignore[attr-defined]
-    return Record.decode(won)
+    return Record.decode(store.compare_set(keys("epoch", record.epoch), b"", record.encode()))
 
 
 class Ballot:
     """One step of epoch ``epoch`` (``step``: its number within the epoch), for member ``index`` of ``size``."""
 
-    def __init__(self, store: object, keys: Keys, epoch: int, step: int, index: int, size: int) -> None:
+    def __init__(self, store: CasStore, keys: Keys, epoch: int, step: int, index: int, size: int) -> None:
         self.store, self.index, self.size = store, index, size
         self._key = lambda *p: keys("vote", epoch, step, *p)
         self._tickets = keys("tickets")
 
     def _vote(self, member: int, value: bytes) -> bytes:
-        return self.store.compare_set(self._key(member), b"", value)  # type: ignore[attr-defined]
+        return self.store.compare_set(self._key(member), b"", value)
 
-    def _settle(self, value: bytes) -> bytes:
-        return self.store.compare_set(self._key("outcome"), b"", value)  # type: ignore[attr-defined]
+    def _settle(self, value: bytes) -> None:
+        self.store.compare_set(self._key("outcome"), b"", value)
+
+    def _commit(self) -> None:
+        """Every vote is done: commit, with the tickets drawn by now (the newcomers the next boundary admits)."""
+        self._settle(b"commit:%d" % self.store.add(self._tickets, 0))
 
     def _read(self, member: int) -> bytes:
         try:
-            return self.store.get(self._key(member), 0.0)  # type: ignore[attr-defined]
+            return self.store.get(self._key(member), 0.0)
         except CollectiveTimeoutError:
             return b""
 
@@ -127,12 +143,12 @@ class Ballot:
             raise ExcludedError(f"elastic: member {self.index} was counted as dead before it voted")
         if not ok:
             self._settle(b"abort")
-        elif self.store.add(self._key("count"), 1) == self.size:  # type: ignore[attr-defined]
-            self._settle(b"commit:%d" % self.store.add(self._tickets, 0))  # type: ignore[attr-defined]
+        elif self.store.add(self._key("count"), 1) == self.size:
+            self._commit()
         scan = time.monotonic() + SCAN_S
         while True:
             try:
-                out = self.store.get(self._key("outcome"), POLL_S)  # type: ignore[attr-defined]
+                out = self.store.get(self._key("outcome"), POLL_S)
                 break
             except CollectiveTimeoutError:
                 pass
@@ -156,7 +172,7 @@ class Ballot:
                     self._vote(m, DEAD)
             if not late and not gone & set(missing):
                 try:  # wakes as soon as that member votes
-                    self.store.get(self._key(missing[0]), POLL_S)  # type: ignore[attr-defined]
+                    self.store.get(self._key(missing[0]), POLL_S)
                 except CollectiveTimeoutError:
                     pass
 
@@ -170,4 +186,4 @@ class Ballot:
         if any(v in (FAIL, DEAD) for v in votes):
             self._settle(b"abort")
         elif all(v == DONE for v in votes):
-            self._settle(b"commit:%d" % self.store.add(self._tickets, 0))  # type: ignore[attr-defined]
+            self._commit()
