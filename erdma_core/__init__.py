@@ -16,6 +16,7 @@ from .errors import (
     CollectiveTimeoutError,
     ConfigError,
     ErdmaError,
+    IntegrityError,
     MismatchError,
     PeerLostError,
     PluginError,
@@ -26,6 +27,6 @@ from .plugins.hookspecs import hookimpl
 __version__ = "0.1.0"
 __all__ = [
     "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
-    "MismatchError", "PeerLostError", "PluginError", "ProcessGroup", "ProtocolError", "ReduceOp", "Work", "default_group",
-    "hookimpl", "init", "load_config", "new_group",
+    "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProcessGroup", "ProtocolError", "ReduceOp",
+    "Work", "default_group", "hookimpl", "init", "load_config", "new_group",
 ]

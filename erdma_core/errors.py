@@ -39,6 +39,16 @@ class PeerLostError(CollectiveError):
         self.peer = peer
 
 
+class IntegrityError(CollectiveError):
+    """A frame failed its integrity check: its bytes were changed between the ranks (a faulty NIC or
+    middlebox, or someone on the path). ``peer`` is the rank whose frame failed; the message names the link.
+    Every rank of the job fails with it, never with a wrong result."""
+
+    def __init__(self, message: str, *, peer: int, rank: int | None = None, op: str | None = None) -> None:
+        super().__init__(message, rank=rank, op=op)
+        self.peer = peer
+
+
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
     """A blocking call did not finish within its timeout."""
 

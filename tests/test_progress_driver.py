@@ -19,7 +19,7 @@ def driver(spin: float) -> tuple[Progress, socket.socket]:
     mine, theirs = socket.socketpair()
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
     ch = Channel(1, mine, StreamReader(FrameInbox(0, 1, Mailbox(0, 7))))
-    return Progress([ch], lambda peer, why, cleanly: None, "test-io", spin), theirs
+    return Progress([ch], lambda peer, why, cleanly: None, lambda error: None, "test-io", spin), theirs
 
 
 def rounds(progress: Progress) -> list[float]:
@@ -73,7 +73,7 @@ def test_frames_too_big_for_the_socket_are_finished_by_the_waiter_in_order():
     try:
         reqs = [Request() for _ in heads]
         for h, p, r in zip(heads, payloads, reqs, strict=True):
-            progress.send(ch, h, memoryview(p), r)
+            progress.send(ch, (h, memoryview(p)), r)
         assert reqs[0].done()  # a small frame on an empty queue is written at once
         assert not reqs[2].done()  # 8 MiB do not fit the socket's buffers while nobody reads: queued
         reader.start()
@@ -98,11 +98,11 @@ def test_a_send_that_fails_at_once_fails_its_request():
     theirs.shutdown(socket.SHUT_RD)  # writing to it fails; nothing to read, so no other thread sees it end first
     req = Request()
     try:
-        progress.send(ch, b"h" * 60, memoryview(np.zeros(100, np.uint8)), req)
+        progress.send(ch, (b"h" * 60, memoryview(np.zeros(100, np.uint8))), req)
         assert req.done() and isinstance(req.error, PeerLostError), req.error
         assert "rank 1's connection closed: sending failed" in str(req.error)
         later = Request()
-        progress.send(ch, b"h" * 60, memoryview(np.zeros(100, np.uint8)), later)
+        progress.send(ch, (b"h" * 60, memoryview(np.zeros(100, np.uint8))), later)
         assert later.done() and isinstance(later.error, PeerLostError)
     finally:
         progress.stop()

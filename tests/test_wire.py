@@ -8,13 +8,20 @@ import pytest
 from erdma_core import ReduceOp
 from erdma_core.engine import dtypes
 from erdma_core.engine.ops import COLLECTIVES, OPS
-from erdma_core.errors import AbortedError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
-from erdma_core.transport import auth, wire
+from erdma_core.errors import (
+    AbortedError,
+    CollectiveTimeoutError,
+    IntegrityError,
+    MismatchError,
+    PeerLostError,
+    ProtocolError,
+)
+from erdma_core.transport import auth, integrity, wire
 from erdma_core.transport.wire import FRAME, HELLO, Header, Hello
 
 
 def test_layouts_and_sizes():
-    assert wire.WIRE_VERSION == 3
+    assert wire.WIRE_VERSION == 4
     assert (HELLO.format, HELLO.size) == ("<4sHHQIIQ", 32)
     assert (FRAME.format, FRAME.size) == ("<4sBBBBIIIIQIIQQQ", 64)
     assert wire.NO_ROOT == 0xFFFFFFFF
@@ -22,6 +29,7 @@ def test_layouts_and_sizes():
     assert (auth.STORE_HELLO.format, auth.STORE_MAGIC, auth.STORE_VERSION) == ("<4sH16s", b"ERDS", 1)
     assert (wire.HELLO_MAGIC, wire.FRAME_MAGIC) == (b"ERDH", b"ERDF")
     assert (wire.ABORT_BODY.format, wire.MAX_CONTROL_BYTES) == ("<Bi", 65536)
+    assert (integrity.SEAL.format, integrity.SEAL.size, integrity.TAG, integrity.WINDOW) == ("<Q16s", 24, 16, 64)
 
 
 def test_codes():
@@ -40,7 +48,7 @@ def test_codes():
         "float16": 1, "bfloat16": 2, "float32": 3, "float64": 4, "int8": 5, "int16": 6, "int32": 7, "int64": 8,
         "uint8": 9, "bool": 10}
     assert {cls: code for cls, code in wire.ABORT_CODES.items()} == {MismatchError: 1, PeerLostError: 2,
-                                                                      CollectiveTimeoutError: 3}
+                                                                      CollectiveTimeoutError: 3, IntegrityError: 4}
     assert (wire.codec_id("fp16"), wire.codec_id("none")) == (0x31A79B2E, 0x2C281659)
 
 
@@ -75,6 +83,8 @@ def test_abort_body_carries_the_error_class_and_the_lost_peer():
     err = wire.abort_error(0, 2, wire.abort_body(PeerLostError("rank 2: lost rank 3", peer=3)))
     assert isinstance(err, PeerLostError) and err.peer == 3 and "rank 2 aborted the job: rank 2: lost rank 3" in str(err)
     assert isinstance(wire.abort_error(0, 1, wire.abort_body(MismatchError("m"))), MismatchError)
+    err = wire.abort_error(0, 1, wire.abort_body(IntegrityError("rank 1: integrity check failed on ... rank 2", peer=2)))
+    assert isinstance(err, IntegrityError) and err.peer == 2
     assert isinstance(wire.abort_error(0, 1, wire.abort_body(ValueError("v"))), AbortedError)
 
 

@@ -10,7 +10,6 @@ import fcntl
 import logging
 import os
 import socket
-import socketserver
 import struct
 import threading
 import time
@@ -20,7 +19,9 @@ from typing import Protocol
 from ..config.schema import MAX_TIMEOUT
 from ..errors import AuthenticationError, CollectiveTimeoutError, ErdmaError, ProtocolError
 from ..transport import auth
-from ..transport.sockets import dial, recv_exact
+from ..transport.accept import POLL, Gate, Handshake
+from ..transport.admission import HANDSHAKE_S
+from ..transport.sockets import close_gently, dial, recv_exact
 
 log = logging.getLogger("erdma.discovery")
 
@@ -31,8 +32,8 @@ _RESP = struct.Struct("<BI")  # status (0 ok, 1 timeout, 2 refused), value lengt
 MAX_KEY = 4096  # bytes of a key
 MAX_VALUE = 16 << 20  # bytes of a value
 MAX_CLIENTS = 256  # proven connections at once (ranks, torch's helpers)
-MAX_UNPROVEN = 128  # connections still in their handshake; more are closed at once (a client tries again)
-HANDSHAKE_S = 5.0  # seconds a new connection has to prove the secret
+MAX_UNPROVEN = 512  # connections still in their handshake (``accept.Gate``; a client refused tries again)
+PER_SOURCE = 32  # of them from one address (the ranks of a host start at once)
 
 
 class Store(Protocol):
@@ -91,86 +92,75 @@ def parse_request(head: bytes) -> tuple[int, float, int, int]:
     return op, timeout, klen, vlen
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _Server:
+    """The store's server: handshakes through an ``accept.Gate`` on one thread (bounded in time and number,
+    in all and per address, so that connections that cannot prove the secret never keep a rank out), then a
+    thread per proven client (at most ``MAX_CLIENTS``)."""
 
     def __init__(self, addr: tuple[str, int], key: bytes) -> None:
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
-        self.key = key
         self.clients = threading.BoundedSemaphore(MAX_CLIENTS)
-        self.unproven = threading.BoundedSemaphore(MAX_UNPROVEN)
-        super().__init__(addr, _Handler)
+        self.sock = socket.create_server(addr, backlog=1024)  # SO_REUSEADDR: a restarted store binds at once
+        self.server_address = self.sock.getsockname()
+        self.gate = Gate([self.sock], lambda: auth.StoreServer(key), self._proven, what="store", log=log,
+                         limit=MAX_UNPROVEN, per_source=PER_SOURCE)
+        self._thread = threading.Thread(target=self.gate.run, name="erdma-store", daemon=True)
+        self._thread.start()
 
+    def _proven(self, sock: socket.socket, hs: Handshake, where: str) -> None:
+        assert isinstance(hs, auth.StoreServer)
+        if not hs.proven:
+            self.gate.refuse(sock, where, "it could not prove the job's secret")
+            return
+        if not self.clients.acquire(blocking=False):
+            self.gate.refuse(sock, where, f"{MAX_CLIENTS} clients were connected already")
+            return
+        threading.Thread(target=self._client, args=(sock, where), name="erdma-store-client", daemon=True).start()
 
-class _Handler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        srv: _Server = self.server  # type: ignore[assignment]
-        sock: socket.socket = self.request
-        addr = self.client_address
-        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "?"
+    def _client(self, sock: socket.socket, where: str) -> None:
         try:
-            if not srv.unproven.acquire(blocking=False):
-                log.warning("store: refused a connection from %s: %d handshakes under way", where, MAX_UNPROVEN)
-                return
-            try:
-                sock.settimeout(HANDSHAKE_S)
-                proven = self._prove(srv, sock, where)
-            finally:
-                srv.unproven.release()
-            if not proven:
-                return
-            if not srv.clients.acquire(blocking=False):
-                log.warning("store: refused a connection from %s: %d connections already", where, MAX_CLIENTS)
-                return
-            try:
-                sock.settimeout(None)
-                self._serve(srv, sock)
-            finally:
-                srv.clients.release()
+            sock.setblocking(True)
+            self._serve(sock)
         except (ConnectionError, OSError, struct.error) as exc:
             log.debug("store: connection from %s ended: %s", where, exc)
         except ProtocolError as exc:
             log.warning("store: dropped the connection from %s: %s", where, exc)
+        finally:
+            self.clients.release()
+            close_gently(sock)
 
-    @staticmethod
-    def _prove(srv: _Server, sock: socket.socket, where: str) -> bool:
-        hs = auth.StoreServer(srv.key)
-        sock.sendall(hs.on_hello(recv_exact(sock, auth.STORE_HELLO.size)))
-        ok = hs.on_proof(recv_exact(sock, auth.MAC))
-        sock.sendall(bytes([0 if ok else 1]))
-        if not ok:
-            log.warning("store: refused %s: it could not prove the job's secret", where)
-        return ok
-
-    @staticmethod
-    def _serve(srv: _Server, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket) -> None:
         while True:
             op, timeout, klen, vlen = parse_request(recv_exact(sock, _REQ.size))
             key = recv_exact(sock, klen).decode(errors="replace")
             value = recv_exact(sock, vlen)
             status, out = 0, b""
-            with srv.cond:
+            with self.cond:
                 if op == _SET:
-                    srv.data[key] = value
-                    srv.cond.notify_all()
+                    self.data[key] = value
+                    self.cond.notify_all()
                 elif op == _ADD:
                     try:
-                        n = int(srv.data.get(key, b"0")) + int(value)
+                        n = int(self.data.get(key, b"0")) + int(value)
                     except ValueError:
                         status = 2
                     else:
-                        srv.data[key] = out = str(n).encode()
-                        srv.cond.notify_all()
+                        self.data[key] = out = str(n).encode()
+                        self.cond.notify_all()
                 elif op == _CAS:
-                    out = cas_apply(srv.data, key, value)
-                    srv.cond.notify_all()
-                elif srv.cond.wait_for(lambda k=key: k in srv.data, timeout=timeout):
-                    out = srv.data[key]
+                    out = cas_apply(self.data, key, value)
+                    self.cond.notify_all()
+                elif self.cond.wait_for(lambda k=key: k in self.data, timeout=timeout):
+                    out = self.data[key]
                 else:
                     status = 1
             sock.sendall(_RESP.pack(status, len(out)) + out)
+
+    def close(self) -> None:
+        self.gate.stop = True
+        self._thread.join(2 * POLL + 1.0)
+        self.sock.close()
 
 
 class TCPStore:
@@ -190,7 +180,6 @@ class TCPStore:
                 raise ErdmaError(f"discovery: rank 0 cannot serve the store on {host}:{port}: {exc} (is another "
                                  "rank 0 of this job running, or another program on that port?)") from None
             self.port = self._server.server_address[1]
-            threading.Thread(target=self._server.serve_forever, name="erdma-store", daemon=True).start()
         self._lock = threading.Lock()
         self._sock = self._dial(timeout)
 
@@ -260,8 +249,7 @@ class TCPStore:
     def close(self) -> None:
         self._sock.close()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
 
 
 def _bindable(host: str) -> str:

@@ -47,8 +47,8 @@ TCP_OPTIONS = {
                                 "copy instead of two through a Unix socket; 0: always through the socket",
                                 minimum=0, maximum=1 << 40),
     "tls": Option(bool, False, "encrypt every TCP connection with TLS 1.3 (the standard library's ssl), bound to "
-                  "the job's secret; needs the cryptography package (erdma-core[tls]); Unix sockets between ranks "
-                  "of one host stay plaintext"),
+                  "the job's secret, instead of sealing each frame in the clear (frames are sealed either way); "
+                  "Unix sockets between ranks of one host stay plaintext"),
 }
 
 

@@ -1,88 +1,124 @@
-"""Accepting the ranks that dial this one, during set-up: many handshakes at once on one thread, each
-bounded in time and the number of them bounded, so that an idle, slow or hostile connection cannot keep a
-rank of the job out. Each connection runs ``auth.Accepting`` (sans-IO) over its own buffer."""
+"""Accepting connections that must prove themselves first: many handshakes at once on one thread, the whole
+of each bounded in time and their number bounded in all and per source address (``admission``), so that an
+idle, slow or hostile connection, or a flood of them, cannot keep a rank of the job out. ``Gate`` runs any
+sans-IO handshake over it (the transports' ``auth.Accepting``, the store's ``auth.StoreServer``);
+``Acceptor`` is the transports' use of it during set-up."""
 
 from __future__ import annotations
 
+import errno
 import logging
-import select
+import math
+import selectors
 import socket
 import time
-from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from ..errors import ProtocolError
 from . import auth
+from .admission import HANDSHAKE_S, Admission, Refusals
+from .sockets import close_gently
 
 log = logging.getLogger("erdma.transport")
-HANDSHAKE_S = 5.0  # seconds a connection may take to finish its handshake
-MAX_PENDING = 64  # handshakes under way at once; the oldest is dropped to make room for a new one
+MAX_PENDING = 512  # handshakes under way at once (each a file descriptor: well below the usual limit of 1024)
+PER_SOURCE = 16  # of them from one address (a host's ranks dial at once; more are refused and dial again)
 POLL = 0.2
+_BATCH = 64  # connections taken from a listener's queue per turn
+
+
+class Handshake(Protocol):
+    """A sans-IO handshake: ``need`` bytes wanted next (0: it has ended); ``feed`` takes exactly that many
+    and returns the reply to send."""
+
+    need: int
+
+    def feed(self, data: bytes) -> bytes: ...
 
 
 class _Pending:
-    __slots__ = ("buf", "deadline", "hs", "where")
+    __slots__ = ("buf", "hs", "where")
 
-    def __init__(self, hs: auth.Accepting, deadline: float, where: str) -> None:
-        self.hs, self.deadline, self.where, self.buf = hs, deadline, where, bytearray()
+    def __init__(self, hs: Handshake, where: str) -> None:
+        self.hs, self.where, self.buf = hs, where, bytearray()
 
 
-class Acceptor:
-    """Accepts until every rank above ``rank`` has proved itself (``accepted``: rank -> socket), ``deadline``
-    passes or ``stop`` is set. ``refused`` lists why connections were turned away; ``duplicates`` the ranks
-    that two holders of the secret claimed. ``tune(sock)`` is applied to every accepted socket."""
+class Gate:
+    """Connections accepted on ``listeners``, each running the handshake ``start()`` makes, side by side on
+    the thread that calls ``run``. Each connection whose handshake ended goes to ``ended(sock, hs, where)``,
+    which owns it from then on (``refuse`` closes one and logs why). ``what`` names the server in log lines
+    (``log``: where they go)."""
 
-    def __init__(self, listeners: list[socket.socket], deadline: float, *, key: bytes, job: int, rank: int,
-                 world: int, tune: Callable[[socket.socket], None]) -> None:
-        self.listeners, self.deadline = listeners, deadline
-        self.key, self.job, self.rank, self.world, self.tune = key, job, rank, world, tune
-        self.accepted: dict[int, socket.socket] = {}
-        self.transcripts: dict[int, bytes] = {}  # what each accepted rank's proof covered
-        self.refused: deque[str] = deque(maxlen=8)  # the latest reasons, for the set-up error
-        self.duplicates: set[int] = set()
+    def __init__(self, listeners: list[socket.socket], start: Callable[[], Handshake],
+                 ended: Callable[[socket.socket, Handshake, str], None], *, what: str, log: logging.Logger,
+                 limit: int = MAX_PENDING, per_source: int = PER_SOURCE) -> None:
+        self.listeners, self.start, self.ended, self.log = listeners, start, ended, log
+        self.admission = Admission(limit, per_source)
+        self.refusals = Refusals(what)
         self.stop = False
         self._pending: dict[socket.socket, _Pending] = {}
+        self._sel = selectors.DefaultSelector()
         for listener in listeners:
             listener.setblocking(False)
+            self._sel.register(listener, selectors.EVENT_READ, None)
 
-    def _claim(self, rank: int) -> int | None:
-        return auth.DUPLICATE_RANK if rank in self.accepted else None
-
-    def run(self) -> None:
-        expected = set(range(self.rank + 1, self.world))
+    def run(self, until: Callable[[], bool] = lambda: False, deadline: float = math.inf) -> None:
+        """Serve until ``stop`` is set, ``until()`` is true or ``deadline`` (``time.monotonic()``) passes."""
         try:
-            while expected - self.accepted.keys() and not self.stop:
+            while not self.stop and not until():
                 now = time.monotonic()
-                if now >= self.deadline:
+                if now >= deadline:
                     return
-                for sock in [s for s, p in self._pending.items() if p.deadline <= now]:
+                for sock in self.admission.expired(now):
                     self._drop(sock, f"did not finish its handshake within {HANDSHAKE_S:.0f}s")
-                wait = min(POLL, self.deadline - now, *(p.deadline - now for p in self._pending.values()))
+                wait = min(POLL, deadline - now, (self.admission.deadline() or math.inf) - now)
                 try:
-                    ready, _, _ = select.select([*self.listeners, *self._pending], [], [], max(0.0, wait))
+                    events = self._sel.select(max(0.0, wait))
                 except (OSError, ValueError):
-                    return  # a listener was closed: set-up is over
-                for sock in ready:
-                    if sock in self._pending:
-                        self._read(sock)
-                    else:
-                        self._accept(sock)
+                    return  # a listener was closed: serving is over
+                for key, _ in events:
+                    if key.data is None:
+                        self._accept(key.fileobj)  # type: ignore[arg-type]
+                    elif key.fileobj in self._pending:
+                        self._read(key.fileobj)  # type: ignore[arg-type]
         finally:
             for sock in list(self._pending):
-                self._drop(sock, "set-up ended first")
+                self._drop(sock, "serving ended first")
+            self._say(self.refusals.flush(time.monotonic()))
+            self._sel.close()
+
+    def refuse(self, sock: socket.socket, where: str, why: str) -> None:
+        """Count the refusal and close ``sock`` (``where``: its address; ``why``: the reason)."""
+        self.log.debug("%s: refused %s: %s", self.refusals.what, where, why)
+        self._say(self.refusals.note(where, why, time.monotonic()))
+        close_gently(sock)
+
+    def _say(self, line: str | None) -> None:
+        if line is not None:
+            self.log.warning("%s", line)
 
     def _accept(self, listener: socket.socket) -> None:
-        try:
-            sock, addr = listener.accept()
-        except OSError:  # nothing to accept after all (BlockingIOError), or the listener closed
-            return
-        if len(self._pending) >= MAX_PENDING:
-            oldest = min(self._pending, key=lambda s: self._pending[s].deadline)
-            self._drop(oldest, f"{MAX_PENDING} handshakes were under way; dropped the oldest")
-        sock.setblocking(False)
-        where = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "a local socket"
-        hs = auth.Accepting(self.key, self.job, self.rank, self.world, range(self.rank + 1, self.world), self._claim)
-        self._pending[sock] = _Pending(hs, min(self.deadline, time.monotonic() + HANDSHAKE_S), where)
+        for _ in range(_BATCH):
+            try:
+                sock, addr = listener.accept()
+            except OSError as exc:  # nothing more to accept (BlockingIOError), or the listener closed
+                if exc.errno in (errno.EMFILE, errno.ENFILE):  # out of descriptors: make room for the next turn
+                    stalled = self.admission.oldest()
+                    if stalled is not None:
+                        self._drop(stalled, "the process ran out of file descriptors")  # type: ignore[arg-type]
+                return
+            source, where = (addr[0], f"{addr[0]}:{addr[1]}") if isinstance(addr, tuple) else ("local", "a local socket")
+            admitted, dropped = self.admission.admit(sock, source, time.monotonic())
+            if dropped is not None:
+                self._drop(dropped, "stalled in its handshake; dropped for a newcomer")  # type: ignore[arg-type]
+            if not admitted:
+                full = self.admission.per_source if len(self.admission) < self.admission.limit else None
+                self.refuse(sock, where, f"{full} handshakes from its address were under way" if full else
+                            f"{self.admission.limit} handshakes were under way")
+                continue
+            sock.setblocking(False)
+            self._pending[sock] = _Pending(self.start(), where)
+            self._sel.register(sock, selectors.EVENT_READ, True)
 
     def _read(self, sock: socket.socket) -> None:
         p = self._pending[sock]
@@ -102,31 +138,72 @@ class Acceptor:
         try:
             reply = p.hs.feed(bytes(p.buf))
             p.buf.clear()
-            sock.settimeout(1.0)  # a reply of at most 72 bytes into a new connection's empty buffer
-            sock.sendall(reply)
-            sock.setblocking(False)
+            if reply and sock.send(reply) < len(reply):  # at most 72 bytes into a new connection's empty buffer
+                raise OSError("it did not take the handshake's reply")
         except (ProtocolError, OSError) as exc:
             self._drop(sock, str(exc))
             return
+        self.admission.answered(sock, time.monotonic())
         if p.hs.need:
             return
-        del self._pending[sock]
-        rank = p.hs.rank_proven
+        self._forget(sock)
+        self.ended(sock, p.hs, p.where)
+
+    def _forget(self, sock: socket.socket) -> _Pending:
+        self.admission.remove(sock)
+        try:
+            self._sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        return self._pending.pop(sock)
+
+    def _drop(self, sock: socket.socket, why: str) -> None:
+        self.refuse(sock, self._forget(sock).where, why)
+
+
+class Acceptor:
+    """Accepts until every rank above ``rank`` has proved itself (``accepted``: rank -> socket), ``deadline``
+    passes or ``stop`` is set. ``refused`` lists the latest reasons connections were turned away;
+    ``duplicates`` the ranks that two holders of the secret claimed. ``tune(sock)`` is applied to every
+    accepted socket."""
+
+    def __init__(self, listeners: list[socket.socket], deadline: float, *, key: bytes, job: int, rank: int,
+                 world: int, tune: Callable[[socket.socket], None]) -> None:
+        self.deadline = deadline
+        self.key, self.job, self.rank, self.world, self.tune = key, job, rank, world, tune
+        self.accepted: dict[int, socket.socket] = {}
+        self.transcripts: dict[int, bytes] = {}  # what each accepted rank's proof covered
+        self.duplicates: set[int] = set()
+        self.gate = Gate(listeners, self._start, self._ended, what=f"rank {rank}", log=log)
+        self.refused = self.gate.refusals.latest
+
+    @property
+    def stop(self) -> bool:
+        return self.gate.stop
+
+    @stop.setter
+    def stop(self, value: bool) -> None:
+        self.gate.stop = value
+
+    def run(self) -> None:
+        expected = set(range(self.rank + 1, self.world))
+        self.gate.run(lambda: not expected - self.accepted.keys(), self.deadline)
+
+    def _start(self) -> auth.Accepting:
+        return auth.Accepting(self.key, self.job, self.rank, self.world, range(self.rank + 1, self.world),
+                              self._claim)
+
+    def _claim(self, rank: int) -> int | None:
+        return auth.DUPLICATE_RANK if rank in self.accepted else None
+
+    def _ended(self, sock: socket.socket, hs: Handshake, where: str) -> None:
+        assert isinstance(hs, auth.Accepting)
+        rank = hs.rank_proven
         if rank is None:
-            if p.hs.duplicate:
-                self.duplicates.add(p.hs.rank_claimed)
-            self._refuse(sock, p.where, p.hs.refused)
+            if hs.duplicate:
+                self.duplicates.add(hs.rank_claimed)
+            self.gate.refuse(sock, where, hs.refused)
             return
         self.tune(sock)
         self.accepted[rank] = sock
-        self.transcripts[rank] = p.hs.transcript
-
-    def _drop(self, sock: socket.socket, why: str) -> None:
-        p = self._pending.pop(sock)
-        self._refuse(sock, p.where, why)
-
-    def _refuse(self, sock: socket.socket, where: str, why: str) -> None:
-        msg = f"{where} {why}"
-        log.warning("rank %d: refused a connection from %s", self.rank, msg)
-        self.refused.append(msg)
-        sock.close()
+        self.transcripts[rank] = hs.transcript

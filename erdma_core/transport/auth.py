@@ -211,10 +211,13 @@ class StoreClient:
 
 class StoreServer:
     """``on_hello(STORE_HELLO bytes)`` returns the challenge (``NONCE + MAC`` bytes); ``on_proof(mac)``
-    says whether the client proved the secret."""
+    says whether the client proved the secret. As an ``accept.Handshake``: feed it ``need`` bytes at a time;
+    once ``need`` is 0, ``proven`` says whether the client proved it (the last reply is the verdict byte)."""
 
     def __init__(self, key: bytes) -> None:
         self.key, self.nonce, self._t = key, nonce(), b""
+        self.need = STORE_HELLO.size
+        self.proven = False
 
     def on_hello(self, data: bytes) -> bytes:
         magic, version, theirs = STORE_HELLO.unpack(data)
@@ -227,6 +230,15 @@ class StoreServer:
 
     def on_proof(self, mac: bytes) -> bool:
         return bool(self._t) and check(self.key, _CLIENT, self._t, mac)
+
+    def feed(self, data: bytes) -> bytes:
+        if not self._t:
+            challenge = self.on_hello(data)
+            self.need = MAC
+            return challenge
+        self.proven = self.on_proof(data)
+        self.need = 0
+        return b"\0" if self.proven else b"\1"
 
 
 # ---- no secret on an exposed address --------------------------------------------------------------------------

@@ -248,7 +248,7 @@ class MessageTransport:
         self.fail_sends(self.mailbox.aborted or error)
         body = memoryview(abort_body(error))
         head = control(ABORT, self.job, nbytes=len(body))
-        lost = getattr(error, "peer", None)
+        lost = error.peer if isinstance(error, PeerLostError) else None  # an IntegrityError's peer is told too
         self._to_all([p for p in self._sent if p != lost], lambda p: head, body, urgent=True, wait=wait)
 
     def close(self) -> None:

@@ -6,13 +6,15 @@ No sockets, no threads, no clock.
 
 from __future__ import annotations
 
-from ..errors import PeerLostError, ProtocolError
+from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext
+
+from ..errors import IntegrityError, PeerLostError, ProtocolError
+from .integrity import PIECE, SEAL, Checker, trailer
 from .mailbox import Lent, Mailbox
 from .wire import ABORT, BYE, DATA, FRAME, LENT, MAX_PAYLOAD, PULL, PULLED, Header, abort_error
 
 _STAGE = 1 << 16  # bytes read at a time between large payloads
 DIRECT_BYTES = 1 << 15  # a payload with at least this much left is read straight into its place
-_HEAD = FRAME.size
 
 
 class FrameInbox:
@@ -90,12 +92,25 @@ class StreamReader:
     instead of two per message); a large payload whose receive is already posted is read straight into the
     receiver's memory. After a large frame only the next header is read at first, so that a stream of large
     frames (the chunks of a big message) is never copied through the stage. ``between_frames`` tells a
-    clean end of stream from one cut in the middle of a frame. Malformed headers raise ProtocolError."""
+    clean end of stream from one cut in the middle of a frame. Malformed headers raise ProtocolError.
 
-    __slots__ = ("_big", "_done", "_have", "_left", "_stage", "_start", "_sv", "_target", "_token", "inbox")
+    With a ``check`` (``integrity.Checker``) every frame is sealed: a header is acted on only once its tag
+    is checked, and a frame lands (its receive completes) only once its payload's is; a large payload is
+    read at most ``integrity.PIECE`` bytes at a time and tagged piece by piece while it is in the cache. A
+    failed check raises ``IntegrityError``; the reader then drops whatever else comes on the stream."""
 
-    def __init__(self, inbox: FrameInbox) -> None:
+    __slots__ = ("_big", "_broken", "_check", "_counter", "_done", "_have", "_head", "_left", "_piece", "_stage",
+                 "_start", "_stream", "_sv", "_tail", "_target", "_token", "inbox")
+
+    def __init__(self, inbox: FrameInbox, check: Checker | None = None) -> None:
         self.inbox = inbox
+        self._check = check
+        self._head = FRAME.size + (SEAL.size if check is not None else 0)  # header (and seal) before a payload
+        self._piece = PIECE if check is not None else MAX_PAYLOAD  # payload bytes read straight in at a time
+        self._stream: AEADEncryptionContext | None = None  # the tag of the payload being read, so far
+        self._counter = 0  # that frame's counter
+        self._tail = 0  # bytes after that payload (its tag)
+        self._broken = False  # a check failed: nothing more is taken from this stream
         self._stage = bytearray(_STAGE)
         self._sv = memoryview(self._stage)
         self._start = self._have = 0  # staged bytes not consumed yet: _stage[_start:_start + _have]
@@ -117,49 +132,81 @@ class StreamReader:
         return self._token is not None and self._have == 0 and self._left >= DIRECT_BYTES
 
     def buffer(self) -> memoryview:
+        if self._broken:
+            return self._sv
         if self.direct:
             if self._target is not None:
-                return self._target[self._done:]  # straight into the receiver's memory
+                return self._target[self._done:self._done + self._piece]  # straight into the receiver's memory
             return self._sv[:min(_STAGE, self._left)]  # dropped: through the stage, not kept
         if self._start:
             self._stage[:self._have] = self._stage[self._start:self._start + self._have]
             self._start = 0
-        if self._big and self._token is None and self._have < _HEAD:
-            return self._sv[self._have:_HEAD]
+        if self._big and self._token is None and self._have < self._head:
+            return self._sv[self._have:self._head]
         return self._sv[self._have:]
 
     def advance(self, n: int) -> None:
+        if self._broken:
+            return
+        try:
+            self._advance(n)
+        except IntegrityError:
+            self._broken = True
+            raise
+
+    def _advance(self, n: int) -> None:
         if self.direct:
+            if self._stream is not None:  # tagged while the bytes are in the cache (dropped ones too)
+                target = self._target
+                self._stream.authenticate_additional_data(target[self._done:self._done + n] if target is not None
+                                                          else self._sv[:n])
             self._done += n
             self._left -= n
-            if self._left == 0:
-                self._land()
+            if self._left == 0 and not self._tail:
+                self._land(None)
             return
         self._have += n
+        head = self._head
         while True:
             if self._token is not None:
                 take = min(self._left, self._have)
-                if take and self._target is not None:
-                    self._target[self._done:self._done + take] = self._sv[self._start:self._start + take]
-                self._done += take
-                self._left -= take
-                self._consume(take)
-                if self._left:
+                if take:
+                    start = self._start
+                    if self._target is not None:
+                        self._target[self._done:self._done + take] = self._sv[start:start + take]
+                    if self._stream is not None:
+                        self._stream.authenticate_additional_data(self._sv[start:start + take])
+                    self._done += take
+                    self._left -= take
+                    self._consume(take)
+                if self._left or self._have < self._tail:
                     return
-                self._land()
-            elif self._have >= _HEAD:
+                tag = self._sv[self._start:self._start + self._tail]
+                self._consume(self._tail)  # the stage is not written until this returns
+                self._land(tag)
+            elif self._have >= head:
                 start = self._start
-                h = Header.parse(self._sv[start:start + _HEAD])
+                check = self._check
+                counter = check.header(self._sv[start:start + head]) if check is not None else 0
+                h = Header.parse(self._sv[start:start + FRAME.size])
                 nbytes = h.nbytes
+                tail = trailer(nbytes) if check is not None else 0
                 self._big = nbytes >= DIRECT_BYTES
-                if self._have - _HEAD >= nbytes:  # the whole frame is staged (small frames): land it now
-                    self._consume(_HEAD + nbytes)  # the stage is not written until this returns
-                    self.inbox.whole(h, self._sv[start + _HEAD:start + _HEAD + nbytes])
+                if self._have - head >= nbytes + tail:  # the whole frame is staged (small frames): land it now
+                    self._consume(head + nbytes + tail)  # the stage is not written until this returns
+                    end = start + head + nbytes
+                    payload = self._sv[start + head:end]
+                    if tail:
+                        check.payload(counter, payload, self._sv[end:end + tail])  # type: ignore[union-attr]
+                    self.inbox.whole(h, payload)
                     continue
                 buf, token = self.inbox.frame(h)
-                self._consume(_HEAD)
+                self._consume(head)
                 self._token, self._left, self._done = token, nbytes, 0
                 self._target = buf[:nbytes] if buf is not None else None
+                self._tail, self._counter = tail, counter
+                if tail:
+                    self._stream = check.stream(counter)  # type: ignore[union-attr]
             else:
                 return
 
@@ -169,6 +216,10 @@ class StreamReader:
         if self._have == 0:
             self._start = 0
 
-    def _land(self) -> None:
-        token, self._token, self._target = self._token, None, None
+    def _land(self, tag: memoryview | None) -> None:
+        token, stream = self._token, self._stream
+        self._token = self._target = self._stream = None
+        self._tail = 0
+        if stream is not None:
+            self._check.streamed(self._counter, stream, tag)  # type: ignore[union-attr,arg-type]
         self.inbox.landed(token)

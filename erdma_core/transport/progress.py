@@ -20,10 +20,11 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from ..errors import PeerLostError, ProtocolError
+from ..errors import IntegrityError, PeerLostError, ProtocolError
 from .frames import StreamReader
+from .integrity import SealedFrame
 from .mailbox import Request
 from .wakeup import WakePipe
 
@@ -34,12 +35,28 @@ _WRITABLE = select.POLLOUT
 
 
 class _Out:
-    """One frame being written: what is left of it, and the request that completes when it is all out."""
+    """One frame being written: what is left of it (``views``, or a ``SealedFrame`` that tags its payload as
+    it goes), and the request that completes when it is all out."""
 
-    __slots__ = ("req", "started", "views")
+    __slots__ = ("req", "sealed", "started", "views")
 
-    def __init__(self, views: list[memoryview], req: Request | None) -> None:
-        self.views, self.req, self.started = views, req, False
+    def __init__(self, views: list[memoryview], req: Request | None, sealed: SealedFrame | None = None) -> None:
+        self.views, self.req, self.sealed, self.started = views, req, sealed, False
+
+    def pending(self) -> list[memoryview]:
+        return self.views if self.sealed is None else self.sealed.views()
+
+    def wrote(self, n: int) -> bool:
+        """``n`` more bytes went out; True once the whole frame has."""
+        if self.sealed is None:
+            self.views = _after(self.views, n)
+            return not self.views
+        self.sealed.wrote(n)
+        return not self.sealed.left
+
+
+Frame = Sequence["bytes | memoryview"] | SealedFrame
+"""What ``Progress.send`` writes: its parts in order (header, payload, ...), or a ``SealedFrame``."""
 
 
 def _after(views: list[memoryview], n: int) -> list[memoryview]:
@@ -70,13 +87,16 @@ class Channel:
 
 class Progress:
     def __init__(self, channels: list[Channel], lost: Callable[[int, str, bool], BaseException | None],
-                 name: str, spin: float = 0.0) -> None:
+                 corrupt: Callable[[IntegrityError], None], name: str, spin: float = 0.0) -> None:
         """``lost(peer, why, cleanly)``: a channel ended (``cleanly``: after the peer's BYE and all it
-        announced); returns the error its queued frames fail with (None: nothing to report). ``spin``:
-        seconds a waiting thread polls before it sleeps."""
+        announced); returns the error its queued frames fail with (None: nothing to report).
+        ``corrupt(error)``: a frame from ``error.peer`` failed its integrity check (its channel stays open
+        for the ABORT that tells the peer; what it reads afterwards is dropped). ``spin``: seconds a waiting
+        thread polls before it sleeps."""
         self.channels = channels
         self.spin = spin
         self._lost = lost
+        self._corrupt = corrupt
         self._drive = threading.Lock()
         self._driving = False
         self._last_driven = 0.0
@@ -92,33 +112,36 @@ class Progress:
         self._background.start()
 
     # ---- sending ---------------------------------------------------------------------------------------
-    def send(self, ch: Channel, head: bytes, payload: memoryview, req: Request | None, urgent: bool = False) -> None:
-        """Send a frame (``head``, then ``payload``); ``req`` completes once it is all written. Written at
-        once as far as the socket takes it (small frames always are: the common case, with no queueing);
-        the rest waits in the channel's queue for a driver."""
+    def send(self, ch: Channel, frame: Frame, req: Request | None, urgent: bool = False) -> None:
+        """Send ``frame`` (its parts in order: header, payload, ...); ``req`` completes once it is all written.
+        Written at once as far as the socket takes it (small frames always are: the common case, with no
+        queueing); the rest waits in the channel's queue for a driver."""
         failed = None
+        sealed = frame if isinstance(frame, SealedFrame) else None
         with ch.lock:
             if ch.dead:
                 if req is not None:
                     req.complete(PeerLostError(f"rank {ch.peer}'s connection is closed", peer=ch.peer))
                 return
             if not ch.out:
+                views = frame.views() if sealed is not None else frame  # type: ignore[union-attr]
                 try:
-                    n = ch.sock.sendmsg((head, payload))  # header and payload in one call, neither copied
+                    n = ch.sock.sendmsg(views)  # header and payload in one call, neither copied
                 except (BlockingIOError, InterruptedError):
                     n = 0
                 except OSError as exc:
                     n, failed = 0, f"sending failed: {exc}"
                 if failed is None:
-                    if n == len(head) + payload.nbytes:
+                    item = _Out([] if sealed is not None else list(map(memoryview, views)), req, sealed)
+                    if item.wrote(n):
                         if req is not None:
                             req.complete()
                         return
-                    item = _Out(_after([memoryview(head), payload], n), req)
                     item.started = n > 0
                     ch.out.append(item)
             else:
-                item = _Out([v for v in (memoryview(head), payload) if v.nbytes], req)
+                item = _Out([] if sealed is not None else _after(list(map(memoryview, frame)), 0), req,  # type: ignore[arg-type]
+                            sealed)
                 if urgent:
                     ch.out.insert(1 if ch.out[0].started else 0, item)
                 else:
@@ -140,15 +163,16 @@ class Progress:
         peers, whose locks another thread may hold while it waits for this one)."""
         while ch.out:
             item = ch.out[0]
-            while item.views:
+            while True:
                 try:
-                    n = ch.sock.sendmsg(item.views)  # header and payload in one call, neither copied
+                    n = ch.sock.sendmsg(item.pending())  # header and payload in one call, neither copied
                 except (BlockingIOError, InterruptedError):
                     return None
                 except OSError as exc:
                     return f"sending failed: {exc}"
                 item.started = True
-                item.views = _after(item.views, n)
+                if item.wrote(n):
+                    break
             ch.out.popleft()
             if item.req is not None:
                 item.req.complete()
@@ -250,6 +274,8 @@ class Progress:
                 reader.advance(k)
                 if k < len(buf):
                     return  # the socket had no more (the next poll says when it has)
+        except IntegrityError as exc:
+            self._corrupt(exc)
         except ProtocolError as exc:
             self._end(ch, f"it broke the protocol: {exc}")
         except OSError as exc:

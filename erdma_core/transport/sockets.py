@@ -22,6 +22,16 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def close_gently(sock: socket.socket) -> None:
+    """Close ``sock`` so that the peer reads the end of the stream (not a reset) even when bytes it sent are
+    left unread here."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    sock.close()
+
+
 def retrying(connect: Callable[[float], T], deadline: float) -> T:
     """``connect(timeout)`` until it succeeds, with back-off, until ``deadline`` (time.monotonic()); then
     raise the last OSError. For dialling a peer that may not be listening yet."""

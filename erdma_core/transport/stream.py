@@ -3,8 +3,10 @@ ranks. A subclass says how to listen and how to dial; this module does the rest:
 ranks, and a connection is used only once the dialler has proved it knows the job's secret and which rank
 it is (``auth``: a mutual challenge-response; ``accept``: many handshakes at once, each bounded in time). Bytes then
 move on non-blocking sockets driven by the threads that wait for them (``progress``): no reader threads,
-no hand-off between threads on the way of a small collective. Between ranks of one host that may read each
-other's memory, large messages are lent instead of written (``single_copy``).
+no hand-off between threads on the way of a small collective. Every frame on a connection that leaves the
+host is sealed (``integrity``), unless TLS already authenticates its bytes; a Unix socket's never leave
+the kernel. Between ranks of one host that may read each other's memory, large messages are lent instead
+of written (``single_copy``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import struct
 import threading
 import time
 
-from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, ProtocolError
-from . import auth, single_copy
+from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, IntegrityError, ProtocolError
+from . import auth, integrity, single_copy
 from .accept import Acceptor
+from .admission import HANDSHAKE_S
 from .base import MessageTransport, TransportContext, failed_elsewhere
 from .frames import StreamReader
 from .mailbox import Lent, Request
@@ -29,6 +32,11 @@ from .wire import DATA, LENT, PULL, PULLED, RAW, Header, control
 log = logging.getLogger("erdma.transport")
 _TCP_INFO_BYTES = 168  # struct tcp_info up to tcpi_delivery_rate (Linux 4.9 and later)
 _DELIVERY_RATE = 160  # offset of tcpi_delivery_rate (u64, bytes per second)
+
+
+def _name(address: object) -> str:
+    """``host:port`` of a socket address."""
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 def brief(ranks: list[int], shown: int = 8) -> str:
@@ -57,6 +65,7 @@ class SocketTransport(MessageTransport):
         self.channels: dict[int, Channel] = {}
         self._progress: Progress | None = None
         self._key = b""  # the job's transport key (``auth.job_key``)
+        self._seals: dict[int, integrity.Sealer] = {}  # peers whose frames are sealed (``integrity``)
         self._lend_to: frozenset[int] = frozenset()  # peers that read this rank's memory (``single_copy``)
         self._pids: dict[int, int] = {}  # peers whose memory this rank reads, and their processes
 
@@ -84,7 +93,8 @@ class SocketTransport(MessageTransport):
         try:
             for peer in range(self.rank):
                 addrs = self._address_of(ctx, peer, deadline)
-                self._add(peer, self._dial_peer(peer, addrs.split(), deadline))
+                sock, transcript = self._dial_peer(peer, addrs.split(), deadline)
+                self._add(peer, sock, transcript, True, deadline)
             while acceptor.is_alive() and time.monotonic() < deadline:
                 acceptor.join(SETUP_POLL)
                 self._check_others(ctx)
@@ -94,7 +104,7 @@ class SocketTransport(MessageTransport):
             for listener, _ in listening:
                 listener.close()
         for peer, sock in accepting.accepted.items():
-            self._add(peer, self._secure(sock, True, accepting.transcripts[peer], peer, deadline))
+            self._add(peer, sock, accepting.transcripts[peer], False, deadline)
         if accepting.duplicates:
             raise AuthenticationError(f"rank {self.rank}: two processes proved to be rank(s) "
                                       f"{sorted(accepting.duplicates)} of this job (duplicate rank); "
@@ -107,8 +117,8 @@ class SocketTransport(MessageTransport):
                                          rank=self.rank, op="connect")
         if self.lend_bytes:
             self._probe_single_copy(deadline)
-        self._progress = Progress(list(self.channels.values()), self._channel_ended, f"erdma-io-{self.rank}",
-                                  self.spin)
+        self._progress = Progress(list(self.channels.values()), self._channel_ended, self._corrupt,
+                                  f"erdma-io-{self.rank}", self.spin)
 
     def _probe_single_copy(self, deadline: float) -> None:
         """Which same-host peers lend and borrow memory (both ends of every Unix socket do this here)."""
@@ -145,8 +155,47 @@ class SocketTransport(MessageTransport):
         if why is not None:
             raise ConfigError(f"rank {self.rank}: set-up stopped: {why}")
 
-    def _dial_peer(self, peer: int, addrs: list[str], deadline: float) -> socket.socket:
-        sock, addr = None, " ".join(addrs)
+    def _dial_peer(self, peer: int, addrs: list[str], deadline: float) -> tuple[socket.socket, bytes]:
+        """A connection to ``peer`` that passed the handshake, and the handshake's transcript. A connection
+        that fails before the handshake has ended (the peer's acceptor was full, or dropped it) is dialled
+        again, with back-off, until ``deadline``; a refusal is final."""
+        delay = 0.02
+        while True:
+            sock, addr = self._connect(peer, addrs, deadline)
+            hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size)
+            try:
+                sock.settimeout(max(0.1, min(HANDSHAKE_S + 1.0, deadline - time.monotonic())))
+                sock.sendall(hs.first())
+                head = recv_exact(sock, auth.HELLO.size)
+                proof = hs.on_challenge(head + (recv_exact(sock, auth.MAC)
+                                                if auth.parse_hello(head)[0] == auth.CHALLENGE else b""))
+                if proof is not None:
+                    sock.sendall(proof)
+                    hs.on_verdict(recv_exact(sock, auth.HELLO.size))
+            except (OSError, ConnectionError) as exc:
+                sock.close()
+                if hs.error is not None:
+                    raise hs.error from None
+                if time.monotonic() + delay >= deadline:
+                    raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} at {addr} did not complete the "
+                                                 f"HELLO handshake: {exc}", rank=self.rank, op="connect") from None
+                log.debug("rank %d: handshake with rank %d at %s failed (%s); dialling again", self.rank, peer,
+                          addr, exc)
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
+                continue
+            except (ProtocolError, AuthenticationError):
+                sock.close()
+                raise
+            if hs.error is not None:
+                sock.close()
+                raise hs.error
+            self.tune(sock)
+            sock.settimeout(POLL)
+            return sock, hs.transcript
+
+    def _connect(self, peer: int, addrs: list[str], deadline: float) -> tuple[socket.socket, str]:
+        """A connected socket to the first of ``peer``'s addresses reachable from here, and that address."""
         for addr in addrs:
             try:
                 sock = self.dial(addr, deadline)
@@ -154,47 +203,27 @@ class SocketTransport(MessageTransport):
                 raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: {exc}",
                                              rank=self.rank, op="connect") from None
             if sock is not None:
-                break
-        if sock is None:
-            raise CollectiveTimeoutError(f"rank {self.rank}: none of rank {peer}'s addresses ({' '.join(addrs)}) "
-                                         "can be reached from here", rank=self.rank, op="connect")
-        hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size)
-        try:
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            sock.sendall(hs.first())
-            head = recv_exact(sock, auth.HELLO.size)
-            proof = hs.on_challenge(head + (recv_exact(sock, auth.MAC) if auth.parse_hello(head)[0] == auth.CHALLENGE
-                                            else b""))
-            if proof is not None:
-                sock.sendall(proof)
-                hs.on_verdict(recv_exact(sock, auth.HELLO.size))
-        except (OSError, ConnectionError) as exc:
-            sock.close()
-            if hs.error is not None:
-                raise hs.error from None
-            raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} at {addr} did not complete the HELLO "
-                                         f"handshake: {exc}", rank=self.rank, op="connect") from None
-        except (ProtocolError, AuthenticationError):
-            sock.close()
-            raise
-        if hs.error is not None:
-            sock.close()
-            raise hs.error
-        self.tune(sock)
-        sock.settimeout(POLL)
-        return self._secure(sock, False, hs.transcript, peer, deadline)
+                return sock, addr
+        raise CollectiveTimeoutError(f"rank {self.rank}: none of rank {peer}'s addresses ({' '.join(addrs)}) "
+                                     "can be reached from here", rank=self.rank, op="connect")
 
-    def _secure(self, sock: socket.socket, server: bool, transcript: bytes, peer: int, deadline: float) -> socket.socket:
-        """TLS over an authenticated TCP connection when ``self.tls`` (Unix sockets stay as they are)."""
-        if not self.tls or sock.family != socket.AF_INET:
-            return sock
-        from . import tls
+    def _add(self, peer: int, sock: socket.socket, transcript: bytes, dialled: bool, deadline: float) -> None:
+        """Take an authenticated connection to ``peer`` into use: TLS over it when ``self.tls``, else every frame
+        on it sealed, unless it is a Unix socket (TLS and seals protect bytes on a path; those never leave the
+        kernel)."""
+        check = None
+        if sock.family != socket.AF_UNIX:
+            link = f"{self.name} {_name(sock.getpeername())} -> {_name(sock.getsockname())}"
+            if self.tls:
+                from . import tls
 
-        return tls.secure(sock, server=server, key=self._key, transcript=transcript,  # type: ignore[return-value]
-                          timeout=max(0.1, deadline - time.monotonic()), rank=self.rank, peer=peer)
-
-    def _add(self, peer: int, sock: socket.socket) -> None:
-        self.channels[peer] = Channel(peer, sock, StreamReader(self.inbox(peer)))
+                sock = tls.secure(sock, server=not dialled, key=self._key, transcript=transcript,  # type: ignore[assignment]
+                                  timeout=max(0.1, deadline - time.monotonic()), rank=self.rank, peer=peer)
+            else:
+                send, receive = integrity.keys(self._key, transcript, dialled)
+                self._seals[peer] = integrity.Sealer(send)
+                check = integrity.Checker(receive, rank=self.rank, peer=peer, where=link)
+        self.channels[peer] = Channel(peer, sock, StreamReader(self.inbox(peer), check))
 
     # ---- sending and waiting ----------------------------------------------------------------------------
     def link_rate(self, peer: int) -> float | None:
@@ -222,7 +251,12 @@ class SocketTransport(MessageTransport):
                 and header.codec == RAW and payload.c_contiguous):
             self._lend(ch, header, payload, req)
             return
-        self._progress.send(ch, header.pack(), payload, req, urgent)
+        seal = self._seals.get(peer)
+        if seal is None:
+            self._progress.send(ch, (header.pack(), payload), req, urgent)
+            return
+        head, tail = seal.seal(header.pack(), payload)
+        self._progress.send(ch, head if tail is None else (head, payload, tail), req, urgent)  # type: ignore[arg-type]
 
     def _lend(self, ch: Channel, header: Header, payload: memoryview, req: Request) -> None:
         """Send where ``payload`` lies instead of its bytes; ``req`` completes when the peer has read it."""
@@ -231,7 +265,7 @@ class SocketTransport(MessageTransport):
             return
         body = LENT.pack(single_copy.address_of(payload), payload.nbytes, ticket)
         assert self._progress is not None
-        self._progress.send(ch, header._replace(kind=PULL, nbytes=LENT.size).pack(), memoryview(body), None)
+        self._progress.send(ch, (header._replace(kind=PULL, nbytes=LENT.size).pack(), body), None)
         if ch.dead:  # it closed before or while the frame was handed over: nobody will read it
             self.mailbox.fail_lent(ch.peer, ErdmaError(f"rank {self.rank}: no connection to rank {ch.peer}"))
 
@@ -245,8 +279,7 @@ class SocketTransport(MessageTransport):
                 error = self.peer_lost(peer, f"the message it lent could not be read: {exc!r}")
         ch = self.channels.get(peer)
         if ch is not None and self._progress is not None:
-            self._progress.send(ch, control(PULLED, self.job, seq=lent.ticket).pack(), memoryview(b""), None,
-                                urgent=True)
+            self._progress.send(ch, (control(PULLED, self.job, seq=lent.ticket).pack(),), None, urgent=True)
         return error
 
     def wait(self, req: Request, deadline: float) -> bool:
@@ -257,6 +290,12 @@ class SocketTransport(MessageTransport):
     def fail_sends(self, error: BaseException) -> None:
         if self._progress is not None:
             self._progress.fail_queued(error)
+
+    def _corrupt(self, error: IntegrityError) -> None:
+        """A frame failed its check: the job fails everywhere with ``error`` (its sender among the told)."""
+        if self.mailbox.aborted is None:
+            log.error("%s", error)
+        self.abort(error, wait=False)
 
     def _channel_ended(self, peer: int, why: str, cleanly: bool) -> BaseException | None:
         error = None

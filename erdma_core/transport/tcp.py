@@ -16,6 +16,8 @@ from .base import TransportContext
 from .sockets import dial, retrying
 from .stream import SocketTransport
 
+BACKLOG = 1024  # connections the kernel queues for the acceptor (a flood of them must not push a rank's out)
+
 
 @functools.cache
 def host_identity() -> str:
@@ -49,7 +51,7 @@ class TcpTransport(SocketTransport):
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((bind_host, self.opts["port"]))
-        listener.listen(max(8, ctx.world_size))
+        listener.listen(BACKLOG)
         host, port = advertised, listener.getsockname()[1]
         if ctx.advertise is not None:
             host, port = ctx.advertise(host, port)
@@ -59,7 +61,7 @@ class TcpTransport(SocketTransport):
             name = f"erdma-{ctx.job & 0xFFFFFFFFFFFFFFFF:016x}-{ctx.rank}-{os.getpid()}"
             local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             local.bind("\0" + name)  # abstract: no file to clean up, visible only in this network namespace
-            local.listen(max(8, ctx.world_size))
+            local.listen(BACKLOG)
             listening.insert(0, (local, f"local:{ident}:{name}"))
         return listening
 

@@ -19,7 +19,7 @@ import ssl
 import tempfile
 from collections.abc import Sequence
 
-from ..errors import AuthenticationError, ConfigError
+from ..errors import AuthenticationError
 from . import auth
 from .sockets import recv_exact
 
@@ -41,14 +41,11 @@ def _head(views: Sequence[memoryview | bytes], limit: int) -> bytes:
 
 def make_identity() -> tuple[bytes, bytes]:
     """A new ephemeral self-signed certificate and its key (PEM)."""
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import NameOID
-    except ImportError:
-        raise ConfigError("config key 'transport.tcp.tls': true needs the cryptography package "
-                          "(pip install 'erdma-core[tls]')") from None
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "erdma rank")])
     now = datetime.datetime.now(datetime.UTC)

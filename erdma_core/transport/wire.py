@@ -13,10 +13,12 @@ version 3 written down in ``auth`` (40 bytes, with a 16-byte nonce, followed by 
     world   I  world size
     spare   Q  0
 
-FRAME header, 64 bytes, followed by ``nbytes`` of payload::
+FRAME header, 64 bytes, followed by ``nbytes`` of payload (on a TCP connection without TLS, by the 40-byte
+``integrity.SEAL`` and then the payload)::
 
     magic  4s  b"ERDF"
-    kind    B  1 = DATA, 2 = ABORT (payload: ABORT_BODY then the UTF-8 reason), 3 = BYE (closing; ``seq``
+    kind    B  1 = DATA, 2 = ABORT (payload: ABORT_BODY, the error's code in ABORT_CODES and the rank it names,
+               then the UTF-8 reason), 3 = BYE (closing; ``seq``
                is the number of DATA frames the sender sent to this peer before it), 4 = PULL (a DATA frame
                whose payload stays in the sender's memory for the receiver to read, ``single_copy``: the
                payload on the wire is LENT, and every other field is the DATA frame's), 5 = PULLED (the
@@ -45,9 +47,17 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, MismatchError, PeerLostError, ProtocolError
+from ..errors import (
+    AbortedError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    IntegrityError,
+    MismatchError,
+    PeerLostError,
+    ProtocolError,
+)
 
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 HELLO = struct.Struct("<4sHHQIIQ")
 HELLO_MAGIC = b"ERDH"
 FRAME = struct.Struct("<4sBBBBIIIIQIIQQQ")
@@ -60,9 +70,10 @@ P2P_GROUP_BIT = 1 << 31
 CONTROL_GROUP_BIT = 1 << 30  # an offloaded collective's host channel (``engine.offload.HostChannel``)
 MAX_PAYLOAD = 1 << 40
 MAX_CONTROL_BYTES = 1 << 16  # ABORT and BYE payloads
-ABORT_BODY = struct.Struct("<Bi")  # ABORT payload: error class code, lost peer (or -1), then the UTF-8 reason
+ABORT_BODY = struct.Struct("<Bi")  # ABORT payload: error class code, the peer it names (or -1), then the UTF-8 reason
 LENT = struct.Struct("<QQQ")  # PULL payload: address in the sender's process, payload bytes, ticket
-ABORT_CODES: dict[type[CollectiveError], int] = {MismatchError: 1, PeerLostError: 2, CollectiveTimeoutError: 3}
+ABORT_CODES: dict[type[CollectiveError], int] = {MismatchError: 1, PeerLostError: 2, CollectiveTimeoutError: 3,
+                                                  IntegrityError: 4}
 
 
 def codec_id(name: str) -> int:
@@ -84,6 +95,8 @@ def abort_error(rank: int, peer: int, body: bytes) -> CollectiveError:
     msg = f"rank {rank}: rank {peer} aborted the job: {body[ABORT_BODY.size:].decode(errors='replace')}"
     if code == 2:
         return PeerLostError(msg, peer=lost, rank=rank)
+    if code == 4:
+        return IntegrityError(msg, peer=lost, rank=rank)
     cls = {1: MismatchError, 3: CollectiveTimeoutError}.get(code, AbortedError)
     return cls(msg, rank=rank)
 
