@@ -2,10 +2,19 @@
 to send as ``(addr, bytes)``; ``expire(now)`` drops idle jobs. ``serve.py`` is its UDP adapter.
 
 Jobs (R10): a job joins with a JOIN tagged with the node's admission key; it carries the job's own key
-(masked), which the node keeps: every later datagram of the job must carry that key's tag, a JOIN for the
-same job with another key is refused, and datagrams of jobs the node does not know are answered with
-REJECT (unknown job) and otherwise ignored. Each job gets its own slots, at most ``job_slots`` of the pool's
-``slots`` (R7: SwitchML/ATP-style bounded slots); no slots left: REJECT (the ranks fall back, R2).
+(masked), which the node keeps: every later datagram of the job must carry the tag of that key bound to this
+node's identity (``header.node_key``), a JOIN for the same job with another key is refused, and datagrams
+of jobs the node does not know are answered with REJECT (unknown job) and otherwise ignored. Each job gets
+its own slots, at most ``job_slots`` of the pool's ``slots`` (R7: SwitchML/ATP-style bounded slots); no
+slots left: REJECT (the ranks fall back, R2).
+
+Freshness: a JOIN counts only with a cookie the node gave the JOIN's source address moments before
+(CHALLENGE; the node keeps nothing until then), and only then does the rank's address change: results go to
+the address of the rank's last JOIN, never to where a datagram came from. Every datagram of a rank carries
+a counter the node takes once (``erdma_core.transport.integrity.Window``), so a recorded datagram sent
+again, from anywhere, is dropped: it neither moves a result nor keeps a job alive. No answer is larger than the authenticated
+datagram that caused it, or, for a datagram the node cannot authenticate (a JOIN, DATA of a job it does not
+know), than that datagram.
 
 Slots (R4/R5/R6): chunk ``seq`` of a job lives in slot ``seq % granted``. Contributions are kept per rank
 and reduced in rank order once every rank's is in, so the result is the same bits as
@@ -20,11 +29,13 @@ answered with PENDING, which tells the rank the node is alive.
 from __future__ import annotations
 
 import hmac
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from erdma_core.engine import dtypes, reduce_ops
+from erdma_core.transport.integrity import Window
 
 from . import header as H
 
@@ -55,11 +66,13 @@ class _Slot:
 
 @dataclass
 class Job:
-    key: bytes
+    key: bytes  # the job's key (JOINs prove it)
+    node_key: bytes  # the job's key bound to this node (every other datagram of the job)
     size: int
     granted: int
     slots: list[_Slot]
-    addrs: dict[int, Addr] = field(default_factory=dict)
+    addrs: dict[int, Addr] = field(default_factory=dict)  # where each rank's last fresh JOIN came from
+    windows: dict[int, Window] = field(default_factory=dict)  # the counters taken from each rank
     seen: float = 0.0
     left: int = 0  # bitmap of ranks that sent LEAVE
 
@@ -74,6 +87,8 @@ class Stats:
     results: int = 0
     joins: int = 0
     rejected_joins: int = 0
+    challenges: int = 0
+    replays: int = 0  # datagrams whose counter was taken already (or too old), and stale JOINs
 
 
 def _same(a: H.Header, b: H.Header) -> bool:
@@ -81,9 +96,15 @@ def _same(a: H.Header, b: H.Header) -> bool:
         (b.op, b.dtype, b.redop, b.message, b.offset, b.total, b.count, b.root, b.size)
 
 
+COOKIE_S = 10.0  # a cookie is valid in its 10-second period and the next
+
+
 class Aggregator:
-    def __init__(self, secret: bytes, slots: int, job_slots: int, idle_s: float = 300.0) -> None:
+    def __init__(self, secret: bytes, slots: int, job_slots: int, idle_s: float = 300.0,
+                 node_id: bytes | None = None) -> None:
         self.admission = H.admission_key(secret)
+        self.node_id = node_id or os.urandom(H.NODE_ID)  # a new one each start: what was meant for another goes
+        self._cookies = os.urandom(32)
         self.slots, self.job_slots, self.idle_s = slots, job_slots, idle_s
         self.jobs: dict[tuple[int, int], Job] = {}
         self.stats = Stats()
@@ -106,17 +127,20 @@ class Aggregator:
             self.stats.unknown_job += 1
             if h.kind != H.DATA:
                 return []
-            return [(addr, self._reject(h, H.UNKNOWN_JOB, self.admission))]
+            return [(addr, self._unknown(h))]
         try:
-            payload = H.verify(datagram, job.key)
+            payload = H.verify(datagram, job.node_key)
         except H.Malformed:
             self.stats.bad_tag += 1
             return []
         if h.size != job.size or h.rank >= job.size:
             self.stats.malformed += 1
             return []
+        window = job.windows.get(h.rank)
+        if window is None or not window.take(h.counter):
+            self.stats.replays += 1
+            return []
         job.seen = now
-        job.addrs[h.rank] = addr
         if h.kind == H.LEAVE:
             job.left |= 1 << h.rank
             if job.left == (1 << job.size) - 1:
@@ -124,10 +148,11 @@ class Aggregator:
             return []
         if h.kind != H.DATA:
             return []
+        reply = job.addrs[h.rank]
         problem = self._check(h)
         if problem:
-            return [(addr, self._error(h, job, H.MISMATCH, f"rank {h.rank}: {problem}"))]
-        return self._data(h, bytes(payload), job, addr)
+            return [(reply, self._error(h, job, H.MISMATCH, f"rank {h.rank}: {problem}"))]
+        return self._data(h, bytes(payload), job, reply)
 
     def _check(self, h: H.Header) -> str:
         """What is wrong with a DATA header on its own (the other ranks' are compared later)."""
@@ -158,45 +183,69 @@ class Aggregator:
 
     # ---- jobs -----------------------------------------------------------------------------------------
     def _join(self, h: H.Header, datagram: bytes, addr: Addr, now: float) -> Out:
+        nonce = datagram[H.LAYOUT.size:len(datagram) - H.TAG_BYTES][:H.NONCE]  # echoed; trusted once the tag is
         try:
             payload = H.verify(datagram, self.admission)
         except H.Malformed:
             self.stats.rejected_joins += 1
-            return [(addr, self._reject(h, H.BAD_ADMISSION, b""))]  # the rank cannot check it: a hint only
-        if len(payload) != 48 or not 1 <= h.size <= H.MAX_RANKS or h.rank >= h.size or h.status < 1:
+            return [(addr, self._reject(h, H.BAD_ADMISSION, b"", nonce))]  # the rank cannot check it: a hint only
+        if len(payload) != H.JOIN_PAYLOAD or not 1 <= h.size <= H.MAX_RANKS or h.rank >= h.size or h.status < 1:
             self.stats.rejected_joins += 1
-            return [(addr, self._reject(h, H.BAD_JOIN, self.admission))]
-        nonce = bytes(payload[:16])
-        key = H.xor(bytes(payload[16:]), H.wrap_mask(self.admission, h.job, h.group, nonce))
+            return [(addr, self._reject(h, H.BAD_JOIN, self.admission, nonce))]
+        masked, cookie = bytes(payload[H.NONCE:H.NONCE + 32]), bytes(payload[H.NONCE + 32:])
+        period = int(now // COOKIE_S)
+        if not any(hmac.compare_digest(cookie, self._cookie(addr, nonce, p)) for p in (period, period - 1)):
+            self.stats.challenges += 1
+            challenge = H.Header(H.CHALLENGE, job=h.job, group=h.group, rank=H.NO_RANK, size=h.size,
+                                 counter=h.counter)
+            return [(addr, H.pack(challenge, nonce + self._cookie(addr, nonce, period), self.admission))]
+        key = H.xor(masked, H.wrap_mask(self.admission, h.job, h.group, nonce))
         job = self.jobs.get((h.job, h.group))
         if job is not None and (not hmac.compare_digest(job.key, key) or job.size != h.size):
             self.stats.rejected_joins += 1
-            return [(addr, self._reject(h, H.JOB_KEY, self.admission))]
+            return [(addr, self._reject(h, H.JOB_KEY, self.admission, nonce))]
+        if job is not None and h.rank in job.windows and h.counter <= job.windows[h.rank].top:
+            self.stats.replays += 1  # an older JOIN of this rank again (its counter went on since)
+            return []
         if job is None:
             granted = min(h.status, self.job_slots, self.free)
             if granted < 1:
                 self.stats.rejected_joins += 1
-                return [(addr, self._reject(h, H.NO_SLOTS, self.admission))]
-            job = self.jobs[(h.job, h.group)] = Job(key, h.size, granted, [_Slot() for _ in range(granted)])
+                return [(addr, self._reject(h, H.NO_SLOTS, self.admission, nonce))]
+            job = self.jobs[(h.job, h.group)] = Job(key, H.node_key(key, self.node_id), h.size, granted,
+                                                    [_Slot() for _ in range(granted)])
         self.stats.joins += 1
         job.seen = now
         job.addrs[h.rank] = addr
+        job.windows[h.rank] = Window(H.WINDOW, h.counter)
         job.left &= ~(1 << h.rank)
-        ok = H.Header(H.JOIN_OK, job=h.job, group=h.group, status=job.granted, rank=H.NO_RANK, size=job.size)
-        return [(addr, H.pack(ok, nonce, key))]
+        ok = H.Header(H.JOIN_OK, job=h.job, group=h.group, status=job.granted, rank=H.NO_RANK, size=job.size,
+                      counter=h.counter)
+        return [(addr, H.pack(ok, nonce + self.node_id, key))]
 
-    def _reject(self, h: H.Header, reason: int, key: bytes) -> bytes:
-        text = H.REASONS[reason].encode()
-        return H.pack(H.Header(H.REJECT, job=h.job, group=h.group, status=reason, message=h.message, seq=h.seq,
-                               rank=H.NO_RANK, size=h.size), text, key)
+    def _cookie(self, addr: Addr, nonce: bytes, period: int) -> bytes:
+        where = f"{addr[0]}|{addr[1]}|{period}".encode()
+        return hmac.digest(self._cookies, where + nonce, "sha256")[:H.COOKIE]
+
+    def _reject(self, h: H.Header, reason: int, key: bytes, nonce: bytes) -> bytes:
+        """The REJECT of a JOIN: its nonce, so that the rank takes it for that JOIN only."""
+        return H.pack(H.Header(H.REJECT, job=h.job, group=h.group, status=reason, rank=H.NO_RANK, size=h.size,
+                               counter=h.counter), nonce, key)
+
+    def _unknown(self, h: H.Header) -> bytes:
+        """The REJECT of DATA for a job this node does not know: no payload (no larger than the DATA), the
+        DATA's counter, so that the rank takes it only for a datagram it sent."""
+        return H.pack(H.Header(H.REJECT, job=h.job, group=h.group, status=H.UNKNOWN_JOB, message=h.message,
+                               seq=h.seq, rank=H.NO_RANK, size=h.size, counter=h.counter), b"", self.admission)
 
     def _error(self, h: H.Header, job: Job, reason: int, detail: str) -> bytes:
         text = f"{H.REASONS[reason]}: {detail}".encode()[:1024]
         return H.pack(h._replace(kind=H.ERROR, status=reason, rank=H.NO_RANK, bitmap=0, flags=0, count=0,
-                                 offset=0), text, job.key)
+                                 offset=0), text, job.node_key)
 
     # ---- data -----------------------------------------------------------------------------------------
     def _data(self, h: H.Header, payload: bytes, job: Job, addr: Addr) -> Out:
+        """``addr``: where the sender's answers go (its last JOIN's address)."""
         slot = job.slots[h.seq % job.granted]
         last, pend = slot.last, slot.pending
         if last is not None and h.seq == last.seq:  # its answer was lost: again
@@ -220,8 +269,9 @@ class Aggregator:
         bit = 1 << h.rank
         if pend.bitmap & bit:
             self.stats.duplicates += 1
-            pending = pend.head._replace(kind=H.PENDING, rank=H.NO_RANK, bitmap=pend.bitmap, flags=0, count=0)
-            return [(addr, H.pack(pending, b"", job.key))]
+            pending = pend.head._replace(kind=H.PENDING, rank=H.NO_RANK, bitmap=pend.bitmap, flags=0, count=0,
+                                         counter=h.counter)
+            return [(addr, H.pack(pending, b"", job.node_key))]
         pend.bitmap |= bit
         if not h.flags & H.NO_DATA:
             pend.parts[h.rank] = payload
@@ -234,7 +284,7 @@ class Aggregator:
 
     def _complete(self, c: _Chunk, job: Job) -> _Done:
         h = c.head
-        head = h._replace(rank=H.NO_RANK, bitmap=c.bitmap, flags=0)
+        head = h._replace(rank=H.NO_RANK, bitmap=c.bitmap, flags=0, counter=0)
         if h.op == H.BROADCAST:
             result = c.parts.get(h.root, b"")
             takers = ((1 << job.size) - 1) & ~(1 << h.root)
@@ -254,8 +304,8 @@ class Aggregator:
                 takers = (1 << job.size) - 1
             else:
                 takers = 1 << (h.offset // max(1, h.total // job.size))
-        done = H.pack(head._replace(kind=H.DONE), b"", job.key)
-        return _Done(h.seq, H.pack(head._replace(kind=H.RESULT), result, job.key), done, takers)
+        done = H.pack(head._replace(kind=H.DONE), b"", job.node_key)
+        return _Done(h.seq, H.pack(head._replace(kind=H.RESULT), result, job.node_key), done, takers)
 
 
 _ITEMSIZE = {dtypes.code_of(n): dtypes.storage(n).itemsize for n in dtypes.NAMES}  # by wire code

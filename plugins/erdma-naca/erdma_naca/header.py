@@ -4,14 +4,14 @@ All integers little-endian::
 
     magic    2s  b"NA"
     version  B   VERSION (a datagram of another version is dropped)
-    kind     B   JOIN 1, JOIN_OK 2, REJECT 3, DATA 4, RESULT 5, DONE 6, PENDING 7, LEAVE 8, ERROR 9
-    op       B   ALLREDUCE 1, BROADCAST 2, REDUCE_SCATTER 3 (0 for JOIN, JOIN_OK, REJECT, LEAVE)
+    kind     B   JOIN 1, JOIN_OK 2, REJECT 3, DATA 4, RESULT 5, DONE 6, PENDING 7, LEAVE 8, ERROR 9, CHALLENGE 10
+    op       B   ALLREDUCE 1, BROADCAST 2, REDUCE_SCATTER 3 (0 for JOIN, JOIN_OK, REJECT, LEAVE, CHALLENGE)
     dtype    B   erdma_core.engine.dtypes code of the elements
     redop    B   erdma_core ReduceOp code (SUM for AVG: the ranks divide)
     flags    B   NO_DATA 1 (a contribution without elements: broadcast's non-roots), RETRY 2 (a retransmission)
     job      Q   job id (the job's 64-bit id, agreed by its ranks)
     group    I   process-group id within the job
-    status   I   REJECT/ERROR: a reason code (REASONS); JOIN_OK: slots granted; PENDING: 0
+    status   I   REJECT/ERROR: a reason code (REASONS); JOIN: slots asked; JOIN_OK: slots granted; PENDING: 0
     message  Q   collective sequence number in the group (the message id)
     seq      Q   chunk sequence number in the job's group, counted across collectives; the slot is
                  seq % slots
@@ -24,11 +24,24 @@ All integers little-endian::
     spare    H   0
     count    I   elements in this chunk
     length   I   payload bytes that follow
+    counter  Q   from a rank: its link's datagram counter (1, 2, ... every datagram a new one, a retransmission
+                 too); the node takes each once, within WINDOW below the highest. From the node: the
+                 counter of the rank's datagram it answers (0 for results that go to every rank)
 
-The header is 80 bytes (``LAYOUT.size``). The tag is HMAC-SHA256, truncated to 16 bytes, over header and
-payload, keyed with the job's key (JOIN and REJECT: the node's admission key). JOIN's payload is a 16-byte
-nonce and the job's key masked with HMAC(admission key, "wrap" | job | group | nonce); JOIN_OK echoes the
-nonce. ERROR and REJECT carry UTF-8 text.
+The header is 88 bytes (``LAYOUT.size``). The tag is HMAC-SHA256, truncated to 16 bytes, over header and
+payload. A rank's JOIN, the node's CHALLENGE and REJECT are tagged with the node's admission key; JOIN_OK with
+the job's key; everything else with the job's key for that node (``node_key``: the job's key bound to the
+node's identity, which JOIN_OK carries), so a datagram meant for one node is worthless at another.
+
+Joining takes two rounds, so that a recorded JOIN cannot re-point where a node sends a rank's results:
+JOIN's payload is a 16-byte nonce, the job's key masked with HMAC(admission key, "wrap" | job | group |
+nonce) and a 16-byte cookie (zero at first); the node answers a JOIN without a valid cookie with CHALLENGE
+(nonce, then a cookie bound to the JOIN's source address, nonce and the time, valid for 20 s) and keeps
+nothing; the rank sends the JOIN again with that cookie, and only then does the node take the job and the
+rank's address (JOIN_OK: the nonce, then the node's 16-byte identity). A JOIN's REJECT carries its nonce:
+a rank takes only the answer to the JOIN it sent last. A REJECT of DATA for a job the node does not know
+(UNKNOWN_JOB) carries no payload (no answer is larger than what caused it) and the DATA's counter. ERROR
+carries UTF-8 text.
 """
 
 from __future__ import annotations
@@ -38,16 +51,19 @@ import struct
 from typing import NamedTuple
 
 MAGIC = b"NA"
-VERSION = 1
-LAYOUT = struct.Struct("<2sBBBBBBQIIQQQQQHHHHII")
+VERSION = 2
+LAYOUT = struct.Struct("<2sBBBBBBQIIQQQQQHHHHIIQ")
 TAG_BYTES = 16
 MAX_RANKS = 64
 NO_RANK = 0xFFFF
 MAX_DATAGRAM = 65507  # UDP over IPv4
 
-JOIN, JOIN_OK, REJECT, DATA, RESULT, DONE, PENDING, LEAVE, ERROR = range(1, 10)
+JOIN, JOIN_OK, REJECT, DATA, RESULT, DONE, PENDING, LEAVE, ERROR, CHALLENGE = range(1, 11)
 KINDS = {JOIN: "JOIN", JOIN_OK: "JOIN_OK", REJECT: "REJECT", DATA: "DATA", RESULT: "RESULT", DONE: "DONE",
-         PENDING: "PENDING", LEAVE: "LEAVE", ERROR: "ERROR"}
+         PENDING: "PENDING", LEAVE: "LEAVE", ERROR: "ERROR", CHALLENGE: "CHALLENGE"}
+NONCE = COOKIE = NODE_ID = 16  # bytes of a JOIN's nonce, a node's cookie, a node's identity
+JOIN_PAYLOAD = NONCE + 32 + COOKIE  # nonce, masked job key, cookie
+WINDOW = 256  # datagrams a rank's counter may lag the highest the node has taken from it
 ALLREDUCE, BROADCAST, REDUCE_SCATTER = 1, 2, 3
 OPS = {"allreduce": ALLREDUCE, "broadcast": BROADCAST, "reduce_scatter": REDUCE_SCATTER}
 OP_NAMES = {v: k for k, v in OPS.items()}
@@ -79,6 +95,7 @@ class Header(NamedTuple):
     root: int = NO_RANK
     count: int = 0
     length: int = 0
+    counter: int = 0
 
 
 class Malformed(ValueError):
@@ -89,7 +106,7 @@ def pack(h: Header, payload: bytes | memoryview, key: bytes) -> bytes:
     """Header, payload and tag, ready to send (``h.length`` is set from the payload)."""
     head = LAYOUT.pack(MAGIC, VERSION, h.kind, h.op, h.dtype, h.redop, h.flags, h.job, h.group, h.status,
                        h.message, h.seq, h.offset, h.total, h.bitmap, h.rank, h.size, h.root, 0, h.count,
-                       len(payload))
+                       len(payload), h.counter)
     body = head + bytes(payload)
     return body + hmac.digest(key, body, "sha256")[:TAG_BYTES]
 
@@ -104,7 +121,7 @@ def peek(datagram: bytes) -> Header:
         raise Malformed(f"magic {f[0]!r}, not {MAGIC!r}")
     if f[1] != VERSION:
         raise Malformed(f"version {f[1]}, this is version {VERSION}")
-    h = Header(*f[2:18], f[19], f[20])
+    h = Header(*f[2:18], f[19], f[20], f[21])
     if h.kind not in KINDS:
         raise Malformed(f"kind {h.kind}")
     if len(datagram) != LAYOUT.size + h.length + TAG_BYTES:
@@ -152,6 +169,12 @@ def read_secret(path: str) -> bytes:
 def admission_key(secret: bytes) -> bytes:
     """The key JOINs are tagged with, from the node's secret (``erdma naca serve --secret-file``)."""
     return hmac.digest(secret, b"erdma-naca admission", "sha256")
+
+
+def node_key(job_key: bytes, node_id: bytes) -> bytes:
+    """The key a job's datagrams to and from one node are tagged with: the job's key bound to the node's
+    identity (JOIN_OK carries it), so that what one node was sent is worthless at another."""
+    return hmac.digest(job_key, b"erdma-naca node|" + node_id, "sha256")
 
 
 def describe(h: Header) -> str:

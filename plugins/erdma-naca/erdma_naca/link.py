@@ -1,5 +1,7 @@
-"""A rank's link to one aggregation node: JOIN, the chunks of one collective with selective retransmission
-(R6), LEAVE. Runs on the thread that runs the collective; waits in ``recv`` with a timeout (no polling).
+"""A rank's link to one aggregation node: JOIN (with the node's cookie: ``header``), the chunks of one
+collective with selective retransmission (R6), LEAVE. Runs on the thread that runs the collective; waits in
+``recv`` with a timeout (no polling). Every datagram it sends carries the next value of the link's counter,
+which the node takes once; the node's answers are tagged with the job's key bound to that node.
 
 Congestion control as TCP Reno's, counted in chunks, telling congestion from noise by delay: the window
 starts at 10, grows by one per answer up to ``ssthresh`` and by one per window after, and never exceeds the
@@ -79,12 +81,17 @@ class Link:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         self.sock.connect(address)  # also filters: only the node's datagrams arrive
         self.granted = 0
+        self.counter = 0  # the last counter sent: every datagram takes the next
+        self.node_key = b""  # the job's key bound to the node, once it has answered a JOIN
 
     def close(self) -> None:
         self.sock.close()
 
     # ---- datagrams ------------------------------------------------------------------------------------
-    def _send(self, data: bytes) -> None:
+    def _send(self, h: H.Header, payload: bytes | memoryview, key: bytes) -> None:
+        """``h`` with the next counter, tagged with ``key``."""
+        self.counter += 1
+        data = H.pack(h._replace(counter=self.counter), payload, key)
         self.counters.datagrams_sent += 1
         self.counters.bytes_sent += len(data)
         if self.loss and self._rng.random() < self.loss:
@@ -110,11 +117,13 @@ class Link:
 
     # ---- join and leave -------------------------------------------------------------------------------
     def join(self, slots: int, timeout: float) -> int:
-        """Register the job with the node (or join it); returns the slots it granted the job."""
-        nonce = random.randbytes(16)
+        """Register the job with the node (or join it); returns the slots it granted the job. The node answers
+        the first JOIN with a cookie (CHALLENGE), the JOIN with it with JOIN_OK; only answers that carry this
+        JOIN's nonce count."""
+        nonce = random.randbytes(H.NONCE)
         masked = H.xor(self.key, H.wrap_mask(self.admission, self.job, self.group, nonce))
-        join = H.pack(H.Header(H.JOIN, job=self.job, group=self.group, status=slots, rank=self.rank,
-                               size=self.size), nonce + masked, self.admission)
+        head = H.Header(H.JOIN, job=self.job, group=self.group, status=slots, rank=self.rank, size=self.size)
+        cookie = bytes(H.COOKIE)
         end = time.monotonic() + timeout
         resend = 0.0
         while True:
@@ -122,7 +131,7 @@ class Link:
             if now >= end:
                 raise NodeGone(f"no answer to JOIN from {_addr(self.address)} in {timeout:.1f}s")
             if now >= resend:
-                self._send(join)
+                self._send(head, nonce + masked + cookie, self.admission)
                 resend = now + min(0.2, timeout / 4)
             data = self._recv(min(end, resend) - now)
             if data is None:
@@ -131,18 +140,23 @@ class Link:
                 h = H.peek(data)
             except H.Malformed:
                 continue
-            if h.job != self.job or h.group != self.group:
-                continue
+            if h.job != self.job or h.group != self.group or data[H.LAYOUT.size:H.LAYOUT.size + H.NONCE] != nonce:
+                continue  # not an answer to this JOIN (another's, or a REJECT of earlier DATA)
             if h.kind == H.REJECT:
                 self._rejected(h, data)
-            elif h.kind == H.JOIN_OK and _tag_ok(data, self.key) and bytes(H.verify(data, self.key)) == nonce:
+            elif h.kind == H.CHALLENGE and h.length == H.NONCE + H.COOKIE and _tag_ok(data, self.admission):
+                cookie = bytes(H.verify(data, self.admission)[H.NONCE:])
+                resend = 0.0  # at once, with the cookie
+            elif h.kind == H.JOIN_OK and h.length == H.NONCE + H.NODE_ID and _tag_ok(data, self.key):
                 if h.status < 1:
                     raise NodeRefused(H.NO_SLOTS, "JOIN_OK granting no slots")
+                self.node_key = H.node_key(self.key, bytes(H.verify(data, self.key)[H.NONCE:]))
                 self.granted = h.status
                 return h.status
 
     def _rejected(self, h: H.Header, data: bytes) -> None:
-        """A REJECT: raise if it is authentic (or an unauthenticated 'bad admission' hint), else ignore."""
+        """A REJECT of this rank's JOIN: raise if it is authentic (or an unauthenticated 'bad admission'
+        hint), else ignore."""
         for key, trusted in ((self.admission, True), (b"", False)):
             if _tag_ok(data, key) and (trusted or h.status == H.BAD_ADMISSION):
                 text = H.REASONS.get(h.status, f"reason {h.status}")
@@ -151,8 +165,9 @@ class Link:
                 raise NodeRefused(h.status, f"{_addr(self.address)} refused the job: {text}")
 
     def leave(self) -> None:
-        self._send(H.pack(H.Header(H.LEAVE, job=self.job, group=self.group, rank=self.rank, size=self.size), b"",
-                          self.key))
+        if self.node_key:
+            self._send(H.Header(H.LEAVE, job=self.job, group=self.group, rank=self.rank, size=self.size), b"",
+                       self.node_key)
 
     # ---- one collective -------------------------------------------------------------------------------
     def transfer(self, head: H.Header, chunks: Sequence[Chunk], base: int, window: int,
@@ -173,6 +188,7 @@ class Link:
         low = 0  # lowest unanswered chunk
         heard = time.monotonic()
         me = 1 << self.rank
+        first = self.counter + 1  # counters this transfer sends start here (the node echoes one in a REJECT)
         while left:
             now = time.monotonic()
             while nxt < n and inflight < min(window, int(self.cwnd)) and (nxt < window or done[nxt - window]):
@@ -201,7 +217,7 @@ class Link:
             wake = min(timers[0][0] if timers else deadline, deadline, heard + self.node_timeout + 1e-3)
             data = self._recv(wake - now)
             while data is not None:
-                got = self._answer(data, head, chunks, base, done, sent_at, tries, land)
+                got = self._answer(data, head, chunks, base, done, sent_at, tries, land, first)
                 if got is not None and got >= 0 and not self._queued():
                     self.cwnd = min(float(window), self.cwnd + (1.0 if self.cwnd < self.ssthresh else 1.0 / self.cwnd))
                 if got is not None:
@@ -236,7 +252,7 @@ class Link:
     def _send_chunk(self, head: H.Header, c: Chunk, seq: int, me: int, retry: bool) -> None:
         h = head._replace(kind=H.DATA, seq=seq, offset=c.offset, count=c.count, bitmap=me, rank=self.rank,
                           size=self.size, flags=(H.NO_DATA if c.payload is None else 0) | (H.RETRY if retry else 0))
-        self._send(H.pack(h, b"" if c.payload is None else c.payload, self.key))
+        self._send(h, b"" if c.payload is None else c.payload, self.node_key)
 
     def _rto(self, tries: int) -> float:
         """RFC 6298's timer (SRTT + 4 RTTVAR, ``rto_max`` before the first sample), doubled per retry."""
@@ -244,9 +260,11 @@ class Link:
         return min(self.rto_max, base * (1 << min(tries, 16)))
 
     def _answer(self, data: bytes, head: H.Header, chunks: Sequence[Chunk], base: int, done: bytearray,
-                sent_at: list[float], tries: list[int], land: Callable[[int, memoryview], None]) -> int | None:
+                sent_at: list[float], tries: list[int], land: Callable[[int, memoryview], None],
+                first: int) -> int | None:
         """Take one datagram from the node: the index of the chunk it answered, -1 for a sign of life,
-        ``-2 - i`` for PENDING of chunk i, None for one to ignore; raises for REJECT and ERROR."""
+        ``-2 - i`` for PENDING of chunk i, None for one to ignore; raises for ERROR, and for a REJECT of a
+        datagram this transfer sent (``first``: its first counter; an older REJECT, or a JOIN's, is stale)."""
         try:
             h = H.peek(data)
         except H.Malformed:
@@ -254,12 +272,11 @@ class Link:
         if h.job != self.job or h.group != self.group:
             return None
         if h.kind == H.REJECT:
-            self._rejected(h, data)
-            if h.status == H.UNKNOWN_JOB and _tag_ok(data, self.admission):
+            if h.status == H.UNKNOWN_JOB and first <= h.counter <= self.counter and _tag_ok(data, self.admission):
                 raise NodeGone(f"{_addr(self.address)} does not know the job (restarted, or it expired the job)")
             return None
         try:
-            payload = H.verify(data, self.key)
+            payload = H.verify(data, self.node_key)
         except H.Malformed:
             return None
         if h.kind == H.ERROR and h.message == head.message:

@@ -3,8 +3,10 @@ per process group (``erdma_core.engine.offload``).
 
 Set-up (the first naca collective of a group): every rank JOINs every configured node, and the ranks agree
 through the host channel on the first node all of them joined; none (not configured, unreachable, refused,
-out of slots): every collective of the group runs the host algorithm (R2), and the log and
-``ProcessGroup.counters()`` say why.
+out of slots): the group's collectives run the host algorithm (R2), and the log and
+``ProcessGroup.counters()`` say why. After ``reprobe_after`` collectives on the hosts (counted alike on every
+rank, so the ranks try at the same collective) they try the nodes again, and go back to the first they all
+join; after each try that finds none they wait twice as long, up to 64 times.
 
 Failover (R11): a rank whose node stops answering (``NodeGone``) joins the other nodes again and the ranks
 agree, through the host channel, on the next node all of them reach, or on the hosts. They also tell each
@@ -70,13 +72,19 @@ class Naca:
         self._turn = 0
         self.failovers = 0
         self.settled = 0  # collectives settled on the hosts at a failover because some rank had finished them
+        self.returns = 0  # times the group went back to a node after a run on the hosts
+        self._hosted = 0  # collectives run on the hosts since the nodes were last tried
+        self._wait = self.s.reprobe_after  # ... before they are tried again
 
     # ---- the Offload protocol ---------------------------------------------------------------------------
     def run(self, call: OffloadCall) -> Fallback | None:
         if not self.opened:
             self._open(call)
+        elif self.active is None and self.s.nodes and self._hosted >= self._wait:
+            self._retry(call)
         while True:
             if self.active is None:
+                self._hosted += 1
                 algo = HOST_ALGORITHM.get(call.op, self.s.fallback)
                 return Fallback(algo, self.reason)
             try:
@@ -94,7 +102,7 @@ class Naca:
         self.links.clear()
 
     def counters(self) -> dict[str, int]:
-        out = {"failovers": self.failovers, "settled": self.settled}
+        out = {"failovers": self.failovers, "settled": self.settled, "returns": self.returns}
         for link in self.links.values():
             for k, v in vars(link.counters).items():
                 out[k] = out.get(k, 0) + v
@@ -157,6 +165,18 @@ class Naca:
     def _open(self, call: OffloadCall) -> None:
         self._agree(call, list(range(len(self.s.nodes))), "")
         self.opened = True
+
+    def _retry(self, call: OffloadCall) -> None:
+        """Try the nodes again after a run on the hosts (every rank at the same collective)."""
+        self._hosted = 0
+        self._agree(call, list(range(len(self.s.nodes))), "")
+        if self.active is None:
+            self._wait = min(2 * self._wait, 64 * self.s.reprobe_after)
+            return
+        self._wait = self.s.reprobe_after
+        self.returns += 1
+        log.warning("rank %d: group %d is back on aggregation node %s", self.ctx.ranks[self.ctx.rank],
+                    self.ctx.group, self.s.nodes[self.active])
 
     def _failover(self, call: OffloadCall, what: str) -> bool:
         """The active node failed during ``call``: agree on the next and settle the collective some rank

@@ -38,6 +38,9 @@ OPTIONS = {
                          minimum=0.1, maximum=60000.0),
     "rto_max_ms": Option(float, 1000.0, "longest retransmission timeout, and the first one before an RTT is "
                          "measured", minimum=1.0, maximum=60000.0),
+    "reprobe_after": Option(int, 64, "collectives a group runs on the hosts (its nodes did not take it, or it "
+                            "failed over to the hosts) before its ranks try the nodes again; twice as many after "
+                            "each try that finds none, up to 64 times this", minimum=1, maximum=1 << 30),
     "inject_loss": Option(float, 0.0, "drop this fraction of the datagrams this rank sends and receives "
                           "(testing)", minimum=0.0, maximum=0.5),
 }
@@ -57,6 +60,7 @@ class Settings(NamedTuple):
     node_timeout: float
     rto_min: float
     rto_max: float
+    reprobe_after: int
     inject_loss: float
 
 
@@ -95,4 +99,4 @@ def settings(section: Mapping[str, Any], environ: Mapping[str, str] | None = Non
     return Settings(nodes, addrs, admission, section["chunk_bytes"], section["slots"],
                     section["inflight_bytes"], section["fallback"],
                     section["join_timeout"], section["node_timeout"], section["rto_min_ms"] / 1e3,
-                    section["rto_max_ms"] / 1e3, section["inject_loss"])
+                    section["rto_max_ms"] / 1e3, section["reprobe_after"], section["inject_loss"])

@@ -108,5 +108,5 @@ def serve(agg: Aggregator, host: str, port: int, loss: float = 0.0) -> None:
     sock.close()
     s = agg.stats
     print(f"erdma naca: stopped; {s.datagrams} datagrams, {s.results} chunks aggregated, {s.duplicates} duplicates, "
-          f"{s.unknown_job} for unknown jobs, {s.bad_tag} bad tags, {s.malformed} malformed, {s.joins} joins, "
-          f"{s.rejected_joins} refused", flush=True)
+          f"{s.unknown_job} for unknown jobs, {s.bad_tag} bad tags, {s.malformed} malformed, {s.replays} replays, "
+          f"{s.joins} joins, {s.challenges} challenges, {s.rejected_joins} refused", flush=True)

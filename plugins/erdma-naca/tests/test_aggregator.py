@@ -16,31 +16,50 @@ ADMISSION = H.admission_key(SECRET)
 
 
 class Ranks:
-    """The ranks of one job, speaking to an Aggregator directly. Rank r's address is ("rank", r)."""
+    """The ranks of one job, speaking to an Aggregator directly. Rank r's address is ("rank", r); each rank's
+    datagrams carry its own counter."""
 
     def __init__(self, agg: Aggregator, size: int, job: int = 0xABC, key: bytes = b"k" * 32, slots: int = 8) -> None:
         self.agg, self.size, self.job, self.key, self.slots = agg, size, job, key, slots
+        self.counters = [0] * size
+        self.node_key = H.node_key(key, agg.node_id)  # what JOIN_OK tells a rank (checked in join)
+
+    def next(self, rank: int) -> int:
+        self.counters[rank] += 1
+        return self.counters[rank]
 
     def join(self, rank: int, now: float = 0.0) -> H.Header:
-        nonce = bytes([rank]) * 16
+        """JOIN with the node's cookie (a CHALLENGE first); the node's last answer."""
+        nonce, cookie = bytes([rank]) * 16, bytes(H.COOKIE)
         masked = H.xor(self.key, H.wrap_mask(ADMISSION, self.job, 0, nonce))
-        d = H.pack(H.Header(H.JOIN, job=self.job, status=self.slots, rank=rank, size=self.size), nonce + masked,
-                   ADMISSION)
-        [(_, out)] = self.agg.handle(d, ("rank", rank), now)
-        return H.peek(out)
+        for _ in range(2):
+            d = H.pack(H.Header(H.JOIN, job=self.job, status=self.slots, rank=rank, size=self.size,
+                                counter=self.next(rank)), nonce + masked + cookie, ADMISSION)
+            [(_, out)] = self.agg.handle(d, ("rank", rank), now)
+            h = H.peek(out)
+            if h.kind != H.CHALLENGE:
+                break
+            cookie = bytes(H.verify(out, ADMISSION)[H.NONCE:])
+        if h.kind == H.JOIN_OK:
+            assert H.node_key(self.key, bytes(H.verify(out, self.key)[H.NONCE:])) == self.node_key
+        return h
+
+    def datagram(self, rank: int, h: H.Header, payload: bytes) -> bytes:
+        """``h`` from ``rank`` with its next counter, tagged for the node."""
+        return H.pack(h._replace(rank=rank, size=self.size, counter=self.next(rank)), payload, self.node_key)
 
     def data(self, rank: int, seq: int, values: np.ndarray, *, op: int = H.ALLREDUCE, redop: int = 1,
              offset: int = 0, total: int | None = None, flags: int = 0, root: int = H.NO_RANK,
              message: int = 1) -> list[tuple[object, H.Header, bytes]]:
         h = H.Header(H.DATA, op=op, dtype=dtypes.code_of(dtypes.name_for_numpy(values.dtype)), redop=redop,
                      flags=flags, job=self.job, message=message, seq=seq, offset=offset,
-                     total=values.size if total is None else total, bitmap=1 << rank, rank=rank, size=self.size,
-                     root=root, count=values.size)
+                     total=values.size if total is None else total, bitmap=1 << rank, root=root, count=values.size)
         payload = b"" if flags & H.NO_DATA else values.tobytes()
-        out = []
-        for addr, d in self.agg.handle(H.pack(h, payload, self.key), ("rank", rank), 1.0):
-            out.append((addr, H.peek(d), bytes(H.verify(d, self.key)) if H.peek(d).kind != H.REJECT else b""))
-        return out
+        return self.answers(self.agg.handle(self.datagram(rank, h, payload), ("rank", rank), 1.0))
+
+    def answers(self, outs: list[tuple[object, bytes]]) -> list[tuple[object, H.Header, bytes]]:
+        return [(addr, H.peek(d), bytes(H.verify(d, self.node_key)) if H.peek(d).kind != H.REJECT else b"")
+                for addr, d in outs]
 
 
 def test_sum_is_rank_order_whatever_the_arrival() -> None:
@@ -149,7 +168,7 @@ def test_admission_and_slot_quotas() -> None:
     wrong_key = H.admission_key(b"not the node's secret...........")
     nonce = b"n" * 16
     d = H.pack(H.Header(H.JOIN, job=5, status=4, rank=0, size=2),
-               nonce + H.xor(b"k" * 32, H.wrap_mask(wrong_key, 5, 0, nonce)), wrong_key)
+               nonce + H.xor(b"k" * 32, H.wrap_mask(wrong_key, 5, 0, nonce)) + bytes(H.COOKIE), wrong_key)
     [(_, out)] = agg.handle(d, ("rank", 0), 0.0)
     assert H.peek(out).status == H.BAD_ADMISSION and not agg.jobs
     first = Ranks(agg, 2, job=1, slots=100)
@@ -171,7 +190,7 @@ def test_idle_jobs_expire_and_leave_frees_slots() -> None:
     job.join(0)
     job.join(1)
     for r in range(2):
-        agg.handle(H.pack(H.Header(H.LEAVE, job=job.job, rank=r, size=2), b"", job.key), ("rank", r), 1.0)
+        agg.handle(job.datagram(r, H.Header(H.LEAVE, job=job.job), b""), ("rank", r), 1.0)
     assert not agg.jobs
 
 
@@ -199,7 +218,105 @@ def test_every_dtype_reduces_like_the_core(dtype: str, redop: int) -> None:
                      message=1, total=16, size=3, count=16)
         outs = []
         for r in range(3):
-            d = H.pack(h._replace(rank=r, bitmap=1 << r), xs[r].tobytes(), job.key)
-            outs = agg.handle(d, ("rank", r), 1.0)
-    payload = bytes(H.verify(outs[0][1], job.key))
+            outs = agg.handle(job.datagram(r, h._replace(bitmap=1 << r), xs[r].tobytes()), ("rank", r), 1.0)
+    payload = bytes(H.verify(outs[0][1], job.node_key))
     assert payload == expect.tobytes()
+
+
+# ---- replays: what a recorded datagram can do later ----------------------------------------------------------
+
+
+def _joined(agg: Aggregator, size: int = 2) -> Ranks:
+    job = Ranks(agg, size)
+    for r in range(size):
+        assert job.join(r).kind == H.JOIN_OK
+    return job
+
+
+def test_a_recorded_datagram_sent_again_is_dropped_and_moves_nothing() -> None:
+    agg = Aggregator(SECRET, 64, 16, idle_s=10.0)
+    job = _joined(agg)
+    x = np.arange(4, dtype=np.int64)
+    h = H.Header(H.DATA, op=H.ALLREDUCE, dtype=dtypes.code_of("int64"), redop=1, job=job.job, message=1, seq=0,
+                 total=4, bitmap=1, count=4)
+    recorded = job.datagram(0, h, x.tobytes())
+    assert agg.handle(recorded, ("rank", 0), 1.0) == []
+    job.data(1, 0, x)
+    for addr, at in ((("attacker", 1), 2.0), (("rank", 0), 3.0), (("attacker", 2), 9.0)):
+        assert agg.handle(recorded, addr, at) == []  # not the result, not a PENDING, not to anyone
+    assert agg.stats.replays == 3 and agg.stats.results == 1
+    assert agg.jobs[(job.job, 0)].addrs == {0: ("rank", 0), 1: ("rank", 1)}
+    assert agg.expire(12.0) == 1  # the replays did not keep the job alive (its last real datagram: at 1.0)
+
+
+def test_results_go_where_the_last_fresh_join_came_from() -> None:
+    agg = Aggregator(SECRET, 64, 16)
+    job = _joined(agg)
+    x = np.ones(4, np.int32)
+    h = H.Header(H.DATA, op=H.ALLREDUCE, dtype=dtypes.code_of("int32"), redop=1, job=job.job, message=1, seq=0,
+                 total=4, bitmap=1, count=4)
+    agg.handle(job.datagram(0, h, x.tobytes()), ("elsewhere", 0), 1.0)  # authentic, fresh, another address
+    outs = job.data(1, 0, x)
+    assert sorted(a for a, _, _ in outs) == [("rank", 0), ("rank", 1)]  # not "elsewhere": only a JOIN moves it
+
+
+def test_a_recorded_join_cannot_move_a_rank() -> None:
+    agg = Aggregator(SECRET, 64, 16)
+    job = Ranks(agg, 2)
+    nonce, masked = bytes(16), H.xor(job.key, H.wrap_mask(ADMISSION, job.job, 0, bytes(16)))
+    first = H.pack(H.Header(H.JOIN, job=job.job, status=8, rank=0, size=2, counter=job.next(0)),
+                   nonce + masked + bytes(H.COOKIE), ADMISSION)
+    [(_, challenge)] = agg.handle(first, ("rank", 0), 0.0)
+    assert H.peek(challenge).kind == H.CHALLENGE and len(challenge) <= len(first) and not agg.jobs
+    cookie = bytes(H.verify(challenge, ADMISSION)[H.NONCE:])
+    second = H.pack(H.Header(H.JOIN, job=job.job, status=8, rank=0, size=2, counter=job.next(0)),
+                    nonce + masked + cookie, ADMISSION)
+    [(_, ok)] = agg.handle(second, ("rank", 0), 0.5)
+    assert H.peek(ok).kind == H.JOIN_OK
+    # the same JOIN from elsewhere: the cookie is the rank's address's, so only a new CHALLENGE, to elsewhere
+    [(to, again)] = agg.handle(second, ("attacker", 1), 1.0)
+    assert to == ("attacker", 1) and H.peek(again).kind == H.CHALLENGE and len(again) <= len(second)
+    # from the rank's own address once the rank has sent more: stale; and once the cookie has expired
+    agg.handle(job.datagram(0, H.Header(H.LEAVE, job=job.job), b""), ("rank", 0), 2.0)
+    assert agg.handle(second, ("rank", 0), 3.0) == []
+    assert H.peek(agg.handle(second, ("rank", 0), 60.0)[0][1]).kind == H.CHALLENGE
+    assert agg.jobs[(job.job, 0)].addrs == {0: ("rank", 0)}
+
+
+def test_datagrams_for_one_node_are_worthless_at_another() -> None:
+    """The job joined both nodes (one active, one standby, as after a failover): what was sent to one is
+    dropped by the other."""
+    active, standby = Aggregator(SECRET, 64, 16), Aggregator(SECRET, 64, 16)
+    to_active, to_standby = _joined(active), _joined(standby)
+    to_standby.counters = list(to_active.counters)
+    x = np.ones(4, np.int32)
+    h = H.Header(H.DATA, op=H.ALLREDUCE, dtype=dtypes.code_of("int32"), redop=1, job=0xABC, message=1, seq=0,
+                 total=4, bitmap=1, count=4)
+    for r in range(2):
+        meant = to_active.datagram(r, h._replace(bitmap=1 << r), x.tobytes())
+        assert standby.handle(meant, ("rank", r), 1.0) == []
+    assert standby.stats.bad_tag == 2 and standby.stats.results == 0 and active.node_id != standby.node_id
+
+
+def test_no_answer_is_larger_than_what_caused_it() -> None:
+    """Every datagram the node cannot take as fresh from a joined rank (a JOIN, a JOIN without the cookie or
+    with another secret, DATA of a job it does not know, a replay, garbage) gets an answer no larger than
+    itself, or none."""
+    agg = Aggregator(SECRET, 64, 16)
+    job = _joined(agg)
+    rng = random.Random(7)
+    x = np.zeros(1, np.int8)
+    small = H.Header(H.DATA, op=H.BROADCAST, dtype=dtypes.code_of("int8"), job=job.job, message=1, seq=0, total=1,
+                     bitmap=2, root=0, count=1, flags=H.NO_DATA)
+    replay = job.datagram(1, small, b"")
+    agg.handle(replay, ("rank", 1), 0.0)
+    job.data(0, 0, x, op=H.BROADCAST, redop=0, root=0)
+    wrong = H.admission_key(b"another node's secret..........!")
+    requests = [replay, Ranks(agg, 2, job=77).datagram(0, small._replace(job=77), b""),
+                H.pack(H.Header(H.JOIN, job=5, status=4, rank=0, size=2), bytes(H.JOIN_PAYLOAD), ADMISSION),
+                H.pack(H.Header(H.JOIN, job=5, status=4, rank=0, size=2), bytes(H.JOIN_PAYLOAD), wrong),
+                H.pack(H.Header(H.JOIN, job=5, status=4, rank=0, size=2), b"", wrong)]
+    requests += [rng.randbytes(rng.randrange(200)) for _ in range(200)]
+    for request in requests:
+        for _, out in agg.handle(request, ("attacker", 1), 1.0):
+            assert len(out) <= len(request), H.describe(H.peek(out))

@@ -11,22 +11,24 @@ from erdma_naca.aggregator import Aggregator
 KEY = bytes(range(32))
 
 
-def test_layout_is_80_bytes_and_pinned() -> None:
-    assert H.LAYOUT.size == 80
-    assert (H.JOIN, H.JOIN_OK, H.REJECT, H.DATA, H.RESULT, H.DONE, H.PENDING, H.LEAVE, H.ERROR) == tuple(range(1, 10))
+def test_layout_is_88_bytes_and_pinned() -> None:
+    assert H.LAYOUT.size == 88 and H.VERSION == 2
+    assert (H.JOIN, H.JOIN_OK, H.REJECT, H.DATA, H.RESULT, H.DONE, H.PENDING, H.LEAVE, H.ERROR, H.CHALLENGE) == \
+        tuple(range(1, 11))
     assert (H.ALLREDUCE, H.BROADCAST, H.REDUCE_SCATTER) == (1, 2, 3)
     h = H.Header(H.DATA, op=H.ALLREDUCE, dtype=3, redop=1, job=0x1122334455667788, group=5, message=9, seq=10,
                  offset=16, total=64, bitmap=4, rank=2, size=4, count=8)
     d = H.pack(h, b"\x01" * 32, KEY)
     assert d[:2] == b"NA" and d[2] == H.VERSION and d[3] == H.DATA
     assert int.from_bytes(d[8:16], "little") == 0x1122334455667788
-    assert len(d) == 80 + 32 + H.TAG_BYTES
+    assert len(d) == 88 + 32 + H.TAG_BYTES
+    assert int.from_bytes(H.pack(h._replace(counter=2**40 + 3), b"", KEY)[80:88], "little") == 2**40 + 3
 
 
 def test_round_trip() -> None:
     h = H.Header(H.RESULT, op=H.REDUCE_SCATTER, dtype=7, redop=4, flags=H.RETRY, job=1, group=2, status=3,
                  message=4, seq=5, offset=6, total=100, bitmap=0b1011, rank=H.NO_RANK, size=4, root=H.NO_RANK,
-                 count=10)
+                 count=10, counter=77)
     d = H.pack(h, b"x" * 40, KEY)
     assert H.peek(d) == h._replace(length=40)
     assert bytes(H.verify(d, KEY)) == b"x" * 40
@@ -73,7 +75,7 @@ def test_fuzz_parser_and_node_never_crash() -> None:
     rng = random.Random(1234)
     agg = Aggregator(b"s" * 32, slots=64, job_slots=16)
     valid = [H.pack(H.Header(k, op=1, dtype=3, redop=1, job=7, total=8, rank=1, size=2, count=8,
-                             status=4), b"\0" * (32 if k == H.DATA else 48 if k == H.JOIN else 0), KEY)
+                             status=4), b"\0" * (32 if k == H.DATA else H.JOIN_PAYLOAD if k == H.JOIN else 0), KEY)
              for k in (H.DATA, H.JOIN, H.LEAVE, H.RESULT)]
     for i in range(20000):
         if i % 3 == 0:
