@@ -6,10 +6,13 @@ never put such a node in their routing tables, so nobody routes through an addre
 Wrapped around the package:
 
 * RPC timeouts are ``rpc_timeout`` (the package waits 5 s for a dead node);
-* every request is checked before it is served (known RPC, argument types and sizes); a server stores only
-  what is shaped like a record (``records.shape_ok``), at most ``max_records`` of them, oldest dropped first;
-* a read asks every one of the k nodes nearest the key and returns all values found, for the caller to pick
-  the highest valid version (the package returns the first or most common one, which may be stale).
+* every request is checked before it is served (known RPC, argument types and sizes); a server stores a
+  record only under the key it was signed for and with a valid signature (``records.check``), keeps the
+  newest of a key's, and bounds what each sending address holds (``_Storage``);
+* a write goes to the k nodes nearest the key and to the bootstrap nodes this node was given, and a read
+  asks the same nodes and returns all values found, for the caller to pick the highest valid version (the
+  package returns the first or most common one, which may be stale): nodes that take records and keep
+  nothing (Sybils near the key) cannot hide a record the bootstrap nodes hold.
 """
 
 from __future__ import annotations
@@ -19,16 +22,17 @@ import concurrent.futures as cf
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 from kademlia.crawling import NodeSpiderCrawl
 from kademlia.network import Server
 from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
-from kademlia.storage import ForgetfulStorage
 
+from . import records
 from .records import MAX_RECORD, shape_ok
 
 log = logging.getLogger("erdma.dht")
@@ -42,18 +46,73 @@ for _name in ("rpcudp", "kademlia"):  # their warnings (every unanswered RPC) wo
     logging.getLogger(_name).propagate = False
 
 
-class _Storage(ForgetfulStorage):
-    """The package's storage, bounded: at most ``limit`` records (the oldest go first)."""
+class _Storage:
+    """What a server node keeps: per DHT key the newest valid record (``records.check``) and the address that
+    sent it. An address holds at most ``per_source`` records (its oldest goes for a new one); at ``limit`` in
+    all, the oldest record of the address holding the most goes: a flood of valid records (an outsider signs
+    records of its own) from a few addresses churns only its own. Records leave ``ttl`` seconds after they
+    were stored, or when they expire. The package's storage interface, less republishing
+    (``iter_older_than`` yields nothing: writers refresh their records themselves)."""
 
-    def __init__(self, limit: int, ttl: float) -> None:
-        super().__init__(ttl=ttl)
-        self.limit = limit
-        self.data: OrderedDict[bytes, Any] = OrderedDict()
+    def __init__(self, limit: int, ttl: float, per_source: int) -> None:
+        self.limit, self.ttl, self.per_source = limit, ttl, per_source
+        self.data: OrderedDict[bytes, tuple[float, bytes, str, int, float]] = OrderedDict()  # stored, blob, source,
+        # version, expires
+        self._of: dict[str, OrderedDict[bytes, None]] = {}  # source -> its keys, oldest first
 
-    def __setitem__(self, key: bytes, value: Any) -> None:
-        super().__setitem__(key, value)
-        while len(self.data) > self.limit:
-            self.data.popitem(last=False)
+    def put(self, key: bytes, blob: object, source: str) -> bool:
+        """Store ``blob`` under ``key`` (sent from ``source``); whether this node now holds it."""
+        head = records.check(key, blob)
+        if head is None or head.expires <= time.time():
+            return False
+        assert isinstance(blob, bytes)
+        old = self.data.get(key)
+        if old is not None:
+            if old[3] >= head.version:
+                return old[1] == blob
+            self._drop(key)
+        mine = self._of.setdefault(source, OrderedDict())
+        if len(mine) >= self.per_source:
+            self._drop(next(iter(mine)))
+        if len(self.data) >= self.limit:
+            busiest = max(self._of.values(), key=len)
+            self._drop(next(iter(busiest)))
+        self.data[key] = (time.monotonic(), blob, source, head.version, head.expires)
+        self._of.setdefault(source, OrderedDict())[key] = None
+        return True
+
+    def _drop(self, key: bytes) -> None:
+        _, _, source, _, _ = self.data.pop(key)
+        mine = self._of[source]
+        del mine[key]
+        if not mine:
+            del self._of[source]
+
+    def _cull(self) -> None:
+        now, wall = time.monotonic(), time.time()
+        for key in [k for k, (at, _, _, _, expires) in self.data.items() if now - at > self.ttl or expires <= wall]:
+            self._drop(key)
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        self._cull()
+        found = self.data.get(key)
+        return default if found is None else found[1]
+
+    def __getitem__(self, key: bytes) -> bytes:
+        found = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        return found  # type: ignore[no-any-return]
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.put(key, value, "local")
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        self._cull()
+        return iter([(k, v[1]) for k, v in self.data.items()])
+
+    def iter_older_than(self, seconds_old: float) -> list[tuple[bytes, bytes]]:
+        return []
 
 
 class _Protocol(KademliaProtocol):
@@ -84,25 +143,35 @@ class _Protocol(KademliaProtocol):
         if _valid(*data, stores=self.stores):
             await super()._accept_request(msg_id, data, address)
 
+    def rpc_store(self, sender: Any, nodeid: bytes, key: bytes, value: Any) -> bool:
+        self.welcome_if_new(Node(nodeid, sender[0], sender[1]))
+        return bool(self.storage.put(key, value, sender[0]))
+
     # a node that did not answer is skipped for DEAD_FOR seconds: the live nodes keep naming it in their
     # answers until they notice, and each lookup would otherwise wait the RPC timeout for it again
     async def call_find_node(self, node_to_ask: Node, node_to_find: Node) -> Any:
-        return await self._unless_dead(node_to_ask, super().call_find_node(node_to_ask, node_to_find))
+        return await self._unless_dead(node_to_ask, lambda: super(_Protocol, self).call_find_node(node_to_ask,
+                                                                                                  node_to_find))
 
     async def call_find_value(self, node_to_ask: Node, node_to_find: Node) -> Any:
-        return await self._unless_dead(node_to_ask, super().call_find_value(node_to_ask, node_to_find))
+        return await self._unless_dead(node_to_ask, lambda: super(_Protocol, self).call_find_value(node_to_ask,
+                                                                                                   node_to_find))
 
     async def call_store(self, node_to_ask: Node, key: bytes, value: Any) -> Any:
-        return await self._unless_dead(node_to_ask, super().call_store(node_to_ask, key, value))
+        return await self._unless_dead(node_to_ask, lambda: super(_Protocol, self).call_store(node_to_ask, key, value))
 
-    async def _unless_dead(self, node: Node, call: Coroutine[Any, Any, Any]) -> Any:
-        addr = (node.ip, node.port)
+    async def _unless_dead(self, node: Node, call: Callable[[], Awaitable[Any]]) -> Any:
+        result = await self.at((node.ip, node.port), call)
+        if not result[0]:
+            self.router.remove_contact(node)
+        return result
+
+    async def at(self, addr: tuple[str, int], call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call()`` (an RPC to ``addr``), unless ``addr`` did not answer lately: then ``(False, None)``."""
         now = asyncio.get_running_loop().time()
         if self._dead.get(addr, 0.0) > now:
-            call.close()
-            self.router.remove_contact(node)
             return False, None
-        result = await call
+        result = await call()
         if not result[0]:
             self._dead[addr] = now + DEAD_FOR
         else:
@@ -132,12 +201,13 @@ class DhtNode:
     """A node on its own thread. ``server``: routes and stores for others; else a client."""
 
     def __init__(self, *, server: bool, rpc_timeout: float = 1.0, max_records: int = 100_000,
-                 ttl: float = 7 * 86400.0, ksize: int = 20) -> None:
+                 ttl: float = 7 * 86400.0, ksize: int = 20, per_source: int = 10_000) -> None:
         proto = type("_P", (_Protocol,), {"rpc_timeout": rpc_timeout, "stores": server})
         node_id = None if server else CLIENT_PREFIX + os.urandom(20 - len(CLIENT_PREFIX))
-        self.server = Server(ksize=ksize, node_id=node_id, storage=_Storage(max_records, ttl))
+        self.server = Server(ksize=ksize, node_id=node_id, storage=_Storage(max_records, ttl, per_source))
         self.server.protocol_class = proto
         self.rpc_timeout = rpc_timeout
+        self.bootstrap: list[tuple[str, int]] = []  # asked on every read and write besides the nearest
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="erdma-dht", daemon=True)
         self._thread.start()
@@ -163,6 +233,7 @@ class DhtNode:
             return sockname[0], sockname[1]
 
         addr = self.run(go(), timeout)
+        self.bootstrap = list(bootstrap)
         if bootstrap and not self.neighbours():
             raise ConnectionError("no DHT bootstrap node answered: " + ", ".join(f"{h}:{p}" for h, p in bootstrap))
         return addr
@@ -183,22 +254,28 @@ class DhtNode:
         return list(await NodeSpiderCrawl(self.server.protocol, node, near, self.server.ksize,
                                           self.server.alpha).find())
 
+    def _asked(self, nodes: list[Node]) -> list[tuple[str, int]]:
+        """The addresses a read or write goes to: ``nodes`` (the nearest) and the bootstrap nodes."""
+        return list(dict.fromkeys([(n.ip, n.port) for n in nodes] + self.bootstrap))
+
     def put(self, dkey: bytes, blob: bytes, timeout: float) -> int:
-        """Store ``blob`` under ``dkey`` on the k nearest nodes; how many took it."""
+        """Store ``blob`` under ``dkey`` on the k nearest nodes and the bootstrap nodes; how many took it."""
 
         async def go() -> int:
-            nodes = await self._nearest(dkey)
-            got = await asyncio.gather(*(self.server.protocol.call_store(n, dkey, blob) for n in nodes))
+            me, proto = self.server.node.id, self.server.protocol
+            asked = self._asked(await self._nearest(dkey))
+            got = await asyncio.gather(*(proto.at(a, lambda a=a: proto.store(a, me, dkey, blob)) for a in asked))
             return sum(1 for ok, answer in got if ok and answer is True)
 
         return int(self.run(go(), timeout))
 
     def fetch(self, dkey: bytes, timeout: float) -> list[bytes]:
-        """Every value the k nearest nodes hold for ``dkey``."""
+        """Every value the k nearest nodes and the bootstrap nodes hold for ``dkey``."""
 
         async def go() -> list[bytes]:
-            nodes = await self._nearest(dkey)
-            got = await asyncio.gather(*(self.server.protocol.call_find_value(n, Node(dkey)) for n in nodes))
+            me, proto = self.server.node.id, self.server.protocol
+            asked = self._asked(await self._nearest(dkey))
+            got = await asyncio.gather(*(proto.at(a, lambda a=a: proto.find_value(a, me, dkey)) for a in asked))
             return [a["value"] for ok, a in got if ok and isinstance(a, dict) and isinstance(a.get("value"), bytes)]
 
         return list(self.run(go(), timeout))

@@ -1,9 +1,10 @@
 """``init_method = "dht://HOST:PORT[,HOST:PORT...]/JOB"``: the job's store is a Kademlia DHT, reached through
 the bootstrap nodes named (``erdma dht serve``), with no rank serving anything and no master.
 
-Every rank runs a client node (``dht.DhtNode``) and keeps its keys in the DHT as signed records
-(``records.py``) under the job's namespace, derived from ``security.secret`` and the job name: records of
-other jobs, unsigned ones and expired ones are ignored, and of several copies the highest version wins.
+Every rank runs a client node (``dht.DhtNode``) and keeps its keys in the DHT as records signed and
+encrypted with keys derived from ``security.secret`` and the job name (``records.JobKeys``): DHT nodes store
+only records signed for the key they are stored under, readers ignore records of other jobs and expired
+ones, and of several copies the highest version wins.
 ``get`` polls until the key appears (backing off to ``poll_max`` seconds). ``add`` reads, adds and writes
 a newer version holding each process's share; a share lost to a racing write comes back with that process's
 next ``add``.
@@ -59,7 +60,7 @@ class DhtStore:
                  section: dict[str, Any]) -> None:
         self.job, self.ttl, self.poll_max = job, float(section["ttl"]), float(section["poll_max"])
         self.rpc_timeout = float(section["rpc_timeout"])
-        self._ns = records.namespace(secret, job)
+        self._keys = records.JobKeys(secret, job)
         self._mine: dict[str, tuple[int, bytes]] = {}  # keys this rank wrote: their version and value
         self.rank: int | None = None  # this process's rank, given or claimed
         self._token = os.urandom(8).hex()  # names this process's shares of add() counters
@@ -78,11 +79,10 @@ class DhtStore:
         return 4 * self.rpc_timeout + 1.0
 
     def _write(self, key: str, value: bytes, deleted: bool = False) -> int:
-        dkey = records.dht_key(self._ns, key)
         version = max(time.time_ns(), self._mine.get(key, (0, b""))[0] + 1)
-        blob = records.seal(self._ns, dkey, value, version, time.time() + self.ttl, deleted)
+        blob = self._keys.seal(key, value, version, time.time() + self.ttl, deleted)
         try:
-            took = self.node.put(dkey, blob, self.budget)
+            took = self.node.put(self._keys.dht_key(key), blob, self.budget)
         except TimeoutError:
             took = 0
         if not took:
@@ -92,12 +92,11 @@ class DhtStore:
         return version
 
     def _read(self, key: str) -> records.Record | None:
-        dkey = records.dht_key(self._ns, key)
         try:
-            blobs: list[object] = list(self.node.fetch(dkey, self.budget))
+            blobs: list[object] = list(self.node.fetch(self._keys.dht_key(key), self.budget))
         except TimeoutError:
             return None
-        return records.latest(self._ns, dkey, blobs, time.time())
+        return self._keys.latest(key, blobs, time.time())
 
     def assign(self, world_size: int, timeout: float, settle: float = 0.3) -> int:
         """Claim the lowest free rank of ``world_size`` (see the module's text); ErdmaError when all are

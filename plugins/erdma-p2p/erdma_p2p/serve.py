@@ -13,8 +13,13 @@ def serve(args: argparse.Namespace) -> int:
     from .dht import DhtNode
     from .dht_store import parse_url
 
+    for name, value in (("--max-records", args.max_records), ("--per-source", args.per_source)):
+        if value < 1:
+            print(f"erdma dht serve: {name} {value} must be at least 1", flush=True)
+            return 2
     bootstrap = parse_url(f"dht://{args.bootstrap}/x")[0] if args.bootstrap else []
-    node = DhtNode(server=True, rpc_timeout=args.rpc_timeout, max_records=args.max_records, ttl=args.ttl)
+    node = DhtNode(server=True, rpc_timeout=args.rpc_timeout, max_records=args.max_records, ttl=args.ttl,
+                   per_source=args.per_source)
     try:
         host, port = node.start(args.bind, args.port, bootstrap, timeout=10.0)
     except (OSError, TimeoutError) as exc:
@@ -39,6 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--bind", default="0.0.0.0", help="local address (default every address)")
     p.add_argument("--bootstrap", default="", help="HOST:PORT[,HOST:PORT...] of nodes already serving")
     p.add_argument("--rpc-timeout", type=float, default=1.0, help="seconds to wait for another node's answer")
-    p.add_argument("--max-records", type=int, default=100_000, help="records kept at most (the oldest go first)")
+    p.add_argument("--max-records", type=int, default=100_000, help="records kept at most (when full, the oldest "
+                   "of the address that sent the most goes)")
+    p.add_argument("--per-source", type=int, default=10_000, help="records one sending address may have stored "
+                   "here at most (its oldest goes for a new one)")
     p.add_argument("--ttl", type=float, default=7 * 86400.0, help="seconds a stored record is kept")
     p.set_defaults(handler=serve)

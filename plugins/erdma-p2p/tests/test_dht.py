@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 from erdma_p2p import records
-from erdma_p2p.dht import DhtNode, _valid
+from erdma_p2p.dht import DhtNode, _Storage, _valid
 from erdma_p2p.dht_store import DhtStore, dht_store, parse_url
 from natlab import first_line
 
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
 
-NS = records.namespace(b"secret", "job")
-KEY = records.dht_key(NS, "quic/addr/1")
+KEYS = records.JobKeys(b"secret", "job")
+KEY = KEYS.dht_key("quic/addr/1")
 SECTION = {"port": 0, "bind_address": "127.0.0.1", "rpc_timeout": 0.5, "ttl": 60.0, "poll_max": 0.1}
 JOB = """
 import sys, numpy as np, erdma_core
@@ -37,36 +37,72 @@ pg.destroy()
 
 
 def test_a_record_opens_only_with_its_job_key_and_dht_key_until_it_expires():
-    blob = records.seal(NS, KEY, b"198.51.100.1:4000", 7, time.time() + 60)
-    assert records.unseal(NS, KEY, blob, time.time()) == (7, pytest.approx(time.time() + 60, abs=5), False,
-                                                           b"198.51.100.1:4000")
-    assert records.unseal(records.namespace(b"other", "job"), KEY, blob, time.time()) is None  # another job's key
-    assert records.unseal(NS, records.dht_key(NS, "quic/addr/2"), blob, time.time()) is None  # replayed elsewhere
-    assert records.unseal(NS, KEY, blob, time.time() + 61) is None  # expired
-    for i in (5, 20, len(blob) - 1):
+    blob = KEYS.seal("quic/addr/1", b"198.51.100.1:4000", 7, time.time() + 60)
+    assert KEYS.unseal("quic/addr/1", blob, time.time()) == (7, pytest.approx(time.time() + 60, abs=5), False,
+                                                              b"198.51.100.1:4000")
+    assert b"198.51.100.1" not in blob  # the value travels and rests encrypted
+    assert records.JobKeys(b"other", "job").unseal("quic/addr/1", blob, time.time()) is None  # another job's keys
+    assert KEYS.unseal("quic/addr/2", blob, time.time()) is None  # replayed under another key
+    assert KEYS.unseal("quic/addr/1", blob, time.time() + 61) is None  # expired
+    for i in (5, 20, 60, 80, len(blob) - 1):
         bad = bytearray(blob)
         bad[i] ^= 1
-        assert records.unseal(NS, KEY, bytes(bad), time.time()) is None
+        assert KEYS.unseal("quic/addr/1", bytes(bad), time.time()) is None
 
 
 def test_the_highest_valid_version_wins_and_a_tombstone_reads_as_deleted():
     now = time.time()
-    old, new = (records.seal(NS, KEY, v, ver, now + 60) for v, ver in ((b"old", 1), (b"new", 2)))
-    forged = records.seal(records.namespace(b"evil", "job"), KEY, b"evil", 99, now + 60)
-    assert records.latest(NS, KEY, [old, forged, new, b"junk", 5], now).value == b"new"
-    gone = records.seal(NS, KEY, b"", 3, now + 60, deleted=True)
-    assert records.latest(NS, KEY, [new, gone], now).deleted
-    assert records.latest(NS, KEY, [], now) is None
+    old, new = (KEYS.seal("k", v, ver, now + 60) for v, ver in ((b"old", 1), (b"new", 2)))
+    forged = records.JobKeys(b"evil", "job").seal("k", b"evil", 99, now + 60)
+    assert KEYS.latest("k", [old, forged, new, b"junk", 5], now).value == b"new"
+    gone = KEYS.seal("k", b"", 3, now + 60, deleted=True)
+    assert KEYS.latest("k", [new, gone], now).deleted
+    assert KEYS.latest("k", [], now) is None
 
 
-@pytest.mark.parametrize("blob", [b"", b"eRD1" + b"\0" * 40, "text", 12, records.MAGIC + b"\0" * (records.MAX_RECORD + 1)])
+@pytest.mark.parametrize("blob", [b"", records.MAGIC + b"\0" * 40, "text", 12,
+                                  records.MAGIC + b"\0" * (records.MAX_RECORD + 1)])
 def test_dht_nodes_store_only_what_is_shaped_like_a_record(blob):
     assert not records.shape_ok(blob)
     assert not _valid("store", [b"n" * 20, b"k" * 20, blob], stores=True)
 
 
+def test_a_dht_node_stores_only_records_signed_for_their_key_and_keeps_the_newest():
+    """What a DHT node checks with no job's secret: the record's key is the address of its public key and
+    salt, and the signature holds. So nobody can overwrite the job's records, and an old one sent again does
+    not replace a newer one."""
+    storage = _Storage(100, 3600.0, 100)
+    now = time.time()
+    v1, v2 = KEYS.seal("k", b"one", 1, now + 60), KEYS.seal("k", b"two", 2, now + 60)
+    dkey = KEYS.dht_key("k")
+    assert storage.put(dkey, v2, "10.0.0.1") and storage.get(dkey) == v2
+    assert not storage.put(dkey, v1, "10.0.0.9") and storage.get(dkey) == v2  # older: kept out
+    evil = records.JobKeys(b"evil", "job")
+    assert not storage.put(dkey, evil.seal("k", b"x", 99, now + 60), "10.0.0.9")  # signed for another key
+    forged = bytearray(KEYS.seal("k", b"three", 3, now + 60))
+    forged[-1] ^= 1
+    assert not storage.put(dkey, bytes(forged), "10.0.0.9")  # a signature that does not hold
+    assert not storage.put(KEYS.dht_key("other"), v2, "10.0.0.9")  # under another key
+    assert not storage.put(dkey, KEYS.seal("k", b"gone", 5, now - 1), "10.0.0.9")  # expired
+    assert storage.get(dkey) == v2
+
+
+def test_what_one_address_stores_is_bounded_and_a_flood_churns_only_its_own():
+    storage = _Storage(limit=50, ttl=3600.0, per_source=20)
+    now = time.time()
+    mine = [KEYS.seal(f"k{i}", b"v", 1, now + 60) for i in range(5)]
+    for i, blob in enumerate(mine):
+        assert storage.put(KEYS.dht_key(f"k{i}"), blob, "10.0.0.1")
+    evil = [records.JobKeys(b"evil", f"flood{a}") for a in range(4)]
+    for i in range(400):  # 4 addresses, each its own job with valid records, 100 each
+        keys = evil[i % 4]
+        storage.put(keys.dht_key(f"x{i}"), keys.seal(f"x{i}", b"f", 1, now + 60), f"10.6.6.{i % 4}")
+    assert all(storage.get(KEYS.dht_key(f"k{i}")) == blob for i, blob in enumerate(mine))
+    assert len(storage.data) <= 50
+
+
 def test_requests_are_checked_before_they_are_served():
-    good = records.seal(NS, KEY, b"v", 1, time.time() + 60)
+    good = KEYS.seal("k", b"v", 1, time.time() + 60)
     assert _valid("store", [b"n" * 20, b"k" * 20, good], stores=True)
     assert not _valid("store", [b"n" * 20, b"k" * 20, good], stores=False)  # a client keeps nothing for others
     assert _valid("find_value", [b"n" * 20, b"k" * 20], stores=True)
@@ -77,7 +113,7 @@ def test_requests_are_checked_before_they_are_served():
 
 def test_a_record_too_large_is_refused_when_sealed():
     with pytest.raises(ValueError, match="a DHT record holds at most"):
-        records.seal(NS, KEY, b"x" * records.MAX_RECORD, 1, time.time() + 60)
+        KEYS.seal("k", b"x" * records.MAX_RECORD, 1, time.time() + 60)
 
 
 @pytest.fixture
@@ -129,15 +165,18 @@ def test_a_share_of_a_counter_lost_to_a_racing_write_comes_back(servers):
 
 
 def test_forged_and_stale_copies_lose_to_the_newest_signed_record(servers):
+    """Nodes that answer with an old copy, or with anything at all (a node that is not honest), do not win over
+    the newest record another node holds."""
     store = DhtStore(_addrs(servers[:1]), "job", b"secret", timeout=5.0, section=SECTION)
     try:
         store.set("k", b"first")
         store.set("k", b"second")
-        dkey = records.dht_key(records.namespace(b"secret", "job"), "k")
-        stale = records.seal(records.namespace(b"secret", "job"), dkey, b"first", 1, time.time() + 60)
-        forged = records.seal(records.namespace(b"evil", "job"), dkey, b"evil", 2**63, time.time() + 60)
-        servers[1].server.storage[dkey] = stale  # one node still holds an old copy (or a forged one)
-        servers[2].server.storage[dkey] = forged
+        keys = records.JobKeys(b"secret", "job")
+        dkey = keys.dht_key("k")
+        stale = keys.seal("k", b"first", 1, time.time() + 60)
+        forged = records.JobKeys(b"evil", "job").seal("k", b"evil", 2**63, time.time() + 60)
+        for node, blob in ((servers[1], stale), (servers[2], forged)):  # what those nodes answer with
+            node.server.storage.data[dkey] = (time.monotonic(), blob, "x", 0, time.time() + 60)
         assert store.get("k", 2.0) == b"second"
     finally:
         store.close()
@@ -197,8 +236,9 @@ def _free_udp_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(port: int, bootstrap: str = "") -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "erdma_core.cli", "dht", "serve", "--bind", "127.0.0.1", "--port", str(port)]
+def _serve(port: int, bootstrap: str = "", extra: list[str] | None = None) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "erdma_core.cli", "dht", "serve", "--bind", "127.0.0.1", "--port", str(port),
+           *(extra or [])]
     proc = subprocess.Popen(cmd + (["--bootstrap", bootstrap] if bootstrap else []), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     line = first_line(proc, 15.0)
@@ -206,14 +246,20 @@ def _serve(port: int, bootstrap: str = "") -> subprocess.Popen[str]:
     return proc
 
 
-def _job(url: str, world: int, tmp: Path, ranks: bool = True, during: Callable[[], None] | None = None) -> list[str]:
+def _job(url: str, world: int, tmp: Path, ranks: bool = True, during: Callable[[], None] | None = None,
+         after_first: Callable[[], None] | None = None) -> list[str]:
+    """Run JOB on ``world`` ranks; ``after_first`` is called once rank 0 is started, before the others are."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     env |= {"WORLD_SIZE": str(world), "ERDMA_INIT_METHOD": url, "ERDMA_SECRET": "dht-test",
             "ERDMA_TIMEOUTS_CONNECT": "30"}
     script = tmp / "job.py"
     script.write_text(JOB)
-    procs = [subprocess.Popen([sys.executable, str(script)], env=env | ({"RANK": str(r)} if ranks else {}),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    procs = []
+    for r in range(world):
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env | ({"RANK": str(r)} if ranks else {}),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        if r == 0 and after_first is not None:
+            after_first()
     if during is not None:
         during()
     out = []
