@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ..discovery.store import TCPStore
 from ..errors import ConfigError
-from .launcher import free_port, local_env, spawn, stop
+from .launcher import Signalled, free_port, local_env, spawn, stop, stops_on_signals
 
 
 def read_secret(path: str) -> str:
@@ -68,20 +68,25 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     env |= {"MASTER_ADDR": addr, "MASTER_PORT": p, "ERDMA_SECRET": secret}
     label = "peer" if join is None else "joined peer"
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for k in range(nprocs):
-            proc, threads = spawn(list(cmd), {**os.environ, **env}, f"[{label} {k}] " if prefix else None)
-            procs.append(proc)
-            pumps += threads
-        code = _watch(procs, timeout)
-        for t in pumps:
-            t.join(2.0)
-    finally:
-        stop(procs)
-        if store is not None:
-            store.close()  # the job ends with its store: the secret written for it goes too
-        if written is not None:
-            os.unlink(written)
+    with stops_on_signals():
+        try:
+            for k in range(nprocs):
+                proc, threads = spawn(list(cmd), {**os.environ, **env}, f"[{label} {k}] " if prefix else None)
+                procs.append(proc)
+                pumps += threads
+            code = _watch(procs, timeout)
+            for t in pumps:
+                t.join(2.0)
+        except Signalled as sig:
+            sys.stderr.write(f"erdma run: got {sig}; stopping the peers"
+                             + ("" if store is None else " and the job's store") + "\n")
+            raise
+        finally:
+            stop(procs)
+            if store is not None:
+                store.close()  # the job ends with its store: the secret written for it goes too
+            if written is not None:
+                os.unlink(written)
     return code
 
 
@@ -90,23 +95,19 @@ def _watch(procs: list[subprocess.Popen[bytes]], timeout: float | None) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     seen: set[int] = set()
     codes: list[int] = []
-    try:
-        while len(seen) < len(procs):
-            for k, p in enumerate(procs):
-                c = p.poll()
-                if c is not None and k not in seen:
-                    seen.add(k)
-                    codes.append(c)
-                    sys.stderr.write(f"erdma run: peer {k} exited with code {c}; {len(procs) - len(seen)} of "
-                                     "this run's peers still running\n")
-            if deadline is not None and time.monotonic() > deadline:
-                stop(procs)
-                sys.stderr.write("erdma run: the run timed out; stopped the peers\n")
-                return 124
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        stop(procs)
-        return 130
+    while len(seen) < len(procs):
+        for k, p in enumerate(procs):
+            c = p.poll()
+            if c is not None and k not in seen:
+                seen.add(k)
+                codes.append(c)
+                sys.stderr.write(f"erdma run: peer {k} exited with code {c}; {len(procs) - len(seen)} of "
+                                 "this run's peers still running\n")
+        if deadline is not None and time.monotonic() > deadline:
+            stop(procs)
+            sys.stderr.write("erdma run: the run timed out; stopped the peers\n")
+            return 124
+        time.sleep(0.1)
     if 0 in codes:
         return 0
     bad = next(c for c in codes if c)

@@ -1,9 +1,11 @@
 """``erdma run``: start N local ranks with the env:// variables torchrun sets, and a secret for the job
-(``ERDMA_SECRET``, unless one is set); one failing rank ends all."""
+(``ERDMA_SECRET``, unless one is set); one failing rank ends all. SIGTERM, SIGINT or SIGHUP to the launcher
+stops its ranks (``stops_on_signals``), and it then ends as that signal would have ended it."""
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
 import secrets
@@ -13,10 +15,52 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import IO
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, NoReturn
 
 GRACE_S = 5.0
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Signalled(BaseException):
+    """The launcher got one of ``STOPPING``: what it started is stopped on the way out (``except`` and
+    ``finally`` blocks), then ``erdma`` ends as the signal would have ended it (``die_of``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stops_on_signals() -> Iterator[None]:
+    """While inside, the first SIGTERM, SIGINT or SIGHUP raises ``Signalled`` in the main thread; later ones
+    are ignored until the block is left, so the clean-up inside it is not cut short. Elsewhere than in the
+    main thread (where Python takes signals), nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if not got:
+            got.append(signum)
+            raise Signalled(signum)
+
+    old = {s: signal.signal(s, handler) for s in STOPPING}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def die_of(signum: int) -> NoReturn:
+    """End this process as ``signum``'s default action does, so whoever waits for it sees that signal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # a signal whose default action is not to end the process: the shell's convention
 
 
 def free_port() -> int:
@@ -73,32 +117,22 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
         base["ERDMA_SECRET"] = secrets.token_hex(32)
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
-    for rank in range(nprocs):
-        p, threads = spawn(list(cmd), {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                           f"[rank {rank}] " if prefix else None)
-        procs.append(p)
-        pumps += threads
-    deadline = None if timeout is None else time.monotonic() + timeout
-    failed: tuple[int, int] | None = None
-    delay = 0.01
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                failed = bad[0]
-                break
-            if all(c == 0 for c in codes):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                failed = (-1, 124)
-                break
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.2)
-    except KeyboardInterrupt:
-        failed = (-1, 130)
-    if failed is not None:
-        stop(procs)
+    with stops_on_signals():
+        try:
+            for rank in range(nprocs):
+                p, threads = spawn(list(cmd), {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                   f"[rank {rank}] " if prefix else None)
+                procs.append(p)
+                pumps += threads
+            failed = _wait(procs, timeout)
+        except Signalled as sig:
+            stop(procs)
+            for t in pumps:
+                t.join(2.0)
+            sys.stderr.write(f"erdma run: got {sig}; stopped the ranks\n")
+            raise
+        if failed is not None:
+            stop(procs)
     for t in pumps:
         t.join(2.0)
     if failed is None:
@@ -107,6 +141,23 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
     who = "the run timed out" if code == 124 and rank < 0 else f"rank {rank} exited with code {code}"
     sys.stderr.write(f"erdma run: {who}; stopped the other ranks\n")
     return code if code > 0 else 128 - code
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], timeout: float | None) -> tuple[int, int] | None:
+    """Until every rank ended well (None), one failed (its rank and code) or ``timeout`` passed (-1, 124)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            return bad[0]
+        if all(c == 0 for c in codes):
+            return None
+        if deadline is not None and time.monotonic() > deadline:
+            return (-1, 124)
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.2)
 
 
 def spawn(cmd: list[str], env: Mapping[str, str], prefix: str | None
@@ -124,13 +175,21 @@ def spawn(cmd: list[str], env: Mapping[str, str], prefix: str | None
 
 
 def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each process's group (its session), SIGKILL to those still there ``GRACE_S`` later."""
     for p in procs:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
+            _signal_group(p, signal.SIGTERM)
     end = time.monotonic() + GRACE_S
     for p in procs:
         try:
             p.wait(max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            _signal_group(p, signal.SIGKILL)
             p.wait()
+
+
+def _signal_group(p: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(p.pid, signum)
+    except ProcessLookupError:  # it ended meanwhile
+        pass

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ErdmaError
+from . import launcher
 
 
 def _run(args: argparse.Namespace) -> int:
     from ..api.join import load_config
-    from . import launcher
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from ..api.join import load_config
-    from . import bench, launcher
+    from . import bench
 
     if args.compare == "gloo":
         try:
@@ -165,3 +165,5 @@ def main(argv: list[str] | None = None) -> int:
     except ErdmaError as exc:
         print(f"erdma: error: {exc}", file=sys.stderr)
         return 2
+    except launcher.Signalled as sig:  # what it started is stopped: now end as the signal would have
+        launcher.die_of(sig.signum)
