@@ -229,12 +229,13 @@ class Lab:
             total += sum(int(m) for m in re.findall(r"dropped (\d+)", out))
         return total
 
-    def _wait_reachable(self, timeout: float = 10.0) -> None:
-        """Every rank answers ARP through the relay before the lab is handed out."""
+    def _wait_reachable(self, timeout: float = 30.0) -> None:
+        """Every rank answers ARP through the relay before the lab is handed out (on a lossy link a ping and
+        its answer both arrive about (1 - loss)^2 of the time: it takes tries)."""
         deadline = time.monotonic() + timeout
         for i in range(1, self.n):
             while True:
-                r = subprocess.run(["ip", "netns", "exec", self.ranks[0], "ping", "-c1", "-W1", self.addr(i)],
+                r = subprocess.run(["ip", "netns", "exec", self.ranks[0], "ping", "-c1", "-W0.5", self.addr(i)],
                                    capture_output=True)
                 if r.returncode == 0:
                     break

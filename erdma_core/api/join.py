@@ -104,7 +104,8 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
                                            udp_sockets=getattr(traversal, "udp_sockets", None),
                                            candidates=getattr(traversal, "candidates", None),
                                            dial_plan=getattr(traversal, "dial_plan", None),
-                                           max_early_bytes=conf["security.max_early_bytes"]))
+                                           max_early_bytes=conf["security.max_early_bytes"],
+                                           collective_timeout=conf["timeouts.collective"]))
         _check_unique(store, job, rank)
         slow_peers = getattr(transport, "slow_peers", None)
         mine = slow_peers() if callable(slow_peers) else None

@@ -164,8 +164,9 @@ class _Server:
 
 
 class TCPStore:
-    """A store served by the rank with ``is_server``; clients retry connecting until ``timeout``. Every
-    connection proves it knows ``secret`` (both ways: ``auth.StoreClient``) before any request."""
+    """A store served by the rank with ``is_server``; clients retry connecting until ``timeout``, and wait for
+    an answer up to a request's own wait plus ``timeout`` (at least 5 s: a lossy link retransmits slowly).
+    Every connection proves it knows ``secret`` (both ways: ``auth.StoreClient``) before any request."""
 
     def __init__(self, host: str, port: int, *, is_server: bool, timeout: float, secret: bytes = b"") -> None:
         self.host, self.port = host, port
@@ -181,6 +182,7 @@ class TCPStore:
                                  "rank 0 of this job running, or another program on that port?)") from None
             self.port = self._server.server_address[1]
         self._lock = threading.Lock()
+        self._grace = max(5.0, timeout)  # seconds an answer may take beyond the request's own wait (a lossy link)
         self._sock = self._dial(timeout)
 
     def _dial(self, timeout: float) -> socket.socket:
@@ -220,7 +222,7 @@ class TCPStore:
             raise ErdmaError(f"discovery: store key {key[:60]!r} ({len(k)} bytes) or its value ({len(value)} bytes) "
                              f"exceeds the store's limits ({MAX_KEY} and {MAX_VALUE} bytes)")
         with self._lock:
-            self._sock.settimeout(timeout + 5.0)
+            self._sock.settimeout(timeout + self._grace)
             try:
                 self._sock.sendall(_REQ.pack(op, timeout, len(k), len(value)) + k + value)
                 status, n = _RESP.unpack(recv_exact(self._sock, _RESP.size))

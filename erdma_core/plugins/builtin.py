@@ -33,7 +33,9 @@ TCP_OPTIONS = {
     "interface": Option(str, "", "network interface whose IPv4 address to use (overrides bind_address)"),
     "port": Option(int, 0, "port to listen on; 0 picks a free one", minimum=0, maximum=65535),
     "nodelay": Option(bool, True, "set TCP_NODELAY"),
-    "keepalive": Option(bool, True, "set SO_KEEPALIVE (10 s idle, 3 probes 5 s apart)"),
+    "keepalive": Option(bool, True, "set SO_KEEPALIVE (a probe after 10 s idle, then every 5 s); either way a "
+                        "connection is given up only when it went unanswered for timeouts.collective "
+                        "(TCP_USER_TIMEOUT)"),
     "socket_buffer_bytes": Option(int, 4 << 20, "SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's", minimum=0,
                                   maximum=1 << 30),
     "spin_us": Option(int, 200, "microseconds a rank waiting for a message polls its sockets (yielding the core "

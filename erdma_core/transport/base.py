@@ -44,6 +44,8 @@ class TransportContext:
     # candidates, those to dial in order, and the seconds to wait for an answer from each before the next
     secret: bytes = b""  # the job's secret (``security.secret``): every connection accepted must prove it
     max_early_bytes: int = DEFAULT_EARLY_BYTES  # per peer, for frames ahead of their receives (the mailbox's)
+    collective_timeout: float = 300.0  # ``timeouts.collective``: also how long close waits for the peers to
+    # acknowledge what this rank sent (``MessageTransport.linger``)
 
 
 def failure_key(job: int) -> str:
@@ -132,7 +134,9 @@ class MessageTransport:
       bytes are handed to the network, or fail it (``self.peer_lost`` makes the error). May block, never past
       ``deadline``.
     * ``shutdown()``: close every connection; called once, after the BYE frames were posted (also after a
-      failed ``open``).
+      failed ``open``). Unless the rank aborted, it first waits until the peers have acknowledged what was
+      sent, up to ``self.linger`` seconds (the collective timeout): a rank that closes must not take its
+      last messages with it.
 
     and may override ``wait(req, deadline)`` to move bytes on the waiting thread (``SocketTransport`` does)
     and ``fail_sends(error)`` to fail frames queued but not yet on their way when the rank aborts, and
@@ -155,6 +159,7 @@ class MessageTransport:
         self.job = 0
         self.mailbox: Mailbox = None  # type: ignore[assignment]  # set by connect
         self.closing = False
+        self.linger = 300.0  # seconds close waits for what was sent to be acknowledged (ctx.collective_timeout)
         self._inboxes: dict[int, FrameInbox] = {}
         self._sent: dict[int, int] = {}  # DATA frames posted to each peer (a BYE says how many)
         self._count_lock = threading.Lock()
@@ -200,6 +205,7 @@ class MessageTransport:
     # ---- the Transport calls ------------------------------------------------------------------------------
     def connect(self, ctx: TransportContext) -> None:
         self.rank, self.world_size, self.job = ctx.rank, ctx.world_size, ctx.job
+        self.linger = ctx.collective_timeout
         self.mailbox = Mailbox(ctx.rank, ctx.job, ctx.max_early_bytes, on_mismatch=self._mismatch)
         peers = [p for p in range(ctx.world_size) if p != ctx.rank]
         self._inboxes = {p: FrameInbox(ctx.rank, p, self.mailbox) for p in peers}
@@ -252,19 +258,27 @@ class MessageTransport:
         self._to_all([p for p in self._sent if p != lost], lambda p: head, body, urgent=True, wait=wait)
 
     def close(self) -> None:
+        """BYE to every peer, after everything sent before it (waiting up to ``linger`` for it to leave, or
+        ``_CONTROL_WAIT`` when the rank aborted), then ``shutdown``."""
         if self.closing:
             return
         self.closing = True
         if self.mailbox is not None:
             with self._count_lock:
                 sent = dict(self._sent)
+            within = _CONTROL_WAIT if self.mailbox.aborted is not None else self.linger
             self._to_all(list(sent), lambda p: control(BYE, self.job, seq=sent[p]), memoryview(b""), urgent=False,
-                         wait=True)
+                         wait=True, within=within)
         self.shutdown()
 
+    @property
+    def settling(self) -> bool:
+        """Whether ``shutdown`` should wait for the peers to acknowledge what was sent (the rank did not abort)."""
+        return self.mailbox is not None and self.mailbox.aborted is None
+
     def _to_all(self, peers: list[int], head: Callable[[int], Header], body: memoryview, *, urgent: bool,
-                wait: bool) -> None:
-        deadline = time.monotonic() + _CONTROL_WAIT
+                wait: bool, within: float = _CONTROL_WAIT) -> None:
+        deadline = time.monotonic() + within
         reqs = []
         for peer in peers:
             r = Request()

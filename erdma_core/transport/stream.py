@@ -11,17 +11,18 @@ of written (``single_copy``).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import socket
 import struct
+import termios
 import threading
 import time
 
 from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, IntegrityError, ProtocolError
 from . import auth, integrity, single_copy
 from .accept import Acceptor
-from .admission import HANDSHAKE_S
 from .base import MessageTransport, TransportContext, failed_elsewhere
 from .frames import StreamReader
 from .mailbox import Lent, Request
@@ -32,6 +33,14 @@ from .wire import DATA, LENT, PULL, PULLED, RAW, Header, control
 log = logging.getLogger("erdma.transport")
 _TCP_INFO_BYTES = 168  # struct tcp_info up to tcpi_delivery_rate (Linux 4.9 and later)
 _DELIVERY_RATE = 160  # offset of tcpi_delivery_rate (u64, bytes per second)
+
+
+def _unacked(sock: socket.socket) -> int:
+    """Bytes of ``sock``'s send queue its peer has not acknowledged (unsent ones included)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
 
 
 def _name(address: object) -> str:
@@ -157,14 +166,15 @@ class SocketTransport(MessageTransport):
 
     def _dial_peer(self, peer: int, addrs: list[str], deadline: float) -> tuple[socket.socket, bytes]:
         """A connection to ``peer`` that passed the handshake, and the handshake's transcript. A connection
-        that fails before the handshake has ended (the peer's acceptor was full, or dropped it) is dialled
-        again, with back-off, until ``deadline``; a refusal is final."""
+        the peer closed before the handshake ended (its acceptor was full, or dropped it) is dialled again,
+        with back-off, until ``deadline``; a refusal is final. An attempt is never given up before
+        ``deadline``: the peer may have taken the connection already."""
         delay = 0.02
         while True:
             sock, addr = self._connect(peer, addrs, deadline)
             hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size)
             try:
-                sock.settimeout(max(0.1, min(HANDSHAKE_S + 1.0, deadline - time.monotonic())))
+                sock.settimeout(max(0.1, deadline - time.monotonic()))  # never shorter: the peer may have taken it
                 sock.sendall(hs.first())
                 head = recv_exact(sock, auth.HELLO.size)
                 proof = hs.on_challenge(head + (recv_exact(sock, auth.MAC)
@@ -172,7 +182,11 @@ class SocketTransport(MessageTransport):
                 if proof is not None:
                     sock.sendall(proof)
                     hs.on_verdict(recv_exact(sock, auth.HELLO.size))
-            except (OSError, ConnectionError) as exc:
+            except TimeoutError as exc:
+                sock.close()
+                raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} at {addr} did not complete the HELLO "
+                                             f"handshake: {exc}", rank=self.rank, op="connect") from None
+            except (OSError, ConnectionError) as exc:  # it closed the connection: dropped, dial again
                 sock.close()
                 if hs.error is not None:
                     raise hs.error from None
@@ -307,7 +321,23 @@ class SocketTransport(MessageTransport):
         return error
 
     # ---- shutdown -----------------------------------------------------------------------------------
+    def _settle(self, deadline: float) -> None:
+        """Until ``deadline``, wait for every TCP connection's queued frames to be written and acknowledged
+        by the peer's kernel (``SIOCOUTQ``: bytes sent and not acknowledged, or not sent yet), while the
+        background thread keeps writing and reading; a Unix socket's bytes are in the peer's queue already."""
+        pending = [ch for ch in self.channels.values() if ch.sock.family != socket.AF_UNIX]
+        delay = 0.001
+        while pending and time.monotonic() < deadline:
+            pending = [ch for ch in pending if not ch.dead and (ch.out or _unacked(ch.sock))]
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
+        if pending:
+            log.warning("rank %d: closed with what it sent to rank(s) %s not acknowledged within %.0fs", self.rank,
+                        brief([ch.peer for ch in pending]), self.linger)
+
     def shutdown(self) -> None:
+        if self._progress is not None and self.settling:
+            self._settle(time.monotonic() + self.linger)
         if self._progress is not None:
             self._progress.stop()
         for ch in self.channels.values():

@@ -41,6 +41,7 @@ class TcpTransport(SocketTransport):
     def __init__(self, config: Any, section: dict[str, Any]) -> None:
         super().__init__()
         self.opts = section
+        self.give_up = config["timeouts.collective"] if config is not None else 300.0  # TCP_USER_TIMEOUT
         self.spin = section["spin_us"] / 1e6
         self.tls = section["tls"]
         self.lend_bytes = section["single_copy_bytes"] if section["local_sockets"] else 0
@@ -93,8 +94,11 @@ class TcpTransport(SocketTransport):
             return
         if self.opts["nodelay"]:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # a connection is given up when what it sent (or a keepalive probe) has gone unacknowledged for the
+        # collective timeout, not earlier: a lossy link that still delivers is not cut
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(self.give_up * 1000))
         if self.opts["keepalive"]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 127)

@@ -114,6 +114,7 @@ def start(memory_mb: int) -> None:
         gone = sweep(root, PREFIX + "*", _pid_in)
         if gone:
             log.info("removed %d DPDK run-time folder(s) of processes that no longer exist", gone)
+        _check_room(root, memory_mb)
         prefix = f"{PREFIX}{os.getpid()}"
         core = min(os.sched_getaffinity(0))
         args = ["erdma-dpdk", "--no-huge", "-m", str(memory_mb), "--no-pci", "--no-telemetry",
@@ -128,6 +129,23 @@ def start(memory_mb: int) -> None:
         _started.update(pid=os.getpid(), memory_mb=memory_mb)
         atexit.register(_at_exit)
         log.info("DPDK started: %s", " ".join(args[1:]))
+
+
+def _check_room(root: pathlib.Path, memory_mb: int) -> None:
+    """The EAL maps files in its run-time folder (its page table: about 12 KiB per MB of ``-m`` without
+    hugepages); where they cannot grow, it dies of SIGBUS with no message. So refuse, naming the folder, when it
+    has less than twice that free."""
+    need = (1 << 20) + memory_mb * (12 << 10)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root).free
+    except OSError as exc:
+        raise DpdkError(f"DPDK's run-time folder {root} cannot be used: {exc}") from None
+    if free < 2 * need:
+        raise DpdkError(f"DPDK's run-time folder {root} has {free / 2**20:.1f} MiB free; the EAL maps about "
+                        f"{need / 2**20:.1f} MiB of files there for -m {memory_mb} (transport.dpdk.eal_memory_mb), "
+                        "and dies of SIGBUS when they cannot grow: free space there"
+                        + ("" if os.geteuid() == 0 else " (or point XDG_RUNTIME_DIR at a folder with room)"))
 
 
 def memory_mb() -> int:

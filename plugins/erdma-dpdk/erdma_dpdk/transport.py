@@ -382,8 +382,8 @@ class DpdkTransport(MessageTransport):
 
     # ---- closing ------------------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """After the BYEs: wait (up to 2 s) until every peer has acknowledged what we sent (or said goodbye, or
-        is gone), then close the ports and free the pool."""
+        """After the BYEs: wait until every peer has acknowledged what we sent (or said goodbye, or is gone), up
+        to ``linger`` (2 s after an abort), then close the ports and free the pool."""
         self._stop = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
@@ -392,7 +392,7 @@ class DpdkTransport(MessageTransport):
                 self._remove_sockets()
                 return
             self._driver = threading.get_ident()
-            until = time.monotonic() + 2.0
+            until = time.monotonic() + (self.linger if self.settling else 2.0)
             info = self._info
             while time.monotonic() < until:
                 lib.eds_progress(self.ep, 1000)

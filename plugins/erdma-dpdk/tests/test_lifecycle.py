@@ -4,12 +4,14 @@ from the start); a killed rank's sockets are removed by the next rank that start
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from erdma_dpdk import eal
 
 from .conftest import needs_dpdk
@@ -61,3 +63,18 @@ def test_ranks_exit_cleanly_after_their_peers_disconnect():
                          text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "16777216" in run.stdout
+
+
+@needs_dpdk
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a mount namespace needs root")
+def test_a_full_run_time_folder_is_an_error_naming_it_not_a_crash(tmp_path):
+    """DPDK's run-time folder on a 1 MiB tmpfs (in a mount namespace of the test's own): the rank says so
+    and exits 1; it used to die of SIGBUS with no message."""
+    code = ("from erdma_dpdk import eal\n"
+            "try:\n    eal.start(256)\nexcept eal.DpdkError as exc:\n    print(exc)\n    raise SystemExit(1)\n")
+    run = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          f"mkdir -p {eal.runtime_root()} && mount -t tmpfs -o size=1m tmpfs {eal.runtime_root()} "
+                          f"&& exec {sys.executable} -c '{code}'"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, (run.returncode, run.stdout, run.stderr)
+    assert f"DPDK's run-time folder {eal.runtime_root()} has 1.0 MiB free" in run.stdout
+    assert "dies of SIGBUS when they cannot grow: free space there" in run.stdout

@@ -7,7 +7,8 @@ same way; its parts go to a ``Sink`` (back to the rank, whole) instead of a mail
 
 Rank to worker: ``{"opts", "rank", "world", "job", "lane", "bind", "owner", "timeout"}``, then
 ``("peers", {rank: (host, port)})`` with the lane addresses of the ranks it dials, then any number of
-``("send", id, peer, head, parcel)`` and one ``("close",)``. Worker to rank: ``("port", n)``, ``("ready",)``
+``("send", id, peer, head, parcel)`` and one ``("close", seconds)`` (how long it may wait for what it sent to be
+acknowledged). Worker to rank: ``("port", n)``, ``("ready",)``
 or ``("error", text)``, then ``("sent", id, error or None)``, ``("part", peer, head, parcel)``,
 ``("lost", peer, why)``, and ``("closed",)``. The worker exits when its rank's end of the socket closes.
 """
@@ -127,7 +128,7 @@ class Lane:
                     self.mesh.send(peer, [(head, parcels.take(name))], _Notify(self.report, ident))
                 elif msg[0] == "close":
                     self.closing = True
-                    self._drain(500)
+                    self._drain(int(msg[1] * 100))
         except (EOFError, OSError):
             self.closing = True
             self.stopped.set()
@@ -150,6 +151,14 @@ def main(fd: int, data_fd: int | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     control = Connection(fd)
     setup = control.recv()
+    try:
+        return _serve(control, setup, data_fd)
+    finally:
+        if not parcels.alive(setup["owner"]):  # its rank is gone: nobody will take what it was handed
+            parcels.sweep(setup["owner"])
+
+
+def _serve(control: Connection, setup: dict[str, Any], data_fd: int | None) -> int:
     if data_fd is not None:  # prepared by the traversal (its NAT mapping learned): used as it is
         sock = socket.socket(fileno=data_fd)
     else:
@@ -171,6 +180,8 @@ def main(fd: int, data_fd: int | None = None) -> int:
         if lane.endpoint is not None:
             lane.endpoint.stop()
     finally:
+        if not parcels.alive(setup["owner"]):
+            parcels.sweep(setup["owner"])
         os._exit(0)  # the rank may already be gone: no interpreter teardown that could block on it
 
 

@@ -16,6 +16,8 @@ lost fails them naming the peer (``lost``), unless the peer had already said BYE
 
 from __future__ import annotations
 
+import atexit
+import functools
 import itertools
 import logging
 import os
@@ -87,6 +89,12 @@ class Worker:
         return msg
 
 
+@functools.cache
+def _sweep_at_exit() -> None:
+    """A rank that exits without closing (an error, ``sys.exit``) still removes its parcels."""
+    atexit.register(lambda: parcels.sweep(os.getpid()))
+
+
 class Lanes:
     """The workers of one rank (``count`` of them) and the parts in flight through them. ``events`` holds the
     three callbacks lane 0 needs to hear of: ``land(peer, head, payload, lane)``, ``lost(peer, why)`` and
@@ -97,6 +105,8 @@ class Lanes:
         """``sockets``: one data socket per lane, prepared by the traversal (NAT mappings learned), which the
         workers run on and this process punches from; None: each worker binds its own."""
         self.rank, self.world, self.job, self.opts, self.events = rank, world, job, opts, events
+        parcels.sweep_dead()  # what ranks on this host left when they were killed
+        _sweep_at_exit()
         self.workers = [Worker(k, sockets[k - 1] if sockets else None) for k in range(1, count + 1)]
         self.pending: dict[int, tuple[Request, int]] = {}  # send id -> (request, peer)
         self._ids = itertools.count(1)
@@ -241,12 +251,13 @@ class Lanes:
 
     # ---- shutdown (caller's thread) -----------------------------------------------------------------------
     def close(self, timeout: float = 5.0) -> None:
-        """Let each worker send what it holds, close its connections and exit."""
+        """Let each worker send what it holds (waiting up to ``timeout`` for it to be acknowledged), close its
+        connections and exit."""
         self._closing = True
         for w in self.workers:
             if w.gone is None and not w.control.closed:
                 try:
-                    w.send(("close",))
+                    w.send(("close", timeout))
                 except OSError:
                     w.closed.set()
         end = time.monotonic() + timeout

@@ -1,7 +1,9 @@
 """Payload handed between a rank and its striping workers (``lanes``) through files in shared memory
 (``/dev/shm``): the writer fills a file of its own, names it in a small message over the control socket,
 and the reader maps it and unlinks it at once, so the bytes are copied once each way and a file outlives
-neither side. Names carry the rank process's pid, so whatever a crash left behind can be swept at close.
+neither side. Names carry the rank process's pid, so whatever a failure left behind is swept: by the rank
+at close and when it exits without closing, by its workers when they find the rank gone, and by the next
+rank on the host that stripes (``sweep_dead``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ _DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempd
 _counter = itertools.count()
 
 
+_PREFIX = "erdma-quic-"
+
+
 def prefix(owner_pid: int) -> str:
-    return f"erdma-quic-{owner_pid}-"
+    return f"{_PREFIX}{owner_pid}-"
 
 
 def _name(owner_pid: int, tag: str) -> str:
@@ -67,7 +72,7 @@ def write(owner_pid: int, tag: str, data: memoryview) -> str:
 
 def take(name: str) -> memoryview:
     """Map the parcel ``name`` read-only and remove its file (the mapping lives as long as the view)."""
-    if "/" in name or not name.startswith("erdma-quic-"):
+    if "/" in name or not name.startswith(_PREFIX):
         raise ValueError(f"not a parcel name: {name!r}")
     path = _DIR / name
     fd = os.open(path, os.O_RDONLY)
@@ -77,6 +82,35 @@ def take(name: str) -> memoryview:
         return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)) if size else memoryview(b"")
     finally:
         os.close(fd)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie nobody reaped yet does not: it has ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def sweep_dead() -> int:
+    """Remove the parcels of ranks that no longer run (killed before they swept)."""
+    n = 0
+    owners = set()
+    for path in _DIR.glob(_PREFIX + "*"):
+        pid = path.name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit():
+            owners.add(int(pid))
+    for owner in owners:
+        if not alive(owner):
+            n += sweep(owner)
+    return n
 
 
 def sweep(owner_pid: int) -> int:

@@ -32,7 +32,7 @@ from .mesh import Back, Event, Joined, Lost, Mesh, Refused, Settings
 from .streams import Inbound, message_parts
 
 log = logging.getLogger("erdma.quic")
-_FLUSH_WAIT = 3.0  # seconds close waits for peers to acknowledge what was sent
+_ABORTED_WAIT = 2.0  # seconds close waits for peers to acknowledge what was sent, after an abort
 
 
 def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool) -> Settings:
@@ -299,7 +299,8 @@ class QuicTransport(MessageTransport):
             if self.lanes is not None:
                 self.lanes.stop()
             return
-        end = time.monotonic() + _FLUSH_WAIT
+        linger = self.linger if self.settling else _ABORTED_WAIT  # what was sent is acknowledged before closing
+        end = time.monotonic() + linger
         while time.monotonic() < end:
             try:
                 if endpoint.run_sync(mesh.flushed, timeout=1.0):
@@ -307,8 +308,10 @@ class QuicTransport(MessageTransport):
             except Exception:  # the loop is gone
                 break
             time.sleep(0.01)
+        else:
+            log.warning("rank %d: closed with parts it sent not acknowledged within %.0fs", self.rank, linger)
         if self.lanes is not None:
-            self.lanes.close()
+            self.lanes.close(max(1.0, end - time.monotonic()))
         try:
             endpoint.run_sync(mesh.close, endpoint.now, timeout=2.0)
         except Exception:  # the loop is already gone

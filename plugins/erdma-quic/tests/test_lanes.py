@@ -214,3 +214,40 @@ def test_a_parcel_left_by_a_dead_process_with_the_same_pid_does_not_block_a_writ
         assert os.waitpid(child, 0)[1] == 0
     finally:
         parcels.sweep(os.getpid())
+
+
+def killed_mid_striped_allreduce(pg):  # type: ignore[no-untyped-def]
+    arr = np.ones(4 << 20, np.float32)  # 16 MiB: hundreds of parts through the worker, both ways
+    if pg.rank() == 1:
+        pg.allreduce(arr, async_op=True)
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    pg.allreduce(arr)
+
+
+def test_a_rank_killed_mid_transfer_leaves_no_parcels(erdma_world, quic_config):  # type: ignore[no-untyped-def]
+    """Rank 1 is killed while parts of a striped allreduce move: its worker removes what was left for it, and
+    rank 0 (which fails, naming rank 1) removes its own when it closes."""
+    world = erdma_world(2, {**quic_config, "transport.quic.workers": 1, "transport.quic.part_bytes": 65536,
+                            "timeouts.collective": 30.0}, timeout=60)
+    pids = [p.pid for p in world.procs]
+    outcomes = world.outcomes(killed_mid_striped_allreduce)
+    assert "died" in outcomes[1] and isinstance(outcomes[0], PeerLostError), outcomes
+    world.close()
+    deadline = time.monotonic() + 30
+    while left := [p for pid in pids for p in Path(parcels._DIR).glob(parcels.prefix(pid) + "*")]:
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)
+
+
+def test_parcels_of_a_rank_that_no_longer_runs_are_swept(tmp_path):  # type: ignore[no-untyped-def]
+    child = os.fork()
+    if child == 0:
+        parcels.write(os.getpid(), "out1", memoryview(b"left behind"))
+        os._exit(0)  # no close, no sweep: as a SIGKILL would
+    os.waitpid(child, 0)
+    assert list(Path(parcels._DIR).glob(parcels.prefix(child) + "*"))
+    mine = parcels.write(os.getpid(), "out1", memoryview(b"still mine"))
+    assert parcels.sweep_dead() >= 1
+    assert not list(Path(parcels._DIR).glob(parcels.prefix(child) + "*"))
+    assert bytes(parcels.take(mine)) == b"still mine"  # a live rank's stay

@@ -267,21 +267,24 @@ class VerbsTransport(MessageTransport):
                 if copied:
                     out.req.complete()
 
-    def _credit(self, link: _Link) -> None:
-        """Tell the peer how many slots of its ring we have freed (also the keepalive), under the lock."""
+    def _credit(self, link: _Link, signal: bool = False) -> bool:
+        """Tell the peer how many slots of its ring we have freed (also the keepalive), under the lock;
+        ``signal``: ask for this request's completion (which retires every request posted before it). Whether
+        it was posted."""
         if link.dead or len(link.posted) >= self.depth:
-            return
-        signal = link.unsignaled + 1 >= self.signal_every
+            return False
+        signal = signal or link.unsignaled + 1 >= self.signal_every
         self._ids += 1
         try:
             link.qp.send_imm(self._ids, link.consumed % _MOD, self.ctrl_addr, 1, self.ctrl_mr.lkey, signal)
         except Exception as exc:
             self._link_failed(link, f"posting a credit failed: {exc}")
-            return
+            return False
         link.posted.append((self._ids, None, -1))
         link.unsignaled = 0 if signal else link.unsignaled + 1
         link.reported = link.consumed
         link.last_send = time.monotonic()
+        return True
 
     def _retire(self, link: _Link, wr_id: int, error: BaseException | None = None) -> None:
         """Request ``wr_id`` completed: so did every one posted to ``link`` before it (RC completes in order)."""
@@ -465,6 +468,22 @@ class VerbsTransport(MessageTransport):
                     self.abort(rc.VerbsError(f"rank {self.rank}: verbs I/O thread failed: {exc!r}"), wait=False)
                 return
 
+    def _settle(self, deadline: float) -> None:
+        """Until ``deadline``, let the I/O thread send what is queued and take the completions of what was
+        posted (a last signalled credit on each link retires the unsignalled requests before it): on an RC
+        queue pair a completion means the peer acknowledged the write."""
+        flushed: set[int] = set()
+        while time.monotonic() < deadline:
+            with self._lock:
+                live = [link for link in self.links.values() if not link.dead and (link.queue or link.posted)]
+                for link in live:
+                    if not link.queue and link.peer not in flushed and self._credit(link, signal=True):
+                        flushed.add(link.peer)
+            if not live:
+                return
+            time.sleep(0.001)
+        log.warning("rank %d: closed with writes not acknowledged within %.0fs", self.rank, self.linger)
+
     def _keepalives(self, now: float) -> None:
         with self._lock:
             for link in self.links.values():
@@ -473,6 +492,8 @@ class VerbsTransport(MessageTransport):
                     self._credit(link)
 
     def shutdown(self) -> None:
+        if self.settling and self._thread is not None and self._thread is not threading.current_thread():
+            self._settle(time.monotonic() + self.linger)
         self._stop = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
