@@ -86,7 +86,8 @@ def test_killed_in_the_middle_of_an_allreduce(tmp_path, kills):
     """3 peers stay; a fourth kills itself in the middle of its second allreduce (4 Mi float32: before one of
     its messages picked at random), a new one takes its place, ``kills`` times. Every step's result must be
     uniform (never half-applied), the same on every member, and the average of one value per member; every
-    kill inside an allreduce makes the survivors run it again."""
+    kill inside an allreduce makes the survivors run it again. The job stops once the last newcomer has
+    taken a step with the others."""
     stop = tmp_path / "stop"
     with ElasticJob(python(*PEER), tmp_path, min_peers=4, env={"STEPS": "100000", "STOP_FILE": str(stop)}) as job:
         for _ in range(3):
@@ -99,7 +100,9 @@ def test_killed_in_the_middle_of_an_allreduce(tmp_path, kills):
                 done += 1
                 victim = job.start({"DIE_IN": "2"} if done < kills else {})
             time.sleep(0.05)
-        time.sleep(1.0)
+        while not any(STEP.search(line) for line in victim.lines):  # the last one is a member now
+            assert victim.alive() and time.monotonic() < end + 60, victim.lines[-5:]
+            time.sleep(0.05)
         stop.touch()
         codes = job.wait_all(60)
     assert done == kills
@@ -115,3 +118,22 @@ def test_killed_in_the_middle_of_an_allreduce(tmp_path, kills):
         retried += int(again)
     late = sum(line == "late kill" for p in job.peers for line in p.lines)
     assert late <= 3 and retried == kills - late, (retried, late)
+
+
+def test_a_newcomer_to_a_job_that_has_finished_is_told_and_exits_cleanly(tmp_path):
+    """The members stop (their stop file) and finish the job; a peer that comes after learns it at once,
+    instead of waiting out its join timeout."""
+    stop = tmp_path / "stop"
+    with ElasticJob(python(*PEER), tmp_path, min_peers=2, env={"STEPS": "100000", "STOP_FILE": str(stop),
+                                                               "ELEMENTS": "1024"}) as job:
+        members = [job.start(), job.start()]
+        end = time.monotonic() + 60
+        while not all(any(STEP.search(line) for line in m.lines) for m in members):
+            assert time.monotonic() < end and all(m.alive() for m in members), [m.lines[-3:] for m in members]
+            time.sleep(0.05)
+        stop.touch()
+        assert [m.wait(60) for m in members] == [0, 0]
+        late = job.start()
+        start = time.monotonic()
+        assert late.wait(60) == 0 and "job finished" in late.lines, late.lines[-5:]
+        assert time.monotonic() - start < 30  # told, not timed out (join_timeout is 600 s)

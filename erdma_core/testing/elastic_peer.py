@@ -3,7 +3,8 @@
 Each step allreduces (average) a vector of ``ELEMENTS`` float32 holding one value per peer, adds it to the state
 and prints the step, the count, the result's first element, whether the result is one value throughout, the
 state hash, how long the allreduce took and whether it ran again. The members stop together once ``STOP_FILE``
-exists on one of them (a MAX allreduce of a flag each step), or after ``STEPS`` steps. ``DIE_IN=k``: this peer
+exists on one of them (a MAX allreduce of a flag each step), or after ``STEPS`` steps, and then finish the job:
+a peer still waiting to be admitted is told so, prints ``job finished`` and exits 0. ``DIE_IN=k``: this peer
 kills itself (SIGKILL) in the middle of its k-th allreduce of the vector, before one of that allreduce's
 messages picked at random (the first allreduce counts how many there are). A ``sync`` that changed the
 membership prints how long it took.
@@ -48,7 +49,11 @@ def main() -> int:
     die_in = int(os.environ.get("DIE_IN", "0"))
     stop_file = os.environ.get("STOP_FILE", "")
     state = {"w": np.zeros(n_elements, np.float32)}
-    group = elastic.join(state)
+    try:
+        group = elastic.join(state)
+    except elastic.JobFinishedError:
+        print("job finished", flush=True)
+        return 0
     mine = float(os.getpid() % 97 + 1)
     taken, frames = 0, 0
     while group.step < steps:
@@ -85,7 +90,7 @@ def main() -> int:
               f"setup {group.setup_s:.4f}",
               flush=True)
     print(f"counters {' '.join(f'{k}={v}' for k, v in group.counters.items())}", flush=True)
-    group.leave()
+    group.finish()
     return 0
 
 
