@@ -6,7 +6,6 @@ everything one rank sends blocked for 6 s from just before its last allreduce, o
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+from labjobs import results  # noqa: E402
 
 from benchmarks.netlab.topology import Lab, LinkSpec  # noqa: E402
 
@@ -28,20 +29,6 @@ def _start(lab: Lab, transport: str, args: list[str]) -> list[subprocess.Popen[s
             "ERDMA_SECRET": "lab-test", "ERDMA_TIMEOUTS_COLLECTIVE": "120", "OMP_NUM_THREADS": "1"}
     return [lab.popen(i, [*JOB, *args], env=env | {"RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       text=True) for i in range(2)]
-
-
-def _results(procs: list[subprocess.Popen[str]]) -> list[dict]:
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=400)
-            assert p.returncode == 0, err[-3000:]
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return outs
 
 
 def _block(lab: Lab, rank: int, proto: str, hook: str, on: bool) -> None:
@@ -66,7 +53,7 @@ def _wait_for(path: Path, procs: list[subprocess.Popen[str]]) -> None:
 @pytest.mark.parametrize("loss", [0.1, 0.3])
 def test_tcp_through_heavy_loss_delivers_every_result(loss: float) -> None:
     with Lab(2, LinkSpec(rtt_ms=10, loss=loss)) as lab:
-        res = _results(_start(lab, "tcp", ["12", "1024"]))
+        res = results(_start(lab, "tcp", ["12", "1024"]), 400)
         lost = lab.relay_counters()["lost"]
     assert [r["wrong"] for r in res] == [0, 0] and [r["iters"] for r in res] == [12, 12], res
     assert lost > 0
@@ -86,7 +73,7 @@ def test_a_tcp_link_dark_between_collectives_for_longer_than_keepalive_allowed_i
         for hook in ("input", "output"):
             _block(lab, 1, "tcp", hook, False)
         go.touch()
-        res = _results(procs)
+        res = results(procs, 400)
     assert [r["wrong"] for r in res] == [0, 0] and [r["iters"] for r in res] == [20, 20], res
 
 
@@ -107,5 +94,5 @@ def test_what_a_rank_sent_last_arrives_after_it_closed(tmp_path: Path, transport
         go.touch()
         time.sleep(6.0)
         _block(lab, 1, proto, "output", False)
-        res = _results(procs)
+        res = results(procs, 400)
     assert [r["wrong"] for r in res] == [0, 0] and [r["iters"] for r in res] == [5, 5], res

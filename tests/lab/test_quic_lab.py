@@ -4,7 +4,6 @@ than the idle timeout, after which the ranks reconnect (TLS resumption, 0-RTT) a
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -16,6 +15,8 @@ import pytest
 
 pytest.importorskip("erdma_quic")
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+from labjobs import results  # noqa: E402
 
 from benchmarks.netlab.topology import Lab, LinkSpec  # noqa: E402
 from benchmarks.scenarios import scenario  # noqa: E402
@@ -46,17 +47,7 @@ def run_job(lab: Lab, args: list[str], env: dict[str, str] | None = None, timeou
     procs = start_job(lab, args, env)
     if callable(during):
         during()
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, err[-3000:]
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return outs
+    return results(procs, timeout)
 
 
 def test_thousand_allreduces_through_lossy_are_bit_exact():

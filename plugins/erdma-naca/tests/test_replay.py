@@ -125,18 +125,22 @@ def test_replays_into_the_standby_do_not_break_a_failover(start_node: Any, secre
     assert " 0 bad tags" not in standby.stop()  # what was meant for the other node, dropped
 
 
-def idle_then_more(pg: Any, pause: float) -> dict[str, Any]:
-    """An allreduce, a pause, 8 more: 50 chunks each, so that the node's REJECTs of the chunks of the job it
-    forgot outnumber what the first one needed (the rest are still there when the rank JOINs again)."""
-    x = np.ones(50_000, np.int64)
-    pg.allreduce(x)
-    time.sleep(pause)  # the node forgets the job meanwhile
+def allreduces(pg: Any, n: int, count: int) -> dict[str, Any]:
+    """``n`` allreduces of ``count`` exact integers: whether each was right, and the counters after."""
     right = []
-    for _ in range(8):
-        y = np.full(50_000, pg.rank() + 1, np.int64)
+    for _ in range(n):
+        y = np.full(count, pg.rank() + 1, np.int64)
         pg.allreduce(y)
         right.append(bool((y == sum(range(1, pg.size() + 1))).all()))
     return {"right": right, "counters": pg.counters()}
+
+
+def idle_then_more(pg: Any, pause: float) -> dict[str, Any]:
+    """An allreduce, a pause, 8 more: 50 chunks each, so that the node's REJECTs of the chunks of the job it
+    forgot outnumber what the first one needed (the rest are still there when the rank JOINs again)."""
+    pg.allreduce(np.ones(50_000, np.int64))
+    time.sleep(pause)  # the node forgets the job meanwhile
+    return allreduces(pg, 8, 50_000)
 
 
 def test_a_job_idle_longer_than_the_node_remembers_goes_back_to_it(start_node: Any, secret_file: Path) -> None:
@@ -155,9 +159,9 @@ def test_a_group_on_the_hosts_goes_back_to_its_node_when_it_answers(start_node: 
         port = s.getsockname()[1]
     cfg = naca_config([f"127.0.0.1:{port}"], secret_file, join_timeout=0.3, reprobe_after=4)
     with World(2, config=cfg, timeout=120) as world:
-        first = world.run(on_hosts_then_node_first)
+        first = world.run(on_hosts)
         node = start_node("--port", str(port))
-        results = world.run(on_hosts_then_node_rest)
+        results = world.run(allreduces, 12, 100)
     assert all(c["allreduce.naca.fallback.ring"] == 1 for c in first)
     for res in results:
         c = res["counters"]
@@ -167,15 +171,6 @@ def test_a_group_on_the_hosts_goes_back_to_its_node_when_it_answers(start_node: 
     assert " 0 joins" not in node.stop()
 
 
-def on_hosts_then_node_first(pg: Any) -> dict[str, int]:
+def on_hosts(pg: Any) -> dict[str, int]:
     pg.allreduce(np.ones(100, np.int64))  # no node answers: on the hosts
     return pg.counters()
-
-
-def on_hosts_then_node_rest(pg: Any) -> dict[str, Any]:
-    right = []
-    for _ in range(12):
-        y = np.full(100, pg.rank() + 1, np.int64)
-        pg.allreduce(y)
-        right.append(bool((y == sum(range(1, pg.size() + 1))).all()))
-    return {"right": right, "counters": pg.counters()}
