@@ -120,12 +120,15 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-struct sdesc { /* one send: the frame header (copied) and the caller's payload (read while it is cut up) */
+struct sdesc { /* one send: the frame header (copied), the caller's payload (read while it is cut up) and what
+                 * follows the payload (copied: a sealed frame's tag) */
     struct sdesc *next;
-    uint8_t head[64];
+    uint8_t head[128];
     int head_len;
     const uint8_t *data;
     uint64_t len;
+    uint8_t tail[16];
+    int tail_len;
     uint64_t token;
 };
 
@@ -354,9 +357,9 @@ static void flush_tx(eds_ep *ep);
 
 /* ---- sending ------------------------------------------------------------------------------------------ */
 int eds_send(eds_ep *ep, int peer, const unsigned char *head, int head_len, const unsigned char *data,
-             unsigned long long len, unsigned long long token, int urgent) {
-    if (peer < 0 || peer >= ep->nlinks_max || head_len < 0 || head_len > 64) {
-        fail("bad send (peer %d, header %d bytes)", peer, head_len);
+             unsigned long long len, const unsigned char *tail, int tail_len, unsigned long long token, int urgent) {
+    if (peer < 0 || peer >= ep->nlinks_max || head_len < 0 || head_len > 128 || tail_len < 0 || tail_len > 16) {
+        fail("bad send (peer %d, header %d bytes, tail %d bytes)", peer, head_len, tail_len);
         return -1;
     }
     struct sdesc *d = malloc(sizeof *d);
@@ -368,6 +371,9 @@ int eds_send(eds_ep *ep, int peer, const unsigned char *head, int head_len, cons
     d->head_len = head_len;
     d->data = data;
     d->len = len;
+    if (tail_len)
+        memcpy(d->tail, tail, (size_t)tail_len);
+    d->tail_len = tail_len;
     d->token = token;
     d->next = NULL;
     pthread_mutex_lock(&ep->mu);
@@ -543,7 +549,7 @@ static int send_new(eds_ep *ep, struct link *l, uint64_t now) {
         int room = ep->mss;
         while (room > 0 && l->q_head) { /* small frames share a packet */
             struct sdesc *d = l->q_head;
-            uint64_t total = (uint64_t)d->head_len + d->len;
+            uint64_t body = (uint64_t)d->head_len + d->len, total = body + (uint64_t)d->tail_len;
             uint64_t take = total - l->q_off;
             if (take > (uint64_t)room)
                 take = (uint64_t)room;
@@ -557,8 +563,17 @@ static int send_new(eds_ep *ep, struct link *l, uint64_t now) {
                 off += h;
                 left -= h;
             }
+            if (left && off < body) {
+                uint64_t p = body - off;
+                if (p > left)
+                    p = left;
+                memcpy(at, d->data + (off - (uint64_t)d->head_len), p);
+                at += p;
+                off += p;
+                left -= p;
+            }
             if (left) {
-                memcpy(at, d->data + (off - (uint64_t)d->head_len), left);
+                memcpy(at, d->tail + (off - body), left);
                 at += left;
             }
             room -= (int)take;

@@ -21,7 +21,7 @@ int eds_port_mac(eds_ep *ep, int port, unsigned char *mac);
 int eds_add_link(eds_ep *ep, int peer, int port, const unsigned char *mac, unsigned int nonce);
 int eds_links_up(eds_ep *ep);
 int eds_send(eds_ep *ep, int peer, const unsigned char *head, int head_len, const unsigned char *data,
-             unsigned long long len, unsigned long long token, int urgent);
+             unsigned long long len, const unsigned char *tail, int tail_len, unsigned long long token, int urgent);
 int eds_progress(eds_ep *ep, long long timeout_us);
 long long eds_read(eds_ep *ep, int peer, unsigned char *out, long long n, long long sink_min);
 long long eds_sink_take(eds_ep *ep, int peer);

@@ -28,8 +28,8 @@ import threading
 import time
 from typing import Any
 
-from erdma_core.errors import ConfigError, PeerLostError
-from erdma_core.transport import auth
+from erdma_core.errors import ConfigError, IntegrityError, PeerLostError
+from erdma_core.transport import auth, integrity
 from erdma_core.transport.base import MessageTransport, TransportContext, await_key, failed_elsewhere
 from erdma_core.transport.frames import DIRECT_BYTES, StreamReader
 from erdma_core.transport.mailbox import Request
@@ -88,6 +88,7 @@ class DpdkTransport(MessageTransport):
         self._status = ffi.new("int[256]")
         self._info = ffi.new("eds_link_info *")
         self._sockets: list[pathlib.Path] = []
+        self._seals: dict[int, integrity.Sealer] = {}  # af_packet: every frame sealed (``integrity``)
         self._job_dir: pathlib.Path | None = None
         self._forget = lambda: None
         self.stats: dict[int, dict[str, int]] = {}
@@ -122,7 +123,8 @@ class DpdkTransport(MessageTransport):
         self._forget = eal.on_exit(self.shutdown)
         if o["inject_loss"]:
             lib.eds_set_loss(self.ep, int(o["inject_loss"] * 1e6))
-        me: dict[str, Any] = {"nonce": self.nonce, "backend": self.backend, "frame": frame, "window": window}
+        me: dict[str, Any] = {"nonce": self.nonce, "backend": self.backend, "frame": frame, "window": window,
+                              "seal": secrets.token_hex(16)}
         port_of: dict[int, int] = {}
         if self.backend == "memif":
             memif_secret = auth.job_key(ctx.secret, ctx.job).hex()[:24]
@@ -149,7 +151,7 @@ class DpdkTransport(MessageTransport):
                 mac = bytes.fromhex(theirs["mac"])
             if lib.eds_add_link(self.ep, peer, port_of[peer], mac, theirs["nonce"]) != 0:
                 raise eal.DpdkError(f"rank {self.rank}: {eal.error()}")
-            self.links[peer] = _Link(peer, StreamReader(self.inbox(peer)))
+            self.links[peer] = _Link(peer, StreamReader(self.inbox(peer), self._sealing(ctx, peer, me, theirs, iface)))
         while not lib.eds_links_up(self.ep):
             if time.monotonic() > deadline:
                 raise eal.DpdkError(f"rank {self.rank}: the {self.backend} links did not come up within "
@@ -166,6 +168,18 @@ class DpdkTransport(MessageTransport):
         self._thread = threading.Thread(target=self._run, name=f"erdma-dpdk-{self.rank}", daemon=True)
         self._thread.start()
         self._thread_id = self._thread.ident
+
+    def _sealing(self, ctx: TransportContext, peer: int, me: dict[str, Any], theirs: dict[str, Any],
+                 iface: str | None) -> integrity.Checker | None:
+        """af_packet frames cross a network: each is sealed, with keys from the job's secret and both ranks'
+        fresh nonces (``integrity``); memif's stay in memory two processes of the host share."""
+        if self.backend == "memif":
+            return None
+        low, high = (me, theirs) if self.rank < peer else (theirs, me)
+        transcript = f"dpdk|{min(self.rank, peer)}|{max(self.rank, peer)}|{low['seal']}|{high['seal']}".encode()
+        send, receive = integrity.keys(auth.job_key(ctx.secret, ctx.job), transcript, self.rank > peer)
+        self._seals[peer] = integrity.Sealer(send)
+        return integrity.Checker(receive, rank=self.rank, peer=peer, where=f"DPDK af_packet on {iface}")
 
     def _memif_servers(self, o: dict[str, Any], tag: str, frame: int, secret: str,
                        port_of: dict[int, int]) -> dict[str, str]:
@@ -215,10 +229,13 @@ class DpdkTransport(MessageTransport):
             return
         data = payload.cast("B") if payload.format != "B" or payload.ndim != 1 else payload
         buf = ffi.from_buffer(data) if data.nbytes else ffi.NULL
-        head = header.pack()
+        head, tail = header.pack(), b""
+        seal = self._seals.get(peer)
+        if seal is not None:
+            head, tail = seal.seal(head, data, pieces=False)  # type: ignore[assignment]
         token = next(_ids)
         self._sends[token] = (req, peer, data, buf)
-        if lib.eds_send(self.ep, peer, head, len(head), buf, data.nbytes, token, int(urgent)) != 0:
+        if lib.eds_send(self.ep, peer, head, len(head), buf, data.nbytes, tail, len(tail), token, int(urgent)) != 0:  # type: ignore[arg-type]
             self._sends.pop(token, None)
             req.complete(link.error or self.peer_lost(peer, eal.error()))
 
@@ -295,6 +312,8 @@ class DpdkTransport(MessageTransport):
                     if sink and size - n >= DIRECT_BYTES:
                         link.sink = where
                     return
+        except IntegrityError as exc:  # damaged on the way: every rank fails with it (the reader drops the rest)
+            self.abort(exc, wait=False)
         except Exception as exc:  # a malformed frame: this peer's stream cannot be trusted any more
             self._link_failed(link, exc)
 

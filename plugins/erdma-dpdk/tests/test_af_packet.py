@@ -2,7 +2,8 @@
 bridge whose forwarding drops 1% of the transport's frames at random (nftables, ``numgen random``: the
 kernel here has no netem), and the core's collective tests still pass byte for byte on 2 and 4 ranks, thanks
 to retransmission, and so do its failure tests (a killed peer is noticed by silence: ``peer_timeout``); the
-counters and the bridge's drop counter show the loss was there."""
+counters and the bridge's drop counter show the loss was there. A bridge that changes a byte of every full
+packet fails the job with an ``IntegrityError`` on both ranks instead of a wrong sum."""
 
 from __future__ import annotations
 
@@ -116,3 +117,39 @@ def test_a_frame_larger_than_the_mtu_is_refused(lab, tmp_path):
     run = _in(lab, [sys.executable, "-c", REFUSED % tmp_path], AF_PACKET, 120)
     assert "'transport.dpdk.frame_bytes': frame 9000 > 1514, the most interface v0's MTU 1500 carries" in run.stdout, \
         run.stdout + run.stderr[-3000:]
+
+
+FLIP = """table bridge erdmaflip {
+  chain flip { type filter hook forward priority 1; ether type 0x88b5 meta length > 1400 @ll,8000,8 set 0x5a counter; }
+}
+"""
+FLIPPED = """
+import json
+import numpy as np
+from erdma_core.testing.world import World
+
+def allreduce(pg):
+    x = np.random.default_rng(pg.rank()).standard_normal(1 << 18).astype(np.float32)
+    pg.allreduce(x)
+    return x.tolist() == sum(np.random.default_rng(r).standard_normal(1 << 18).astype(np.float32) for r in range(2)).tolist()
+
+with World(2, {"transport.name": "dpdk", "timeouts.collective": 60.0}, timeout=120) as world:
+    print(json.dumps([repr(o) if isinstance(o, bool) else [type(o).__name__, str(o), o.rank, o.peer]
+                      for o in world.outcomes(allreduce)]))
+"""
+
+
+def test_a_byte_changed_on_the_way_fails_both_ranks(lab):
+    """The bridge sets byte 1000 of every full packet (inside the 1 MiB payloads) to 0x5a: without the seal
+    the sums came out wrong on both ranks; with it a receiver's check fails and it aborts the job."""
+    subprocess.run(["ip", "netns", "exec", lab, "nft", "-f", "-"], input=FLIP, text=True, check=True, timeout=30)
+    try:
+        run = _in(lab, [sys.executable, "-c", FLIPPED], AF_PACKET, 300)
+    finally:
+        subprocess.run(["ip", "netns", "exec", lab, "nft", "delete", "table", "bridge", "erdmaflip"], timeout=30)
+    assert run.returncode == 0, run.stderr[-4000:]
+    outcomes = json.loads(run.stdout.strip().splitlines()[-1])
+    for rank, outcome in enumerate(outcomes):
+        assert isinstance(outcome, list) and outcome[0] == "IntegrityError" and outcome[2] == rank, outcomes
+        assert "integrity check failed on a frame from rank " in outcome[1], outcome
+        assert "over DPDK af_packet on v" in outcome[1] and "the payload's tag does not match" in outcome[1], outcome
