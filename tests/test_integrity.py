@@ -74,6 +74,20 @@ def test_sealed_frames_land(cut):
     assert reader.between_frames
 
 
+def test_a_payload_tagged_at_once_lands_as_one_tagged_piece_by_piece():
+    """``Sealer.whole`` (erdma-dpdk's shim writes the payload itself) gives the same tag as the pieces."""
+    sealer, check = _pair()
+    payloads = [b"", os.urandom(5), os.urandom(2 * integrity.PIECE + 3)]
+    reader, box = _reader(check)
+    outs = [bytearray(len(p)) for p in payloads]
+    reqs = [box.post_recv(1, _header(len(p), tag), memoryview(o))
+            for tag, (p, o) in enumerate(zip(payloads, outs, strict=True))]
+    for tag, payload in enumerate(payloads):
+        head, tail = sealer.whole(_header(len(payload), tag).pack(), memoryview(payload))
+        _feed(reader, head + payload + tail, 5000)
+    assert all(r.wait(0) for r in reqs) and [bytes(o) for o in outs] == payloads
+
+
 @pytest.mark.parametrize("size", [1, 300, DIRECT_BYTES + 11, integrity.PIECE + 1])
 @pytest.mark.parametrize("posted", [True, False])
 def test_every_byte_of_a_frame_flipped_fails_the_check(size, posted):

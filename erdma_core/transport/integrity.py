@@ -165,15 +165,22 @@ class Sealer:
         self._aead = self._mac.aead  # called directly for the two small tags of every frame
         self._counter = itertools.count(1)  # next() is atomic under the GIL
 
-    def seal(self, head: bytes, payload: memoryview, *, pieces: bool = True) -> tuple[bytes | SealedFrame, bytes | None]:
-        """``pieces=False``: the tag of any payload at once (for a transport that writes the payload itself)."""
+    def seal(self, head: bytes, payload: memoryview) -> tuple[bytes | SealedFrame, bytes | None]:
+        if payload.nbytes > PIECE:
+            counter, head = self._head(head)
+            return SealedFrame(head, payload, self._mac.stream(counter + _PAYLOAD)), None
+        return self.whole(head, payload)
+
+    def whole(self, head: bytes, payload: memoryview) -> tuple[bytes, bytes]:
+        """``(prefix, tail)`` for a payload of any size, tagged at once (for a transport that writes the
+        payload itself, as erdma-dpdk's shim does)."""
+        counter, head = self._head(head)
+        return head, self._mac.tag(counter + _PAYLOAD, payload) if payload.nbytes else b""
+
+    def _head(self, head: bytes) -> tuple[bytes, bytes]:
         counter = next(self._counter).to_bytes(8, "little")
         head += counter
-        head += self._aead.encrypt(counter + _HEADER, b"", head)
-        nbytes = payload.nbytes
-        if nbytes > PIECE and pieces:
-            return SealedFrame(head, payload, self._mac.stream(counter + _PAYLOAD)), None
-        return head, self._mac.tag(counter + _PAYLOAD, payload) if nbytes else b""
+        return counter, head + self._aead.encrypt(counter + _HEADER, b"", head)
 
 
 class Checker:

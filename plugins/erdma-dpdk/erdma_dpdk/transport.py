@@ -232,10 +232,10 @@ class DpdkTransport(MessageTransport):
         head, tail = header.pack(), b""
         seal = self._seals.get(peer)
         if seal is not None:
-            head, tail = seal.seal(head, data, pieces=False)  # type: ignore[assignment]
+            head, tail = seal.whole(head, data)
         token = next(_ids)
         self._sends[token] = (req, peer, data, buf)
-        if lib.eds_send(self.ep, peer, head, len(head), buf, data.nbytes, tail, len(tail), token, int(urgent)) != 0:  # type: ignore[arg-type]
+        if lib.eds_send(self.ep, peer, head, len(head), buf, data.nbytes, tail, len(tail), token, int(urgent)):
             self._sends.pop(token, None)
             req.complete(link.error or self.peer_lost(peer, eal.error()))
 
