@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from erdma_core.processes import running
+
 ERDMA = [sys.executable, "-m", "erdma_core.cli"]
 RANK = """
 import os, sys, time
@@ -62,23 +64,14 @@ def _pids(where: Path, n: int, proc: subprocess.Popen[str]) -> list[int]:
     return pids
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:  # a zombie nobody reaped yet is gone too
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def _stopped(proc: subprocess.Popen[str], pids: list[int], signum: int) -> str:
     """Send ``signum`` to the launcher; check it ends as that signal does and leaves none of ``pids``."""
     os.kill(proc.pid, signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signum, (proc.returncode, err)
     deadline = time.monotonic() + 10
-    while not all(_gone(p) for p in pids):
-        assert time.monotonic() < deadline, f"still running: {[p for p in pids if not _gone(p)]}"
+    while any(running(p) for p in pids):
+        assert time.monotonic() < deadline, f"still running: {[p for p in pids if running(p)]}"
         time.sleep(0.05)
     return err
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import attrs
 
+from erdma_core.processes import running
+
 HERE = Path(__file__).resolve().parent
 RELAY_SRC = HERE / "relay.c"
 RELAY_BIN = HERE / "build" / "erdma-relay"
@@ -80,22 +82,12 @@ def build_relay() -> Path:
     return RELAY_BIN
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale() -> list[str]:
     """Delete lab namespaces whose creating process is gone."""
     removed = []
     for line in sh("ip", "netns", "list").splitlines():
         m = re.match(r"(erl(\d+)-\S+)", line)
-        if m and not _pid_alive(int(m.group(2))):
+        if m and not running(int(m.group(2))):
             sh("ip", "netns", "del", m.group(1), check=False)
             removed.append(m.group(1))
     return removed

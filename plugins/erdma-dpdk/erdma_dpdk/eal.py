@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from erdma_core.errors import ErdmaError
+from erdma_core.processes import running
 
 from ._shim import ffi, lib
 
@@ -49,22 +50,12 @@ def runtime_root() -> pathlib.Path:
     return pathlib.Path(os.environ.get("XDG_RUNTIME_DIR", "/tmp")) / "dpdk"
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep(root: pathlib.Path, pattern: str, pid_of: Callable[[str], int | None]) -> int:
     """Remove what ``pattern`` matches under ``root`` whose owning process (``pid_of(name)``) is gone."""
     removed = 0
     for path in root.glob(pattern) if root.exists() else []:
         pid = pid_of(path.name)
-        if pid is None or pid == os.getpid() or alive(pid):
+        if pid is None or pid == os.getpid() or running(pid):
             continue
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

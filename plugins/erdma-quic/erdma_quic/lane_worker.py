@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
+from erdma_core.processes import running
 from erdma_core.transport.mailbox import Request
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
@@ -154,7 +155,7 @@ def main(fd: int, data_fd: int | None = None) -> int:
     try:
         return _serve(control, setup, data_fd)
     finally:
-        if not parcels.alive(setup["owner"]):  # its rank is gone: nobody will take what it was handed
+        if not running(setup["owner"]):  # its rank is gone: nobody will take what it was handed
             parcels.sweep(setup["owner"])
 
 
@@ -180,7 +181,7 @@ def _serve(control: Connection, setup: dict[str, Any], data_fd: int | None) -> i
         if lane.endpoint is not None:
             lane.endpoint.stop()
     finally:
-        if not parcels.alive(setup["owner"]):
+        if not running(setup["owner"]):
             parcels.sweep(setup["owner"])
         os._exit(0)  # the rank may already be gone: no interpreter teardown that could block on it
 

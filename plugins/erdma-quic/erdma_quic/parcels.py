@@ -15,6 +15,8 @@ import secrets
 import tempfile
 from pathlib import Path
 
+from erdma_core.processes import running
+
 _DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 _counter = itertools.count()
 
@@ -84,21 +86,6 @@ def take(name: str) -> memoryview:
         os.close(fd)
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie nobody reaped yet does not: it has ended)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's: alive
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def sweep_dead() -> int:
     """Remove the parcels of ranks that no longer run (killed before they swept)."""
     n = 0
@@ -108,7 +95,7 @@ def sweep_dead() -> int:
         if pid.isdigit():
             owners.add(int(pid))
     for owner in owners:
-        if not alive(owner):
+        if not running(owner):
             n += sweep(owner)
     return n
 
