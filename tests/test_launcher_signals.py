@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from erdma_core.processes import running
+from erdma_core.transport.leftovers import running
 
 ERDMA = [sys.executable, "-m", "erdma_core.cli"]
 RANK = """

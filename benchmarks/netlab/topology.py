@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from erdma_core.processes import running
+from erdma_core.transport.leftovers import running
 
 HERE = Path(__file__).resolve().parent
 RELAY_SRC = HERE / "relay.c"

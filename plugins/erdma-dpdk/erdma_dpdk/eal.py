@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from erdma_core.errors import ErdmaError
-from erdma_core.processes import running
+from erdma_core.transport.leftovers import running
 
 from ._shim import ffi, lib
 

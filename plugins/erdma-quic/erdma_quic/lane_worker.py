@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
-from erdma_core.processes import running
+from erdma_core.transport.leftovers import running
 from erdma_core.transport.mailbox import Request
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic

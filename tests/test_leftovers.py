@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from erdma_core.processes import running
+from erdma_core.transport.leftovers import running
 
 
 def test_a_running_process_a_zombie_and_a_reaped_one():
