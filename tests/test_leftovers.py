@@ -1,4 +1,4 @@
-"""``processes.running``: what sweeps of leftovers rely on to tell a dead owner from a live one."""
+"""``leftovers.running``: what sweeps of leftovers rely on to tell a dead owner from a live one."""
 
 from __future__ import annotations
 
