@@ -22,7 +22,13 @@ class Traversal(Protocol):
     and ``dial_plan(candidates) -> (list[Candidate], seconds)``: of a peer's candidates, those this rank dials,
     in order, and how long it waits for an answer from one before it dials the next. The decision is made by
     trying: a transport that dials through a plan keeps the first candidate that answers, and after an
-    outage goes through the plan again."""
+    outage goes through the plan again.
+
+    A strategy that prepares a TCP port offers ``tcp_socket() -> socket``: a TCP socket bound with
+    SO_REUSEADDR and SO_REUSEPORT whose NAT mapping it learned (``candidates`` answers for its port). A stream
+    transport (the built-in TCP) then listens on it and meets every peer of another host from that port,
+    both ranks connecting at once (``erdma_core.transport.meet``), so that each opens its own NAT; it raises
+    ``ConfigError`` for settings it cannot keep over TCP."""
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """Given the address this rank listens on, return the address peers should dial."""

@@ -45,4 +45,5 @@ def test_stream_transports_write_only_set_up_and_byte_movement():
     for cls in (TcpTransport, SocketTransport):
         assert not shared & set(vars(cls)), (cls, shared & set(vars(cls)))
     assert set(vars(TcpTransport)) - {"__module__", "__doc__", "__init__", "__qualname__", "__firstlineno__",
-                                      "__static_attributes__"} == {"name", "key", "devices", "listen", "dial", "tune"}
+                                      "__static_attributes__"} == {"name", "key", "devices", "listen", "dial", "tune",
+                                                                   "meeting_point", "nearby"}

@@ -21,6 +21,7 @@ from ..errors import AuthenticationError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
 from ..transport import auth
 from ..transport.base import TransportContext, failure_key
+from ..transport.stream import SocketTransport
 from .process_group import ProcessGroup
 
 _default: ProcessGroup | None = None
@@ -97,10 +98,12 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         transport = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
         codecs = _codecs(comps, conf, getattr(transport, "link_rate", None))
         udp = getattr(traversal, "udp_socket", None)
+        stream = isinstance(transport, SocketTransport)  # a TCP socket from the traversal, not a UDP one
         transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
                                            connect_timeout=connect_timeout, advertise=traversal.advertise,
-                                           udp_socket=udp() if callable(udp) else None, secret=secret,
-                                           punch=getattr(traversal, "punch", None),
+                                           udp_socket=udp() if callable(udp) and not stream else None,
+                                           tcp_socket=getattr(traversal, "tcp_socket", None) if stream else None,
+                                           secret=secret, punch=getattr(traversal, "punch", None),
                                            udp_sockets=getattr(traversal, "udp_sockets", None),
                                            candidates=getattr(traversal, "candidates", None),
                                            dial_plan=getattr(traversal, "dial_plan", None),

@@ -36,6 +36,9 @@ class Handshake(Protocol):
     def feed(self, data: bytes) -> bytes: ...
 
 
+Divert = Callable[[socket.socket, tuple[str, int]], bool]  # takes an accepted connection elsewhere (True), or not
+
+
 class _Pending:
     __slots__ = ("buf", "hs", "where")
 
@@ -47,12 +50,13 @@ class Gate:
     """Connections accepted on ``listeners``, each running the handshake ``start()`` makes, side by side on
     the thread that calls ``run``. Each connection whose handshake ended goes to ``ended(sock, hs, where)``,
     which owns it from then on (``refuse`` closes one and logs why). ``what`` names the server in log lines
-    (``log``: where they go)."""
+    (``log``: where they go). ``divert(sock, (host, port))``, asked first of each accepted TCP connection,
+    may take it (True) for a handshake run elsewhere (a meeting's, ``meet``)."""
 
     def __init__(self, listeners: list[socket.socket], start: Callable[[], Handshake],
                  ended: Callable[[socket.socket, Handshake, str], None], *, what: str, log: logging.Logger,
-                 limit: int = MAX_PENDING, per_source: int = PER_SOURCE) -> None:
-        self.listeners, self.start, self.ended, self.log = listeners, start, ended, log
+                 limit: int = MAX_PENDING, per_source: int = PER_SOURCE, divert: Divert | None = None) -> None:
+        self.listeners, self.start, self.ended, self.log, self.divert = listeners, start, ended, log, divert
         self.admission = Admission(limit, per_source)
         self.refusals = Refusals(what)
         self.stop = False
@@ -107,6 +111,8 @@ class Gate:
                     if stalled is not None:
                         self._drop(stalled, "the process ran out of file descriptors")  # type: ignore[arg-type]
                 return
+            if self.divert is not None and isinstance(addr, tuple) and self.divert(sock, (addr[0], addr[1])):
+                continue  # another part of the rank owns it now
             source, where = (addr[0], f"{addr[0]}:{addr[1]}") if isinstance(addr, tuple) else ("local", "a local socket")
             admitted, dropped = self.admission.admit(sock, source, time.monotonic())
             if dropped is not None:
@@ -165,16 +171,16 @@ class Acceptor:
     """Accepts until every rank above ``rank`` has proved itself (``accepted``: rank -> socket), ``deadline``
     passes or ``stop`` is set. ``refused`` lists the latest reasons connections were turned away;
     ``duplicates`` the ranks that two holders of the secret claimed. ``tune(sock)`` is applied to every
-    accepted socket."""
+    accepted socket; ``divert``: as ``Gate``'s."""
 
     def __init__(self, listeners: list[socket.socket], deadline: float, *, key: bytes, job: int, rank: int,
-                 world: int, tune: Callable[[socket.socket], None]) -> None:
+                 world: int, tune: Callable[[socket.socket], None], divert: Divert | None = None) -> None:
         self.deadline = deadline
         self.key, self.job, self.rank, self.world, self.tune = key, job, rank, world, tune
         self.accepted: dict[int, socket.socket] = {}
         self.transcripts: dict[int, bytes] = {}  # what each accepted rank's proof covered
         self.duplicates: set[int] = set()
-        self.gate = Gate(listeners, self._start, self._ended, what=f"rank {rank}", log=log)
+        self.gate = Gate(listeners, self._start, self._ended, what=f"rank {rank}", log=log, divert=divert)
         self.refused = self.gate.refusals.latest
 
     @property
@@ -186,8 +192,13 @@ class Acceptor:
         self.gate.stop = value
 
     def run(self) -> None:
+        """Until every rank above has proved itself, or, with ``divert``, until ``stop``: connections that
+        belong to meetings may still arrive."""
         expected = set(range(self.rank + 1, self.world))
-        self.gate.run(lambda: not expected - self.accepted.keys(), self.deadline)
+        if self.gate.divert is not None:
+            self.gate.run(deadline=self.deadline)
+        else:
+            self.gate.run(lambda: not expected - self.accepted.keys(), self.deadline)
 
     def _start(self) -> auth.Accepting:
         return auth.Accepting(self.key, self.job, self.rank, self.world, range(self.rank + 1, self.world),

@@ -38,6 +38,8 @@ class TransportContext:
     # to a peer's advertised address before that peer dials this rank (opens this rank's NAT to it), or None
     udp_sockets: Callable[[int], list[Any]] | None = None  # traversal: ``count`` more sockets prepared like
     # ``udp_socket`` (each its own mapping), for a transport that stripes over several; None when it has none
+    tcp_socket: Callable[[], Any] | None = None  # traversal: a TCP socket bound with SO_REUSEADDR and SO_REUSEPORT
+    # whose NAT mapping it learned (``Traversal.tcp_socket``), where a stream transport meets its peers; or None
     candidates: Callable[[str, int], list[Any]] | None = None  # traversal: every address peers may try for this
     # rank (``addresses.Candidate``), published instead of ``advertise``'s one; None: that one
     dial_plan: Callable[[list[Any]], tuple[list[Any], float]] | None = None  # traversal: of a peer's published

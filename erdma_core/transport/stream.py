@@ -12,6 +12,7 @@ of written (``single_copy``).
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import math
 import socket
@@ -19,10 +20,12 @@ import struct
 import termios
 import threading
 import time
+from collections.abc import Callable
 
 from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, IntegrityError, ProtocolError
-from . import auth, integrity, single_copy
+from . import addresses, auth, integrity, meet, single_copy
 from .accept import Acceptor
+from .addresses import Candidate
 from .base import MessageTransport, TransportContext, failed_elsewhere
 from .frames import StreamReader
 from .mailbox import Lent, Request
@@ -53,6 +56,11 @@ def brief(ranks: list[int], shown: int = 8) -> str:
     if len(ranks) <= shown:
         return str(ranks)
     return f"[{', '.join(map(str, ranks[:shown]))}, ... ({len(ranks)} ranks)]"
+class _Accepted(Exception):
+    """A meeting ended because the acceptor took the peer's connection."""
+
+
+BACKLOG = 1024  # connections the kernel queues for the acceptor (a flood of them must not push a rank's out)
 POLL = 1.0  # seconds a socket call may block before deadlines and shutdown are looked at again
 SETUP_POLL = 0.5  # seconds between looks at the store, during set-up, for a rank that gave up
 
@@ -62,7 +70,8 @@ class SocketTransport(MessageTransport):
     peers try the addresses in order) and ``dial(address, deadline) -> connected socket`` (retrying until
     ``deadline``; ``sockets.retrying`` helps), or None when that address cannot be reached from here (another
     host's Unix socket), and may override ``tune(sock)`` and set ``spin``. ``key`` names the store entries
-    that publish the addresses (no spaces in them)."""
+    that publish the addresses (no spaces in them). To go through NATs, a subclass offers ``meeting_point``
+    (and ``nearby`` for the addresses it still dials): every other peer is then met, not dialled."""
 
     key = "stream"
     spin = 0.0  # seconds a thread waiting for a message polls before it sleeps (see ``Progress.wait``)
@@ -77,6 +86,10 @@ class SocketTransport(MessageTransport):
         self._seals: dict[int, integrity.Sealer] = {}  # peers whose frames are sealed (``integrity``)
         self._lend_to: frozenset[int] = frozenset()  # peers that read this rank's memory (``single_copy``)
         self._pids: dict[int, int] = {}  # peers whose memory this rank reads, and their processes
+        self.meeting: tuple[socket.socket, list[Candidate]] | None = None  # ``meeting_point``'s answer, in set-up
+        self._gave_up = False  # set-up ended (failed or not): meetings under way stop
+        self._arrivals = meet.Arrivals()  # lower ranks' meetings the listener took
+        self._paths: dict[int, str] = {}  # when meeting: peer -> ``HOST:PORT direct`` (its address in use)
 
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         raise NotImplementedError
@@ -87,38 +100,73 @@ class SocketTransport(MessageTransport):
     def tune(self, sock: socket.socket) -> None:
         """Set socket options on every connection (nothing by default)."""
 
+    def meeting_point(self, ctx: TransportContext) -> tuple[socket.socket, list[Candidate]] | None:
+        """Where this rank meets the peers it does not dial or accept (``meet``: both ends connect at once,
+        through NATs): the traversal's bound socket (``ctx.tcp_socket``; listened on during set-up, its port
+        reused by each meeting) and the candidates published for it; None (the default): this transport
+        listens and dials only. During set-up ``self.meeting`` holds the answer (``listen`` may look)."""
+        return None
+
+    def nearby(self, address: str) -> bool:
+        """Whether one of a peer's published ``address``-es is dialled even when this rank meets the others
+        (on this host, say); False by default."""
+        return False
+
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
+        self.meeting = self.meeting_point(ctx)
         listening = self.listen(ctx)
         for _, address in listening:
             auth.warn_if_exposed(address.rsplit(":", 1)[0], ctx.secret, f"rank {self.rank}'s {self.name} transport")
+        if self.meeting is not None:
+            ctx.store.set(f"{self.key}/meet/{self.rank}", addresses.publish(self.meeting[1]))
         ctx.store.set(f"{self.key}/addr/{self.rank}", " ".join(address for _, address in listening).encode())
         deadline = time.monotonic() + ctx.connect_timeout
         self._key = auth.job_key(ctx.secret, ctx.job)
-        accepting = Acceptor([s for s, _ in listening], deadline, key=self._key, job=self.job, rank=self.rank,
-                             world=self.world_size, tune=self.tune)
+        listeners = [s for s, _ in listening]
+        met: dict[int, tuple[socket.socket, bytes, str]] = {}
+        if self.meeting is not None:
+            self.meeting[0].listen(BACKLOG)  # where no NAT filters, a peer's SYN arrives here
+            listeners.append(self.meeting[0])
+            self._learn_lower(ctx, deadline)  # before accepting: which connections come from a lower rank
+        accepting = Acceptor(listeners, deadline, key=self._key, job=self.job, rank=self.rank,
+                             world=self.world_size, tune=self.tune,
+                             divert=self._arrivals.divert if self.meeting is not None else None)
         acceptor = threading.Thread(target=accepting.run, name=f"erdma-accept-{self.rank}", daemon=True)
         acceptor.start()
         try:
-            for peer in range(self.rank):
-                addrs = self._address_of(ctx, peer, deadline)
-                sock, transcript = self._dial_peer(peer, addrs.split(), deadline)
-                self._add(peer, sock, transcript, True, deadline)
-            while acceptor.is_alive() and time.monotonic() < deadline:
-                acceptor.join(SETUP_POLL)
-                self._check_others(ctx)
+            if self.meeting is None:
+                for peer in range(self.rank):
+                    addrs = self._address_of(ctx, peer, deadline)
+                    connect = functools.partial(self._connect, peer, addrs.split(), deadline)
+                    sock, transcript = self._dial_peer(peer, connect, deadline)
+                    self._add(peer, sock, transcript, True, deadline)
+                while acceptor.is_alive() and time.monotonic() < deadline:
+                    acceptor.join(SETUP_POLL)
+                    self._check_others(ctx)
+            else:
+                self._meet_all(ctx, accepting, met, deadline)
         finally:
+            self._gave_up = True
             accepting.stop = True
             acceptor.join(2 * POLL)
-            for listener, _ in listening:
+            for listener in listeners:
                 listener.close()
+            self._arrivals.close()
+        for peer, (sock, transcript, path) in sorted(met.items()):
+            self._add(peer, sock, transcript, peer < self.rank, deadline)
+            self._paths[peer] = path
         for peer, sock in accepting.accepted.items():
+            if self.meeting is not None and sock.family == socket.AF_INET:
+                self._paths[peer] = f"{_name(sock.getpeername())} direct"  # its SYN reached this rank's listener
             self._add(peer, sock, accepting.transcripts[peer], False, deadline)
+        if self.meeting is not None:
+            self._publish_paths(ctx)
         if accepting.duplicates:
             raise AuthenticationError(f"rank {self.rank}: two processes proved to be rank(s) "
                                       f"{sorted(accepting.duplicates)} of this job (duplicate rank); "
                                       "each rank must be started once")
-        missing = [p for p in range(self.rank + 1, self.world_size) if p not in accepting.accepted]
+        missing = [p for p in range(self.rank + 1, self.world_size) if p not in accepting.accepted and p not in met]
         if missing:
             refused = "; ".join(list(accepting.refused)[-3:])
             raise CollectiveTimeoutError(f"rank {self.rank}: ranks {brief(missing)} did not connect within "
@@ -164,14 +212,147 @@ class SocketTransport(MessageTransport):
         if why is not None:
             raise ConfigError(f"rank {self.rank}: set-up stopped: {why}")
 
-    def _dial_peer(self, peer: int, addrs: list[str], deadline: float) -> tuple[socket.socket, bytes]:
-        """A connection to ``peer`` that passed the handshake, and the handshake's transcript. A connection
-        the peer closed before the handshake ended (its acceptor was full, or dropped it) is dialled again,
-        with back-off, until ``deadline``; a refusal is final. An attempt is never given up before
-        ``deadline``: the peer may have taken the connection already."""
+    def _learn_lower(self, ctx: TransportContext, deadline: float) -> None:
+        """Where each lower rank meets (its published candidates), so that a connection from one of those
+        addresses is known as that rank's meeting (``meet.Arrivals``)."""
+        for peer in range(self.rank):
+            self._address_of(ctx, peer, deadline)  # published after its candidates (and looks for give-ups)
+            try:
+                self._arrivals.expect(peer, addresses.published_candidates(ctx.store, f"{self.key}/meet/{peer}", 0.5))
+            except Exception:  # it does not meet (listens and dials only): nothing arrives from it here
+                continue
+
+    def _meet_all(self, ctx: TransportContext, accepting: Acceptor, met: dict[int, tuple[socket.socket, bytes, str]],
+                  deadline: float) -> None:
+        """Every peer reached at once, each on a thread of its own (two ranks' handshakes never wait on a
+        third's): a nearby one as without a meeting point, the rest met (``_meet``); into ``met``, or, for
+        a higher rank whose own connection this rank's acceptor took, there."""
+        failed: dict[int, BaseException] = {}
+
+        def reach(peer: int) -> None:
+            try:
+                addrs = self._address_of(ctx, peer, deadline).split()
+                if any(self.nearby(a) for a in addrs):
+                    if peer < self.rank:
+                        sock, transcript = self._dial_peer(peer, lambda: self._connect(peer, addrs, deadline),
+                                                           deadline)
+                        met[peer] = sock, transcript, f"{addrs[0]} direct"
+                    return
+                got = self._meet(ctx, peer, deadline, lambda: peer in accepting.accepted)
+                if got is not None:
+                    met[peer] = got
+            except BaseException as exc:
+                failed[peer] = exc
+
+        def missing() -> list[int]:
+            return [p for p in others if p not in met and p not in accepting.accepted]
+
+        others = [p for p in range(self.world_size) if p != self.rank]
+        threads = [threading.Thread(target=reach, args=(p,), name=f"erdma-meet-{self.rank}-{p}", daemon=True)
+                   for p in others]
+        for t in threads:
+            t.start()
+        while time.monotonic() < deadline and not failed and missing():
+            threads[0].join(SETUP_POLL / 5)
+            self._check_others(ctx)
+        for t in threads:  # at the deadline, each meeting says why it failed
+            t.join(max(0.0, min(SETUP_POLL, deadline + SETUP_POLL - time.monotonic())) if missing() else 0)
+        if failed:
+            raise failed[min(failed)]
+        if missing():
+            raise CollectiveTimeoutError(f"rank {self.rank}: ranks {brief(missing())} were not met within "
+                                         f"{ctx.connect_timeout:.1f}s", rank=self.rank, op="connect")
+
+    def _meet(self, ctx: TransportContext, peer: int, deadline: float,
+              accepted: Callable[[], bool]) -> tuple[socket.socket, bytes, str] | None:
+        """A connection to ``peer`` made from both ends at once (``meet``) and proved by the job's handshake,
+        this rank the dialler if it is the higher one; its transcript; and the candidate of the peer's it
+        reached. A connection whose handshake fails is dropped and the ranks meet again, until ``deadline``.
+        None when the acceptor took the peer's connection instead (``accepted()``: a higher rank's SYN
+        reached this rank's listener)."""
+        assert self.meeting is not None
+        local = self.meeting[0].getsockname()[:2]
+        theirs = addresses.published_candidates(ctx.store, f"{self.key}/meet/{peer}",
+                                                max(0.01, deadline - time.monotonic()))
+        plan, wait = ctx.dial_plan(theirs) if ctx.dial_plan is not None else (theirs[:1], 0.0)
+        plan = [c for c in plan if c.kind != "relay"]  # a TURN relay carries datagrams, not this stream
+        if not plan:
+            raise ConfigError(f"rank {self.rank}: none of rank {peer}'s addresses "
+                              f"({', '.join(c.text() for c in theirs)}) can be met over {self.name}: a peer that only a "
+                              "relay reaches needs a datagram transport (transport.name = \"quic\")")
+        used: list[Candidate] = []
+
+        def connect() -> tuple[socket.socket, str]:
+            got = meet.meet(local, plan, wait, deadline, lambda: self._gave_up or accepted(),
+                            lambda: self._arrivals.take(peer))
+            if got is None:
+                if accepted():
+                    raise _Accepted
+                raise CollectiveTimeoutError(
+                    f"rank {self.rank}: rank {peer} was not met at {', '.join(c.text() for c in plan)} within "
+                    f"{ctx.connect_timeout:.1f}s (both connect at once from their published ports; a NAT that maps "
+                    "each destination to a new port, or a firewall, keeps them apart: use transport.name = \"quic\" "
+                    "with a relay)", rank=self.rank, op="connect")
+            used.append(got[1])
+            return got[0], got[1].text()
+
+        try:
+            if peer < self.rank:
+                sock, transcript = self._dial_peer(peer, connect, deadline)
+            else:
+                sock, transcript = self._accept_met(peer, connect, deadline)
+        except _Accepted:
+            return None
+        return sock, transcript, f"{used[-1].host}:{used[-1].port} direct"
+
+    def _accept_met(self, peer: int, connect: Callable[[], tuple[socket.socket, str]],
+                    deadline: float) -> tuple[socket.socket, bytes]:
+        """The accepting side of the handshake, with ``peer`` only, on connections ``connect()`` makes; one
+        that fails is dropped and made again until ``deadline`` (then the last reason is raised)."""
+        while True:
+            sock, addr = connect()
+            hs = auth.Accepting(self._key, self.job, self.rank, self.world_size, range(peer, peer + 1),
+                                lambda rank: None)
+            try:
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                while hs.need:
+                    sock.sendall(hs.feed(recv_exact(sock, hs.need)))
+            except (OSError, ConnectionError, ProtocolError) as exc:
+                meet.drop(sock)
+                if time.monotonic() >= deadline:
+                    raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} at {addr} did not complete the "
+                                                 f"HELLO handshake: {exc}", rank=self.rank, op="connect") from None
+                continue
+            if hs.rank_proven != peer:
+                meet.drop(sock)
+                raise AuthenticationError(f"rank {self.rank}: the connection met at {addr} for rank {peer} was "
+                                          f"refused: {hs.refused}")
+            self.tune(sock)
+            sock.settimeout(POLL)
+            return sock, hs.transcript
+
+    def paths(self) -> dict[int, str]:
+        """How each peer is reached when this rank meets them (``meeting_point``): ``HOST:PORT direct``, the
+        peer's address the connection goes to (a stream has no relayed paths); empty when it listens and dials."""
+        return dict(self._paths)
+
+    def _publish_paths(self, ctx: TransportContext) -> None:
+        """Log how each peer is reached and publish it as ``paths/RANK`` (``PEER HOST:PORT direct`` lines, as
+        erdma-quic does) for ``erdma doctor``."""
+        log.info("rank %d: %s paths to its peers: %s", self.rank, self.name,
+                 ", ".join(f"rank {r} at {p}" for r, p in sorted(self._paths.items())))
+        ctx.store.set(f"paths/{self.rank}",
+                      "\n".join(f"{r} {p}" for r, p in sorted(self._paths.items())).encode())
+
+    def _dial_peer(self, peer: int, connect: Callable[[], tuple[socket.socket, str]],
+                   deadline: float) -> tuple[socket.socket, bytes]:
+        """A connection to ``peer`` that passed the handshake (this rank the dialler), and the handshake's
+        transcript; ``connect()`` makes the connection. A connection the peer closed before the handshake
+        ended (its acceptor was full, or dropped it) is made again, with back-off, until ``deadline``; a
+        refusal is final. An attempt is never given up before ``deadline``: the peer may have taken it."""
         delay = 0.02
         while True:
-            sock, addr = self._connect(peer, addrs, deadline)
+            sock, addr = connect()
             hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size)
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))  # never shorter: the peer may have taken it
@@ -346,3 +527,4 @@ class SocketTransport(MessageTransport):
             except OSError:
                 pass
             ch.sock.close()
+

@@ -11,12 +11,11 @@ import os
 import socket
 from typing import Any
 
+from ..errors import ConfigError
 from . import addresses
 from .base import TransportContext
 from .sockets import dial, retrying
-from .stream import SocketTransport
-
-BACKLOG = 1024  # connections the kernel queues for the acceptor (a flood of them must not push a rank's out)
+from .stream import BACKLOG, SocketTransport
 
 
 @functools.cache
@@ -46,17 +45,42 @@ class TcpTransport(SocketTransport):
         self.tls = section["tls"]
         self.lend_bytes = section["single_copy_bytes"] if section["local_sockets"] else 0
 
+    def meeting_point(self, ctx: TransportContext) -> tuple[socket.socket, list[addresses.Candidate]] | None:
+        """The traversal's TCP socket (``ctx.tcp_socket``: bound, its NAT mapping learned), where this rank
+        meets the peers of other hosts instead of listening; its candidates as the traversal gives them."""
+        if ctx.tcp_socket is None:
+            return None
+        for key in ("port", "bind_address", "interface"):
+            if self.opts[key]:
+                raise ConfigError(f"config key 'transport.tcp.{key}': value {self.opts[key]!r} is not used when the "
+                                  "traversal prepares this rank's TCP socket (its own port and bind_address decide "
+                                  "where this rank meets its peers); leave it unset")
+        sock = ctx.tcp_socket()
+        bound, port = sock.getsockname()[:2]
+        host = bound if bound not in ("0.0.0.0", "") else addresses.choose("", "", getattr(ctx.store, "host", None))[1]
+        if ctx.candidates is not None:
+            return sock, list(ctx.candidates(host, port))
+        return sock, [addresses.Candidate(*(ctx.advertise(host, port) if ctx.advertise else (host, port)))]
+
+    def nearby(self, address: str) -> bool:
+        """A Unix socket of a rank on this host (and in this network namespace)."""
+        if not address.startswith("local:"):
+            return False
+        return bool(self.opts["local_sockets"]) and address.split(":", 2)[1] == host_identity()
+
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
-        bind_host, advertised = addresses.choose(self.opts["bind_address"], self.opts["interface"],
-                                                 getattr(ctx.store, "host", None))
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((bind_host, self.opts["port"]))
-        listener.listen(BACKLOG)
-        host, port = advertised, listener.getsockname()[1]
-        if ctx.advertise is not None:
-            host, port = ctx.advertise(host, port)
-        listening = [(listener, f"{host}:{port}")]
+        listening = []
+        if self.meeting is None:
+            bind_host, advertised = addresses.choose(self.opts["bind_address"], self.opts["interface"],
+                                                     getattr(ctx.store, "host", None))
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((bind_host, self.opts["port"]))
+            listener.listen(BACKLOG)
+            host, port = advertised, listener.getsockname()[1]
+            if ctx.advertise is not None:
+                host, port = ctx.advertise(host, port)
+            listening.append((listener, f"{host}:{port}"))
         ident = host_identity()
         if self.opts["local_sockets"] and ident:
             name = f"erdma-{ctx.job & 0xFFFFFFFFFFFFFFFF:016x}-{ctx.rank}-{os.getpid()}"
@@ -68,9 +92,9 @@ class TcpTransport(SocketTransport):
 
     def dial(self, address: str, deadline: float) -> socket.socket | None:
         if address.startswith("local:"):
-            _, ident, name = address.split(":", 2)
-            if ident != host_identity() or not self.opts["local_sockets"]:
+            if not self.nearby(address):
                 return None
+            name = address.split(":", 2)[2]
 
             def connect(timeout: float) -> socket.socket:
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -17,6 +17,7 @@ import os
 import socket
 import ssl
 import tempfile
+import threading
 from collections.abc import Sequence
 
 from ..errors import AuthenticationError
@@ -57,7 +58,19 @@ def make_identity() -> tuple[bytes, bytes]:
                               serialization.NoEncryption()))
 
 
-_identity = functools.cache(make_identity)  # this process's, made once
+_made = threading.Lock()
+
+
+@functools.cache
+def _made_once() -> tuple[bytes, bytes]:
+    return make_identity()
+
+
+def _identity() -> tuple[bytes, bytes]:
+    """This process's identity, made once: threads that secure connections at the same time (ranks of a test
+    in one process) must not each make one and present another than the one they bind the session to."""
+    with _made:
+        return _made_once()
 
 
 def make_contexts(identity: tuple[bytes, bytes]) -> tuple[ssl.SSLContext, ssl.SSLContext]:

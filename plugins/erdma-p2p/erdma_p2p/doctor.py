@@ -5,8 +5,8 @@ the NAT maps the socket endpoint-independently (hole punching works); a differen
 destination ("symmetric": only a relay joins such a rank to a peer behind another NAT). No NAT is told too.
 Nothing here decides a path: the ranks of a job do that by connecting. With ``discovery.init_method`` a
 ``dht://`` URL of a running job (and its ``security.secret``), the doctor also reads, as an observer that
-claims no rank, the paths each rank published (``quic/paths/RANK``): which peers it reaches directly and
-which through a relay.
+claims no rank, the paths each rank published (``paths/RANK``, by erdma-quic or the built-in TCP): which
+peers it reaches directly and which through a relay.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import socket
 import subprocess
 import sys
 from typing import Any
+
+from erdma_core.transport import meet
+from erdma_core.transport.addresses import route_source
 
 from . import stun
 from .relayed import allocate
@@ -54,6 +57,42 @@ def diagnose(server: tuple[str, int], check: tuple[str, int] | None, timeout: fl
             "mapped_alt": f"{second.host}:{second.port}", "verdict": verdict}
 
 
+TCP_VERDICTS = {
+    "none": "no NAT on TCP either",
+    "independent": "endpoint-independent: the built-in TCP meets peers through it (transport = \"tcp\", traversal = "
+                   "\"stun\")",
+    "dependent": "the mapping changes with the destination: TCP cannot meet a peer behind another NAT from here "
+                 "(use transport = \"quic\" with a relay)",
+}
+
+
+def diagnose_tcp(server: tuple[str, int], check: tuple[str, int] | None, timeout: float) -> dict[str, str]:
+    """What ``diagnose`` tells, for a TCP port: its mapping asked over TCP of both servers from that port."""
+    held = meet.bound_to(("0.0.0.0", 0))
+    try:
+        port = held.getsockname()[1]
+        first = stun.query_tcp(("0.0.0.0", port), server, timeout)
+        second = stun.query_tcp(("0.0.0.0", port), check, timeout) if check is not None else first
+    finally:
+        held.close()
+    local = (route_source(server[0]), port)
+    verdict = ("dependent" if first != second else "none" if (first.host, first.port) == local
+               else "independent" if check is not None else "")
+    return {"local": f"{local[0]}:{local[1]}", "mapped": f"{first.host}:{first.port}",
+            "mapped_alt": f"{second.host}:{second.port}", "verdict": verdict}
+
+
+def _tcp(server: tuple[str, int], check: tuple[str, int] | None, timeout: float) -> list[str]:
+    """The TCP lines of the report (a server that does not serve STUN over TCP is said, not a problem)."""
+    try:
+        found = diagnose_tcp(server, check, timeout)
+    except (stun.StunError, OSError) as exc:
+        return [f"TCP port: not probed: {exc}"]
+    return [f"TCP port: local address {found['local']}, mapped to {found['mapped']}"
+            + (f" and {found['mapped_alt']}" if check else ""),
+            "  " + (TCP_VERDICTS[found["verdict"]] if found["verdict"] else "mapping behaviour not tested")]
+
+
 def report(section: dict[str, Any]) -> list[str]:
     """``erdma doctor``'s lines (``section``: the ``[traversal.stun]`` options); one starting "problem: " when
     a server does not answer or the relay refuses this rank."""
@@ -72,6 +111,7 @@ def report(section: dict[str, Any]) -> list[str]:
              + (f" and {found['mapped_alt']}" if check else ""),
              "  " + (VERDICTS[found["verdict"]] if found["verdict"] else
                      "mapping behaviour not tested (set traversal.stun.check_server to a second STUN server)")]
+    lines += _tcp(server, check, timeout)
     if section["classify_server"]:
         try:
             where = server_address(section["classify_server"], "config key 'traversal.stun.classify_server'")
@@ -151,7 +191,7 @@ def job_paths(init_method: str, secret: str, section: dict[str, Any], timeout: f
         rank = 0
         while True:
             try:
-                value = store.get(f"quic/paths/{rank}", timeout if rank == 0 else 1.0).decode()
+                value = store.get(f"paths/{rank}", timeout if rank == 0 else 1.0).decode()
             except CollectiveTimeoutError:
                 break
             peers = [line.split() for line in value.splitlines() if len(line.split()) == 3]

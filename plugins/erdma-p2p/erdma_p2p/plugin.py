@@ -93,4 +93,5 @@ def _stun(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_traversals(register: Any) -> None:
     register("stun", _stun, options=OPTIONS,
-             description="advertise the STUN-mapped address of the data socket, punch NATs open (erdma-quic)")
+             description="advertise the STUN-mapped address of the data socket, punch NATs open (erdma-quic; the "
+                         "built-in TCP meets its peers from a mapped TCP port)")

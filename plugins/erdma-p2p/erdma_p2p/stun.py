@@ -2,7 +2,8 @@
 very socket (the one that will carry data), so the answer is the mapping peers must use.
 
 ``Binding`` takes the time as an argument and returns what to send and when to wake as data; ``query`` is
-its thin adapter over a blocking UDP socket. Retransmission follows RFC 5389 section 7.2.1: the request goes
+its thin adapter over a blocking UDP socket; ``query_tcp`` asks over TCP, from a given port, for the TCP
+mapping a stream transport meets its peers from. Retransmission follows RFC 5389 section 7.2.1: the request goes
 again after RTO, 2 RTO, 4 RTO, ... (Rc sends), and the transaction fails Rm x RTO after the last one.
 Responses are checked strictly (magic cookie, transaction id, lengths) before any attribute is read;
 anything else is ignored, as a stray datagram on a shared socket must be.
@@ -17,6 +18,9 @@ import struct
 import time
 from collections.abc import Callable
 from typing import NamedTuple
+
+from erdma_core.transport import meet
+from erdma_core.transport.sockets import recv_exact
 
 MAGIC = 0x2112A442
 BINDING_REQUEST, BINDING_SUCCESS, BINDING_ERROR = 0x0001, 0x0101, 0x0111
@@ -179,3 +183,31 @@ def query(sock: socket.socket, server: tuple[str, int], timeout: float, rto: flo
         raise b.result
     assert b.result is not None
     return b.result
+
+
+def query_tcp(local: tuple[str, int], server: tuple[str, int], timeout: float) -> Mapped:
+    """The address ``server`` sees a TCP connection from ``local`` as (its NAT's TCP mapping of that port),
+    over STUN on TCP (RFC 5389 7.2.2: the messages back to back, each its own length); the connection is
+    made from a socket bound to ``local`` beside the others there (SO_REUSEADDR, SO_REUSEPORT) and closed
+    after the answer. Raises StunError within ``timeout``."""
+    txid = os.urandom(12)
+    deadline = time.monotonic() + timeout
+    sock = meet.bound_to(local)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(server)
+        sock.sendall(request(txid))
+        while True:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            head = recv_exact(sock, 20)
+            data = head + recv_exact(sock, min(MAX_MESSAGE, int.from_bytes(head[2:4], "big")))
+            got = parse(data, txid)
+            if isinstance(got, StunError):
+                raise got
+            if got is not None:
+                return got
+    except (OSError, ConnectionError) as exc:
+        raise StunError(f"no STUN answer over TCP from {server[0]}:{server[1]} within {timeout:.1f}s ({exc}): the "
+                        "server does not serve TCP, is unreachable, or TCP is blocked on the way") from None
+    finally:
+        sock.close()

@@ -1,7 +1,9 @@
 """``traversal = "stun"``: a UDP socket bound once, its public mapping learned from a STUN server through that
 very socket, handed to the datagram transport (erdma-quic) so the mapping stays in use; and before a peer
 dials, a datagram from this socket to each of the peer's addresses opens this rank's NAT to it (hole
-punching, for NATs that map endpoint-independently).
+punching, for NATs that map endpoint-independently). For the built-in TCP, a TCP port instead, its mapping
+learned over TCP from the same server (``tcp_socket``): the transport meets each peer from it, both
+connecting at once (``erdma_core.transport.meet``).
 
 With ``relay`` set, every rank also takes an allocation on that TURN server through the same socket
 (``relayed.py``), and offers three kinds of candidates (ICE's): its own address (``host``; dialled only by a
@@ -19,6 +21,7 @@ import socket
 from typing import Any
 
 from erdma_core.errors import ConfigError
+from erdma_core.transport import meet
 from erdma_core.transport.addresses import Candidate, route_source
 
 from . import stun
@@ -61,6 +64,8 @@ class StunTraversal:
         self.sock: RelayedSocket | None = None  # the data socket, when it has a relay allocation
         self.local_port: int | None = None  # the prepared socket's
         self.lanes: dict[int, stun.Mapped] = {}  # local port -> mapping, of the sockets udp_sockets prepared
+        self.tcp_mapped: stun.Mapped | None = None  # the TCP socket's mapping (``tcp_socket``)
+        self.tcp_port: int | None = None
 
     def udp_socket(self) -> socket.socket:
         """The data socket, bound, with its mapping learned (raises StunError naming the server within the
@@ -107,21 +112,52 @@ class StunTraversal:
             raise
         return socks
 
+    def tcp_socket(self) -> socket.socket:
+        """A TCP socket bound to ``bind_address``/``port`` (SO_REUSEADDR, SO_REUSEPORT: the transport's
+        meetings bind beside it), with the NAT's TCP mapping of that port learned from the STUN server over
+        TCP (StunError naming the server within the timeout when no answer comes). A stream transport meets
+        its peers from it: both ends connect at once (``erdma_core.transport.meet``), so each opens its own
+        NAT; refused with a relay (TURN relays datagrams) and with punch off (meeting is the punch)."""
+        if self.relay is not None:
+            raise ConfigError("config key 'traversal.stun.relay': a TURN server relays datagrams, and "
+                              "transport.name = \"tcp\" meets its peers over TCP only; use transport.name = \"quic\" "
+                              "for a job some of whose peers only a relay reaches, or leave relay empty")
+        if not self.punches:
+            raise ConfigError("config key 'traversal.stun.punch': value False cannot be kept by transport.name = "
+                              "\"tcp\": a rank behind a NAT opens it by connecting to its peer as the peer connects "
+                              "to it; valid here: true")
+        sock = meet.bound_to(self.bind)
+        try:
+            self.tcp_port = sock.getsockname()[1]
+            self.tcp_mapped = stun.query_tcp(sock.getsockname()[:2], self.server, self.timeout)
+        except BaseException:
+            sock.close()
+            raise
+        log.info("TCP port %d is mapped to %s:%d", self.tcp_port, *self.tcp_mapped)
+        return sock
+
     def candidates(self, host: str, port: int) -> list[Candidate]:
         """This rank's addresses, in the order peers try them: its own (behind a NAT: for a peer at the same
-        site), its NAT's mapping, its relay allocation."""
+        site), its NAT's mapping, its relay allocation (none for the TCP socket)."""
         if port in self.lanes:
             return [Candidate(self.lanes[port].host, self.lanes[port].port, "srflx")]
+        if self.tcp_mapped is not None and port == self.tcp_port:
+            return self._own(port, self.tcp_mapped)
         if self.mapped is None or port != self.local_port:
-            raise ConfigError(f"config key 'traversal.name': value 'stun' needs a datagram transport that runs on "
-                              f"the UDP socket it prepared (port {self.local_port}), such as erdma-quic "
-                              f"(transport.name = \"quic\"); this transport listens on {host}:{port}")
-        mapped = Candidate(self.mapped.host, self.mapped.port, "srflx")
-        local = self.bind[0] if self.bind[0] != "0.0.0.0" else route_source(self.server[0])  # towards the server
-        out = [mapped] if (local, port) == mapped[:2] else [Candidate(local, port, "host"), mapped]
+            raise ConfigError(f"config key 'traversal.name': value 'stun' needs a transport that runs on the "
+                              f"socket it prepared (UDP port {self.local_port}, TCP port {self.tcp_port}), such as "
+                              f"erdma-quic (transport.name = \"quic\") or the built-in TCP; this transport listens "
+                              f"on {host}:{port}")
+        out = self._own(port, self.mapped)
         if self.relayed is not None:
             out.append(Candidate(self.relayed.host, self.relayed.port, "relay"))
         return out
+
+    def _own(self, port: int, mapped: stun.Mapped) -> list[Candidate]:
+        """This rank's own address of ``port`` (unless it is the mapping: no NAT) and its mapping."""
+        srflx = Candidate(mapped.host, mapped.port, "srflx")
+        local = self.bind[0] if self.bind[0] != "0.0.0.0" else route_source(self.server[0])  # towards the server
+        return [srflx] if (local, port) == srflx[:2] else [Candidate(local, port, "host"), srflx]
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:
         """The address a peer tries first among ``candidates`` (a striping lane: its mapping)."""
@@ -134,7 +170,7 @@ class StunTraversal:
         ``relay_when = "always"``. Each has ``check_timeout`` to answer before the next is tried."""
         if self.always:
             return [c for c in cands if c.kind == "relay"], self.check_timeout
-        mine = self.mapped.host if self.mapped is not None else None
+        mine = next((m.host for m in (self.mapped, self.tcp_mapped) if m is not None), None)
         same_site = any(c.kind == "srflx" and c.host == mine for c in cands)
         plan = [c for c in cands if c.kind == "host" and same_site]
         plan += [c for c in cands if c.kind == "srflx"] + [c for c in cands if c.kind == "relay"]

@@ -34,14 +34,19 @@ def main() -> int:
         pg.rt.slow_links = frozenset()
         pg = world.new_group(list(range(world.size())))
     p, r = pg.size(), pg.rank()
-    advertised = pg.rt.store.get(f"quic/addr/{r}", 1.0).decode()  # now: rank 0's destroy empties a file store
+    t = pg.rt.transport  # what it published: QUIC's candidates, TCP's meeting candidates or listening address
+    key = "quic/addr" if t.name == "QUIC" else f"{t.key}/meet" if getattr(t, "meeting", None) else f"{t.key}/addr"
+    advertised = pg.rt.store.get(f"{key}/{r}", 1.0).decode()  # now: rank 0's destroy empties a file store
     wrong = 0
+    in_allreduce = 0.0  # seconds inside allreduce (the rest makes and checks the data)
     t0 = time.monotonic()
     for i in range(iters):
         arr = ((np.arange(count, dtype=np.int64) * (r + 1) + i) % 4096).astype(np.float32)
         want = sum(((np.arange(count, dtype=np.int64) * (k + 1) + i) % 4096) for k in range(p)).astype(np.float32)
         try:
+            t1 = time.monotonic()
             pg.allreduce(arr)
+            in_allreduce += time.monotonic() - t1
         except Exception as exc:
             print(json.dumps({"rank": r, "iters": i, "error": f"{type(exc).__name__}: {exc}",
                               "after_s": time.monotonic() - t0}), flush=True)
@@ -52,6 +57,7 @@ def main() -> int:
     lanes = getattr(pg.rt.transport, "lane_stats", dict)()  # erdma-quic striping: parts per lane
     paths = {str(peer): how.split()[-1] for peer, how in getattr(pg.rt.transport, "paths", dict)().items()}
     print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds,
+                      "allreduce_s": in_allreduce,
                       "paths": paths, "ring": list(pg.ring),
                       "init_s": init_s, "lane_parts": sum(lanes.get("parts_out", [0])[1:])}),
           flush=True)

@@ -117,6 +117,34 @@ def test_four_ranks_two_public_two_behind_nats(tmp_path):
     assert paths(results) == expect(4, set())
 
 
+TCP = {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRAVERSAL": "stun"}
+
+
+def test_tcp_ranks_behind_nats_meet_directly(tmp_path):
+    """The built-in TCP through NATs: every pair of {no NAT, masquerade} meets from the ports whose mappings
+    the ranks learned over TCP, both connecting at once; a rank behind a NAT publishes its own address and
+    its mapping, one with none its address only."""
+    with NatLab(4, tmp_path, public=frozenset({0})) as lab:
+        results = run_job(lab, tmp_path, **TCP)
+    assert [r.get("wrong") for r in results] == [0] * 4, results
+    assert paths(results) == expect(4, set())
+    for rank, r in enumerate(results):
+        cands = r["advertised"].split(",")
+        assert cands[-1].startswith(f"{lab.wan(rank)}:") and cands[-1].endswith(" srflx"), r
+        assert len(cands) == (1 if rank == 0 else 2), r
+
+
+def test_tcp_cannot_meet_through_a_nat_that_maps_each_destination_anew(tmp_path):
+    with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
+        start = time.monotonic()
+        results = run_job(lab, tmp_path, **TCP)
+        took = time.monotonic() - start
+    for rank, r in enumerate(results):
+        assert f"rank {rank}: rank {1 - rank} was not met at {lab.wan(1 - rank)}:" in r.get("error", ""), r
+        assert 'use transport.name = "quic" with a relay' in r["error"], r
+    assert took < CONNECT_S + 30  # the connect timeout, not a hang
+
+
 def test_doctor_tells_what_each_nat_does(tmp_path):
     def doctor(site: int, env: dict[str, str]) -> subprocess.Popen[str]:
         return subprocess.Popen(["ip", "netns", "exec", lab.host(site), sys.executable, "-m", "erdma_core.cli",
@@ -139,6 +167,10 @@ def test_doctor_tells_what_each_nat_does(tmp_path):
     classified = "RFC 3489 classification (pystun3, from a socket of its own; diagnostic only): "
     assert classified + "Restric Port NAT" in said[0].stdout and classified + "Symmetric NAT" in said[1].stdout
     assert "no NAT" in said[2].stdout
+    assert "TCP port: local address 10.1.0.2:" in said[0].stdout
+    assert 'endpoint-independent: the built-in TCP meets peers through it' in said[0].stdout
+    assert "TCP cannot meet a peer behind another NAT from here" in said[1].stdout
+    assert "no NAT on TCP either" in said[2].stdout
     assert any(f"relay {STUN[0]}:{STUN[1]}: granted relayed address {h}:" in said[1].stdout for h in TURN_HOSTS)
     offered = "a rank here offers it as its last candidate: peers that no direct path reaches within 2.0 s"
     assert offered in said[0].stdout and offered in said[1].stdout

@@ -9,8 +9,11 @@ import struct
 import subprocess
 import time
 
+import numpy as np
 import pytest
 from erdma_p2p import stun
+
+from erdma_core.transport import meet
 
 TXID = bytes(range(12))
 
@@ -105,11 +108,56 @@ def test_no_server_is_a_clear_error_within_the_timeout():
     assert time.monotonic() - start < 5.0  # bounded, not hung (0.6 s asked)
 
 
-def test_the_stun_traversal_refuses_a_transport_that_does_not_take_its_socket(coturn, tmp_path):
-    """TCP listens on a port of its own: the UDP mapping would be advertised for it. Refused at set-up."""
-    import erdma_core
+def test_coturn_tells_a_tcp_port_its_own_address_on_loopback(coturn):
+    held = meet.bound_to(("127.0.0.1", 0))  # the port a transport meets from; the query binds beside it
+    try:
+        assert stun.query_tcp(held.getsockname(), coturn, 5.0) == held.getsockname()
+    finally:
+        held.close()
+
+
+def test_no_tcp_answer_is_a_clear_error_within_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(stun.StunError, match=r"no STUN answer over TCP from 127\.0\.0\.1:9 within 0\.6s"):
+        stun.query_tcp(("127.0.0.1", 0), ("127.0.0.1", 9), 0.6)
+    assert time.monotonic() - start < 5.0
+
+
+def _paths_and_sum(pg):
+    arr = np.arange(1000, dtype=np.float32) * (pg.rank() + 1)
+    pg.allreduce(arr)
+    return pg.rt.transport.paths(), arr, pg.rt.store.get(f"tcp/meet/{pg.rank()}", 1.0).decode()
+
+
+def test_tcp_meets_its_peers_from_the_port_the_stun_traversal_prepared(coturn):
+    """The built-in TCP with ``traversal = "stun"``: each rank's TCP port, its mapping learned over TCP, is
+    where it meets every peer (on loopback the mapping is the address itself: a srflx candidate only)."""
+    from erdma_core.testing.world import World
+
+    conf = {"traversal.name": "stun", "traversal.stun.server": f"{coturn[0]}:{coturn[1]}", "transport.name": "tcp",
+            "transport.tcp.local_sockets": False}
+    with World(3, conf) as world:
+        out = world.run(_paths_and_sum)
+    published = [c.rsplit(" ", 1) for _, _, c in out]
+    assert [kind for _, kind in published] == ["srflx"] * 3
+    for rank, (paths, arr, _) in enumerate(out):
+        assert np.array_equal(arr, np.arange(1000, dtype=np.float32) * 6)
+        assert paths == {p: f"{published[p][0]} direct" for p in range(3) if p != rank}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"relay": "127.0.0.1:3478", "relay_user": "u", "relay_password": "p"},
+     "config key 'traversal.stun.relay': a TURN server relays datagrams, and transport.name = \"tcp\""),
+    ({"punch": False}, "config key 'traversal.stun.punch': value False cannot be kept by transport.name = \"tcp\""),
+])
+def test_tcp_refuses_stun_settings_it_cannot_keep(changes, message):
+    from erdma_p2p.traversal import StunTraversal
+
     from erdma_core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"'traversal\.name': value 'stun' needs a datagram transport .* erdma-quic"):
-        erdma_core.init({"traversal.name": "stun", "traversal.stun.server": f"{coturn[0]}:{coturn[1]}",
-                         "transport.name": "tcp"}, rank=0, world_size=1, init_method=f"file://{tmp_path}")
+    section = {"server": "127.0.0.1:3478", "timeout": 1.0, "bind_address": "", "punch": True, "port": 0,
+               "check_server": "", "relay": "", "relay_user": "", "relay_password": "", "relay_when": "fallback",
+               "check_timeout": 2.0, "classify_server": ""}
+    with pytest.raises(ConfigError) as err:
+        StunTraversal(None, section | changes).tcp_socket()
+    assert message in str(err.value)

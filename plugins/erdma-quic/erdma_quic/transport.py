@@ -146,14 +146,14 @@ class QuicTransport(MessageTransport):
         return addresses.published_candidates(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
 
     def _publish_paths(self) -> None:
-        """Log how each peer is reached (a warning when one is relayed) and publish it as ``quic/paths/RANK``
+        """Log how each peer is reached (a warning when one is relayed) and publish it as ``paths/RANK``
         (``PEER HOST:PORT direct|relayed`` lines) for ``erdma doctor``."""
         try:
             paths = self.paths()
             relayed = [r for r, p in paths.items() if p.endswith(" relayed")]
             (log.warning if relayed else log.info)("rank %d: paths to its peers: %s", self.rank, ", ".join(
                 f"rank {r} at {p}" for r, p in sorted(paths.items())))
-            self._store.set(f"quic/paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
+            self._store.set(f"paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
         except Exception as exc:  # closing, or the store is gone: the log above is what is left
             log.debug("rank %d: paths not published: %s", self.rank, exc)
 

@@ -1,0 +1,61 @@
+"""Behind NATs against in the open: two ranks allreduce on the test bed of ``tests/natlab.py``, once both
+behind masquerade NATs (``traversal = "stun"``: the built-in TCP meets from its mapped ports, erdma-quic
+punches) and once both on the public segment (the built-in TCP listening and dialling, no traversal); the
+same job, the cases alternated within each repeat. The ratio that matters is NAT-ed busbw / public busbw of
+the same transport, and of either against public TCP. Needs root, iproute2, nftables and coturn.
+
+    python benchmarks/nat_paths.py --count 4194304 --iters 20 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from natlab import NatLab
+from test_nat import run_job
+
+CASES = {  # name: (public sites, environment)
+    "tcp-public": (frozenset({0, 1}), {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRAVERSAL": "direct",
+                                    "ERDMA_TRANSPORT_TCP_INTERFACE": "eth0"}),
+    "tcp-nat": (frozenset(), {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRAVERSAL": "stun"}),
+    "quic-nat": (frozenset(), {"ERDMA_TRANSPORT": "quic", "ERDMA_TRAVERSAL": "stun"}),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=1 << 22, help="float32 elements per allreduce")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    args = ap.parse_args()
+    cases = {name: CASES[name] for name in args.cases.split(",")}
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for rep in range(args.repeats):
+        for name, (public, env) in (list(cases.items()) if rep % 2 == 0 else list(cases.items())[::-1]):
+            with tempfile.TemporaryDirectory() as tmp, NatLab(2, Path(tmp), public=public) as lab:
+                out = run_job(lab, Path(tmp), iters=args.iters, count=args.count, **env)
+            if any("error" in r or r["wrong"] for r in out):
+                print(f"{name}: failed: {out}")
+                return 1
+            times[name].append(max(r["allreduce_s"] for r in out) / args.iters)
+    nbytes = args.count * 4
+    print(f"2 ranks on the NAT bed (no rate limit), allreduce of {nbytes / 2**20:g} MiB, {args.iters} iterations, "
+          f"{args.repeats} repeats alternated (median of the slower rank's time inside allreduce; busbw = algbw for "
+          "2 ranks)")
+    base = statistics.median(times["tcp-public"]) if "tcp-public" in times else None
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        vs = f", {base / t:.2f}x public TCP's busbw" if base else ""
+        print(f"  {name:>18}: {t * 1e3:8.1f} ms per allreduce, {nbytes / t / 1e6:8.1f} MB/s{vs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
