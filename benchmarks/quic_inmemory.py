@@ -1,16 +1,87 @@
-"""aioquic's CPU cost with no sockets: two sans-IO connections handed each other's datagrams in memory,
-one-way SIZE bytes split over streams of STREAM bytes, all opened at once. Prints MB per CPU-second of the
-sender and of the receiver (needs erdma-quic installed; ``--engines aioquic,qh3`` compares with qh3).
+"""A QUIC engine's CPU cost with no sockets: two sans-IO connections handed each other's datagrams in memory,
+one-way SIZE bytes split over streams of STREAM bytes, all opened at once, virtual time 0.5 ms a turn. Prints
+MB per CPU-second of the sender and of the receiver. Engines: aioquic (needs erdma-quic installed), qh3
+(``pip install qh3``), and the compiled candidates of erdma-quic's engine bake-off, built here from
+plugins/erdma-quic/benchmarks/bakeoff: ngtcp2 (C, GnuTLS; ``apt-get install libngtcp2-crypto-gnutls-dev``)
+and quinn (quinn-proto, rustls; ``apt-get install cargo librust-quinn-dev``, built offline from Debian's
+crates). ``--cc`` picks the compiled engines' congestion controller (aioquic's is its own default).
 
-    python -m benchmarks.quic_inmemory --datagram 1452 --streams 1M,16M,64M [--engines aioquic,qh3]
+    python -m benchmarks.quic_inmemory --datagram 1452 --streams 1M,16M,64M [--engines aioquic,ngtcp2,quinn]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
+import tempfile
 import time
+from functools import cache
+from pathlib import Path
 
 from erdma_core.cli.bench import parse_size
+
+BAKEOFF = Path(__file__).resolve().parents[1] / "plugins" / "erdma-quic" / "benchmarks" / "bakeoff"
+
+
+@cache
+def _built() -> Path:
+    """A folder for the compiled harnesses and a certificate (self-signed, EC P-256, SAN "erdma", not a CA)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    where = Path(tempfile.mkdtemp(prefix="erdma-bakeoff-"))
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "erdma")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("erdma")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (where / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (where / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
+    return where
+
+
+@cache
+def _binary(engine: str) -> Path:
+    """The compiled harness of ``engine`` (ngtcp2, quinn), built now; SystemExit saying what to install."""
+    where = _built()
+    if engine == "ngtcp2":
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libngtcp2", "libngtcp2_crypto_gnutls", "gnutls"],
+                               capture_output=True, text=True)
+        if flags.returncode:
+            raise SystemExit("engine ngtcp2: apt-get install libngtcp2-crypto-gnutls-dev libgnutls28-dev pkg-config "
+                             f"({flags.stderr.strip()})")
+        out = where / "ngtcp2_inmemory"
+        subprocess.run(["gcc", "-O2", "-o", str(out), str(BAKEOFF / "ngtcp2_inmemory.c"), *flags.stdout.split()],
+                       check=True)
+        return out
+    cargo = shutil.which("cargo", path="/usr/bin") or shutil.which("cargo")
+    if cargo is None:
+        raise SystemExit("engine quinn: apt-get install cargo librust-quinn-dev (Debian's crates, built offline)")
+    subprocess.run([cargo, "build", "-q", "--release", "--target-dir", str(where / "target")],
+                   cwd=BAKEOFF / "quinn_inmemory", check=True, env=os.environ | {"CARGO_NET_OFFLINE": "true"})
+    return where / "target" / "release" / "quinn_inmemory"
+
+
+def run_compiled(engine: str, datagram: int, size: int, stream: int, cc: str) -> tuple[float, float]:
+    """Sender and receiver MB per CPU-second of a compiled harness (same workload as ``run``)."""
+    where = _built()
+    out = subprocess.run([str(_binary(engine)), str(where / "cert.pem"), str(where / "key.pem"), str(datagram),
+                          str(size), str(stream), cc], capture_output=True, text=True, timeout=600)
+    if out.returncode:
+        raise SystemExit(f"engine {engine}: {out.stderr.strip()}")
+    snd, rcv = out.stdout.split()
+    return float(snd), float(rcv)
 
 
 def run(datagram: int, size: int, stream: int, engine: str = "aioquic") -> tuple[float, float]:
@@ -57,16 +128,22 @@ def main() -> None:
     ap.add_argument("--datagram", type=int, default=1452)
     ap.add_argument("--size", default="64M")
     ap.add_argument("--streams", default="1M,16M,64M", help="bytes per stream, comma-separated")
-    ap.add_argument("--engines", default="aioquic", help="aioquic, qh3 (pip install qh3), comma-separated")
+    ap.add_argument("--engines", default="aioquic", help="aioquic, qh3 (pip install qh3), ngtcp2, quinn; "
+                    "comma-separated")
+    ap.add_argument("--cc", default="cubic", help="the compiled engines' controller: reno, cubic, bbr (ngtcp2: bbr2 too)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each case; the median is printed")
     args = ap.parse_args()
     size = parse_size(args.size)
-    print(f"{'engine':<8} {'datagram':>9} {'stream':>8} {'streams':>8} {'sender MB/CPU-s':>16} "
+    print(f"{'engine':<8} {'cc':>6} {'datagram':>9} {'stream':>8} {'streams':>8} {'sender MB/CPU-s':>16} "
           f"{'receiver MB/CPU-s':>18}")
     for engine in args.engines.split(","):
         for text in args.streams.split(","):
             stream = parse_size(text)
-            snd, rcv = run(args.datagram, size, stream, engine)
-            print(f"{engine:<8} {args.datagram:>9} {text:>8} {size // stream:>8} {snd:>16.1f} {rcv:>18.1f}",
+            runs = [run_compiled(engine, args.datagram, size, stream, args.cc) if engine in ("ngtcp2", "quinn")
+                    else run(args.datagram, size, stream, engine) for _ in range(args.repeats)]
+            snd, rcv = (sorted(r[i] for r in runs)[len(runs) // 2] for i in (0, 1))
+            cc = args.cc if engine in ("ngtcp2", "quinn") else "own"
+            print(f"{engine:<8} {cc:>6} {args.datagram:>9} {text:>8} {size // stream:>8} {snd:>16.1f} {rcv:>18.1f}",
                   flush=True)
 
 
