@@ -17,7 +17,7 @@ from erdma_core.cli.bench import human
 SUMMARY_SIZES = (4 << 10, 1 << 20, 64 << 20)
 
 
-PEERS = ("erdma-tcp", "erdma-quic", "gloo", "mpi", "mpi-sm")
+PEERS = ("erdma-tcp", "erdma-quic", "gloo", "mpi", "mpi-sm", "hivemind")
 
 
 def _summary(cells: list[dict[str, Any]]) -> list[str]:
@@ -73,8 +73,10 @@ def build(src: Path, dest: Path) -> str:
           "twice, as it is (`erdma`) "
           "and forced onto TCP (`erdma-tcp`), beside Open MPI over its TCP BTL (`mpi`) and over shared memory "
           "(`mpi-sm`). Across the lab's links each rank has a network namespace of its own, and eRDMA, Gloo "
-          "and Open MPI all move data through TCP sockets; on the WAN links erdma-quic (QUIC over UDP) runs "
-          "beside them. Each plot shows the time per op against size (log-log) and the bus bandwidth.", "",
+          "and Open MPI all move data through TCP sockets; on the WAN links erdma-quic (QUIC over UDP) and "
+          "hivemind (an averaging round of its `DecentralizedAverager` over its own libp2p daemon, matchmaking "
+          "included; allreduce only) run beside them. Each plot shows the time per op against size (log-log) "
+          "and the bus bandwidth.", "",
           "The runs, as `benchmarks/reproduce.sh` issued them:", "", "```"]
     cmds = src / "commands.txt"
     md += cmds.read_text().splitlines() if cmds.exists() else []

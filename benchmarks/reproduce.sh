@@ -14,7 +14,8 @@ run() {
 }
 # On one host (loopback) eRDMA's ranks talk over Unix sockets, so it runs twice there: as it is, and with TCP
 # (erdma-tcp), beside Open MPI over TCP (mpi) and over shared memory (mpi-sm). Across the lab's links every
-# rank has a host of its own and everything is TCP; on the WAN links erdma-quic runs too.
+# rank has a host of its own and everything is TCP; on the WAN links erdma-quic and hivemind (its averager
+# over its own libp2p daemon) run too.
 # Sizes up to 64 KiB take many iterations on one host (an op there lasts tens of microseconds, and a single
 # scheduling hiccup in a short loop moves the mean), fewer across the lab's slower links.
 LOCAL=(--systems erdma,erdma-tcp,gloo,mpi,mpi-sm --small-iters 1000)
@@ -38,7 +39,7 @@ run --scenarios lan,metro --ops allreduce "${LINKS[@]}" "${ALLREDUCE[@]}" --out 
 run --scenarios loopback --ops allgather,broadcast,reduce_scatter,alltoall "${LOCAL[@]}" "${OTHERS[@]}" \
     --out "$OUT/others-local"
 run --scenarios lan --ops allgather,broadcast,reduce_scatter,alltoall "${LINKS[@]}" "${OTHERS[@]}" --out "$OUT/others"
-run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce --systems erdma,erdma-quic,gloo,mpi \
+run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce --systems erdma,erdma-quic,gloo,mpi,hivemind \
     "${WAN[@]}" --out "$OUT/wan"
 $PY -m benchmarks.alphabeta "${AB[@]}" --json "$OUT/alphabeta.json" | tee "$OUT/alphabeta.txt"
 $PY -m benchmarks.elastic --scenarios loopback,continental --peers 4 --elements 1M --kills 10 --json "$OUT/elastic.json" | tee "$OUT/elastic.txt"

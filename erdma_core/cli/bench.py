@@ -158,7 +158,13 @@ class _Mpi:
         pass  # MPI finalizes at exit
 
 
-BACKENDS: dict[str, type] = {"erdma": _Erdma, "gloo": _Gloo, "mpi": _Mpi}
+def _hivemind(algorithm: str | None) -> Any:
+    from .bench_hivemind import Hivemind  # imported only when selected
+
+    return Hivemind(algorithm)
+
+
+BACKENDS: dict[str, Callable[[str | None], Any]] = {"erdma": _Erdma, "gloo": _Gloo, "mpi": _Mpi, "hivemind": _hivemind}
 
 
 def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -276,7 +282,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "tens of milliseconds to settle, which is hundreds of small collectives")
     ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
     ap.add_argument("--backend", choices=sorted(BACKENDS), default="erdma",
-                    help="the system to time (mpi: start the ranks with mpirun)")
+                    help="the system to time (mpi: start the ranks with mpirun; hivemind: pip install hivemind, and "
+                         "HIVEMIND_PEERS_FILE, see erdma_core/cli/bench_hivemind.py)")
     ap.add_argument("--compare", choices=["gloo"], default=None,
                     help="also time torch.distributed's Gloo in the same run (needs torch: "
                          "pip install 'erdma-core[torch]')")
