@@ -11,23 +11,22 @@ import os
 import time
 from typing import Any
 
+from .bench import _Gloo
+
 MATCHMAKING_S = 1.0  # hivemind's min_matchmaking_time: how long a round may wait to gather its group
 REQUEST_S = 0.5  # its request_timeout (it asks for less than the matchmaking time)
 ROUND_S = 300.0  # an averaging round that has not ended by then fails the benchmark
 
 
-class Hivemind:
+class Hivemind(_Gloo):
+    """Gloo's process group for the bookkeeping (``_Gloo``), hivemind's averager for the op."""
+
     name = "hivemind"
 
     def __init__(self, algorithm: str | None) -> None:
         import hivemind
-        import torch
-        import torch.distributed as dist
 
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo")
-        self.dist, self.torch, self.hivemind = dist, torch, hivemind
-        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        super().__init__(algorithm)
         peers = os.environ["HIVEMIND_PEERS_FILE"]
         listen = [f"/ip4/{os.environ.get('HIVEMIND_HOST', '127.0.0.1')}/tcp/0"]
         if self.rank == 0:
@@ -35,14 +34,11 @@ class Hivemind:
             with open(peers + ".tmp", "w") as f:
                 f.write("\n".join(str(a) for a in self.dht.get_visible_maddrs()))
             os.rename(peers + ".tmp", peers)
-        dist.barrier()
+        self.dist.barrier()
         if self.rank != 0:
             with open(peers) as f:
                 self.dht = hivemind.DHT(start=True, host_maddrs=listen, initial_peers=f.read().split())
         self.averagers: dict[tuple[int, Any], Any] = {}
-
-    def wrap(self, a: Any) -> Any:
-        return self.torch.from_numpy(a)
 
     def _averager(self, like: Any) -> Any:
         key = (like.numel(), like.dtype)
@@ -69,18 +65,8 @@ class Hivemind:
             out.copy_(tensors[0])
         out.mul_(self.size)
 
-    def max_over_ranks(self, x: float) -> float:
-        t = self.torch.tensor([x], dtype=self.torch.float64)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
-        return float(t[0])
-
-    def sum_over_ranks(self, x: float) -> float:
-        t = self.torch.tensor([x], dtype=self.torch.float64)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM)
-        return float(t[0])
-
     def close(self) -> None:
         for av in self.averagers.values():
             av.shutdown()
         self.dht.shutdown()
-        self.dist.destroy_process_group()
+        super().close()
