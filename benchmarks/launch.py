@@ -87,11 +87,8 @@ def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = No
             env = _env({"MASTER_ADDR": master, "MASTER_PORT": str(29500 if lab else free_port()),
                         "WORLD_SIZE": str(n), "GLOO_SOCKET_IFNAME": "eth0" if lab else "lo"} | system_env
                        | (erdma_env or {}))
-            if backend == "hivemind":  # rank 0's DHT addresses, for the others (one file per job)
-                env["HIVEMIND_PEERS_FILE"] = str(Path(tmp) / "hivemind-peers")
-            procs = [subprocess.Popen(lab.command(i, argv) if lab else argv, env=env | {"RANK": str(i)} | (
-                {"HIVEMIND_HOST": lab.addr(i) if lab else "127.0.0.1"} if backend == "hivemind" else {}),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+            procs = [subprocess.Popen(lab.command(i, argv) if lab else argv, env=env | {"RANK": str(i)},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
         try:
             _wait(system, procs, timeout)
         finally:

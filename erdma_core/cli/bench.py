@@ -282,8 +282,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "tens of milliseconds to settle, which is hundreds of small collectives")
     ap.add_argument("--algorithm", default=None, help="erdma algorithm (default: the config's choice)")
     ap.add_argument("--backend", choices=sorted(BACKENDS), default="erdma",
-                    help="the system to time (mpi: start the ranks with mpirun; hivemind: pip install hivemind, and "
-                         "HIVEMIND_PEERS_FILE, see erdma_core/cli/bench_hivemind.py)")
+                    help="the system to time (mpi: start the ranks with mpirun; hivemind: pip install hivemind, "
+                         "allreduce only)")
     ap.add_argument("--compare", choices=["gloo"], default=None,
                     help="also time torch.distributed's Gloo in the same run (needs torch: "
                          "pip install 'erdma-core[torch]')")

@@ -1,9 +1,9 @@
 """hivemind as a system of ``erdma bench`` (``--backend hivemind``; ``pip install hivemind``): an allreduce is
 one averaging round of ``hivemind.averaging.DecentralizedAverager`` over its own libp2p daemon, in a group of
 every rank, matchmaking included as a hivemind user pays it; the mean times the world size is the sum the
-benchmark checks. The benchmark's own bookkeeping (max and sum of timings over ranks) goes through Gloo and is
-not timed. Rank 0 starts the DHT the others join; its addresses travel in the file ``HIVEMIND_PEERS_FILE``
-(one job's), and every rank listens on ``HIVEMIND_HOST`` (default 127.0.0.1)."""
+benchmark checks. The benchmark's own bookkeeping (max and sum of timings over ranks, and rank 0's DHT
+addresses for the others to join) goes through Gloo and is not timed. Every rank listens on ``HIVEMIND_HOST``
+(default: its address towards ``MASTER_ADDR``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from ..transport.addresses import route_source
 from .bench import _Gloo
 
 MATCHMAKING_S = 1.0  # hivemind's min_matchmaking_time: how long a round may wait to gather its group
@@ -27,17 +28,15 @@ class Hivemind(_Gloo):
         import hivemind
 
         super().__init__(algorithm)
-        peers = os.environ["HIVEMIND_PEERS_FILE"]
-        listen = [f"/ip4/{os.environ.get('HIVEMIND_HOST', '127.0.0.1')}/tcp/0"]
+        host = os.environ.get("HIVEMIND_HOST") or route_source(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        listen = [f"/ip4/{host}/tcp/0"]
+        first: list[Any] = [None]  # rank 0's DHT addresses, broadcast to the others
         if self.rank == 0:
             self.dht = hivemind.DHT(start=True, host_maddrs=listen)
-            with open(peers + ".tmp", "w") as f:
-                f.write("\n".join(str(a) for a in self.dht.get_visible_maddrs()))
-            os.rename(peers + ".tmp", peers)
-        self.dist.barrier()
+            first = [[str(a) for a in self.dht.get_visible_maddrs()]]
+        self.dist.broadcast_object_list(first, 0)
         if self.rank != 0:
-            with open(peers) as f:
-                self.dht = hivemind.DHT(start=True, host_maddrs=listen, initial_peers=f.read().split())
+            self.dht = hivemind.DHT(start=True, host_maddrs=listen, initial_peers=first[0])
         self.averagers: dict[tuple[int, Any], Any] = {}
 
     def _averager(self, like: Any) -> Any:

@@ -220,7 +220,7 @@ class SocketTransport(MessageTransport):
             try:
                 self._arrivals.expect(peer, addresses.published_candidates(ctx.store, f"{self.key}/meet/{peer}", 0.5))
             except Exception:  # it does not meet (listens and dials only): nothing arrives from it here
-                continue
+                pass
 
     def _meet_all(self, ctx: TransportContext, accepting: Acceptor, met: dict[int, tuple[socket.socket, bytes, str]],
                   deadline: float) -> None:

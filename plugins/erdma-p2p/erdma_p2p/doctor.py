@@ -47,12 +47,17 @@ def diagnose(server: tuple[str, int], check: tuple[str, int] | None, timeout: fl
         probe.close()
     finally:
         sock.close()
+    return _found(local, first, second, check is not None)
+
+
+def _found(local: tuple[str, int], first: stun.Mapped, second: stun.Mapped, checked: bool) -> dict[str, str]:
+    """The report of one probe: the local address, both mappings and the verdict (``VERDICTS``' keys)."""
     if first != second:
         verdict = "dependent"
     elif (first.host, first.port) == local:
         verdict = "none"
     else:
-        verdict = "independent" if check is not None else ""
+        verdict = "independent" if checked else ""
     return {"local": f"{local[0]}:{local[1]}", "mapped": f"{first.host}:{first.port}",
             "mapped_alt": f"{second.host}:{second.port}", "verdict": verdict}
 
@@ -75,11 +80,7 @@ def diagnose_tcp(server: tuple[str, int], check: tuple[str, int] | None, timeout
         second = stun.query_tcp(("0.0.0.0", port), check, timeout) if check is not None else first
     finally:
         held.close()
-    local = (route_source(server[0]), port)
-    verdict = ("dependent" if first != second else "none" if (first.host, first.port) == local
-               else "independent" if check is not None else "")
-    return {"local": f"{local[0]}:{local[1]}", "mapped": f"{first.host}:{first.port}",
-            "mapped_alt": f"{second.host}:{second.port}", "verdict": verdict}
+    return _found((route_source(server[0]), port), first, second, check is not None)
 
 
 def _tcp(server: tuple[str, int], check: tuple[str, int] | None, timeout: float) -> list[str]:
