@@ -32,6 +32,19 @@ def close_gently(sock: socket.socket) -> None:
     sock.close()
 
 
+def probe_idle(sock: socket.socket, on: bool = True) -> None:
+    """While a TCP ``sock`` waits in a handshake (``on``), probe the peer after each idle second: a peer
+    that dropped the connection answers a probe with a reset, so a lost FIN or reset is noticed in seconds,
+    not at the deadline; a live peer just acknowledges. ``on=False`` turns the probes off again."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, int(on))
+    if on:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 127)
+
+
 def retrying(connect: Callable[[float], T], deadline: float) -> T:
     """``connect(timeout)`` until it succeeds, with back-off, until ``deadline`` (time.monotonic()); then
     raise the last OSError. For dialling a peer that may not be listening yet."""

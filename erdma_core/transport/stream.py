@@ -30,7 +30,7 @@ from .base import MessageTransport, TransportContext, failed_elsewhere
 from .frames import StreamReader
 from .mailbox import Lent, Request
 from .progress import Channel, Progress
-from .sockets import recv_exact
+from .sockets import probe_idle, recv_exact
 from .wire import DATA, LENT, PULL, PULLED, RAW, Header, control
 
 log = logging.getLogger("erdma.transport")
@@ -315,6 +315,7 @@ class SocketTransport(MessageTransport):
                                 lambda rank: None)
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
+                probe_idle(sock)
                 while hs.need:
                     sock.sendall(hs.feed(recv_exact(sock, hs.need)))
             except (OSError, ConnectionError, ProtocolError) as exc:
@@ -327,6 +328,7 @@ class SocketTransport(MessageTransport):
                 meet.drop(sock)
                 raise AuthenticationError(f"rank {self.rank}: the connection met at {addr} for rank {peer} was "
                                           f"refused: {hs.refused}")
+            probe_idle(sock, False)
             self.tune(sock)
             sock.settimeout(POLL)
             return sock, hs.transcript
@@ -356,6 +358,7 @@ class SocketTransport(MessageTransport):
             hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size)
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))  # never shorter: the peer may have taken it
+                probe_idle(sock)  # a drop whose FIN or reset was lost is noticed in seconds
                 sock.sendall(hs.first())
                 head = recv_exact(sock, auth.HELLO.size)
                 proof = hs.on_challenge(head + (recv_exact(sock, auth.MAC)
@@ -385,6 +388,7 @@ class SocketTransport(MessageTransport):
             if hs.error is not None:
                 sock.close()
                 raise hs.error
+            probe_idle(sock, False)
             self.tune(sock)
             sock.settimeout(POLL)
             return sock, hs.transcript

@@ -26,7 +26,10 @@ JOB = [sys.executable, str(Path(__file__).resolve().parent / "lossy_job.py")]
 def _start(lab: Lab, transport: str, args: list[str]) -> list[subprocess.Popen[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
     env |= {"MASTER_ADDR": lab.addr(0), "MASTER_PORT": "29555", "WORLD_SIZE": "2", "ERDMA_TRANSPORT": transport,
-            "ERDMA_SECRET": "lab-test", "ERDMA_TIMEOUTS_COLLECTIVE": "120", "OMP_NUM_THREADS": "1"}
+            "ERDMA_SECRET": "lab-test", "ERDMA_TIMEOUTS_COLLECTIVE": "120", "OMP_NUM_THREADS": "1",
+            # at 30% loss each way, set-up (a dozen store round trips, the handshake) took 2-17 s here, and a
+            # segment lost five times running waits 6 s in TCP's back-off: 60 s left too little on a busy host
+            "ERDMA_TIMEOUTS_CONNECT": "180"}
     return [lab.popen(i, [*JOB, *args], env=env | {"RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       text=True) for i in range(2)]
 

@@ -24,6 +24,7 @@ import logging
 import os
 import pathlib
 import secrets
+import socket
 import threading
 import time
 from typing import Any
@@ -42,6 +43,14 @@ log = logging.getLogger("erdma.dpdk")
 _MBUF_OVERHEAD = 128 + 128 + 64  # headroom, struct rte_mbuf, mempool header per element
 _names = itertools.count()
 _ids = itertools.count(1)
+
+
+def _fanout_group(iface: str) -> str:
+    """The fanout group DPDK 22.11's af_packet joins on ``iface`` from this process."""
+    try:
+        return str((os.getpid() ^ socket.if_nametoindex(iface)) & 0xFFFF)
+    except OSError:
+        return "unknown (no such interface)"
 
 
 class _Link:
@@ -131,7 +140,13 @@ class DpdkTransport(MessageTransport):
             me["servers"] = self._memif_servers(o, tag, frame, memif_secret, port_of)
         else:
             assert iface is not None
-            self._add_port(f"net_af_packet_{tag}", backends.af_packet_args(iface, frame, desc), watch=False)
+            try:
+                self._add_port(f"net_af_packet_{tag}", backends.af_packet_args(iface, frame, desc), watch=False)
+            except eal.DpdkError as exc:
+                raise eal.DpdkError(f"{exc} (DPDK's af_packet joins the socket to fanout group (pid XOR ifindex) "
+                                    f"& 0xffff, here {_fanout_group(iface)}: a "
+                                    "process in this network namespace that holds that group on another interface "
+                                    "makes it fail; starting this rank again gives it another pid)") from None
             me["mac"] = self._mac(0)
         ctx.store.set(self._key(ctx.job, self.rank), json.dumps(me).encode())
         for peer in self._inboxes:

@@ -47,7 +47,10 @@ def lab() -> Iterator[str]:
         _ip("-n", ns, "link", "add", "br0", "type", "bridge")
         _ip("-n", ns, "link", "set", "br0", "up")
         for r in range(RANKS):
-            _ip("-n", ns, "link", "add", f"v{r}", "type", "veth", "peer", "name", f"b{r}")
+            # DPDK 22.11's af_packet joins fanout group (pid ^ ifindex) & 0xffff: two ranks of close pids on
+            # interfaces of close indexes clashed ("could not set PACKET_FANOUT ... Invalid argument")
+            _ip("-n", ns, "link", "add", f"v{r}", "index", str(0x1000 * (r + 1) + 7), "type", "veth", "peer",
+                "name", f"b{r}")
             _ip("-n", ns, "link", "set", f"b{r}", "master", "br0")
             for dev in (f"v{r}", f"b{r}"):  # no IPv6 chatter on the wire
                 subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{dev}.disable_ipv6=1"],
