@@ -51,6 +51,18 @@ def elastic_section(table: str) -> list[str]:
             *table.strip("\n").splitlines(), "```", ""]
 
 
+def longfat_section(table: str) -> list[str]:
+    """The long, fat link: one TCP flow against a pool of connections (``python -m benchmarks.longfat``)."""
+    return ["", "## A long, fat link: one connection against a pool", "",
+            "The lab's `longfat` scenario (300 ms RTT, 150 Mbit/s each way per rank), two ranks, both directions "
+            "busy at once (`python -m benchmarks.longfat`): first raw bulk TCP flows, one and eight each way, "
+            "then a 2-rank allreduce, whose bus bandwidth is what each direction of the link carried, by eRDMA "
+            "with one connection per pair and with pools (`transport.tcp.connections`), with the hosts' default "
+            "socket buffers (send buffer up to 4 MiB) and with eRDMA's default (4 MiB, fixed), and by Gloo. "
+            "Eight raw flows are what the emulated link carries (headers, the other direction's ACKs and the "
+            "relay take the rest of the nominal rate).", "", "```", *table.splitlines(), "```"]
+
+
 def build(src: Path, dest: Path) -> str:
     images = dest.parent / "benchmarks"
     if images.exists():
@@ -123,6 +135,9 @@ def build(src: Path, dest: Path) -> str:
            "halving-doubling changes partner at every step, so when ranks drift apart a rank's downlink briefly "
            "carries two senders, its one-BDP queue overflows and TCP's loss recovery adds time the model does "
            "not have. Where `drops` is 0, the ratio measures the model itself.", ""]
+    longfat = src / "longfat.txt"
+    if longfat.exists():
+        md += longfat_section(longfat.read_text())
     elastic = src / "elastic.txt"
     if elastic.exists():
         md += elastic_section(elastic.read_text())

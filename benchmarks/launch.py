@@ -23,6 +23,7 @@ _QUIC_SECRET = os.urandom(16).hex()
 SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma": ("erdma", {}),  # TCP between hosts; Unix sockets between ranks on one host (loopback)
     "erdma-tcp": ("erdma", {"ERDMA_TRANSPORT_TCP_LOCAL_SOCKETS": "false"}),  # TCP even on one host
+    "erdma-pool8": ("erdma", {"ERDMA_TRANSPORT_TCP_CONNECTIONS": "8"}),  # a pool of 8 TCP connections per pair
     "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
     "erdma-dpdk": ("erdma", {"ERDMA_TRANSPORT": "dpdk"}),  # erdma-dpdk: memif between the ranks of one host
     "erdma-ring": ("erdma", {"ERDMA_ALGORITHM": "ring"}),  # allreduce always by the ring, whatever the size

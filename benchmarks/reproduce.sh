@@ -25,6 +25,7 @@ if [[ "${QUICK:-0}" == 1 ]]; then
     OTHERS=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 3)
     WAN=(--ranks 2 --sizes 4K,1M --repeats 1 --iters 2 --warmup 1 --small-warmup 1)
     AB=(--ranks 2,4 --iters 2)
+    LONGFAT=(--sizes 16M --repeats 1 --iters 1 --seconds 10 --cases "erdma c=1,erdma c=8")
     PROFILE_ITERS=300
 else
     ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --small-warmup 200 --max-seconds 30)
@@ -32,6 +33,7 @@ else
     WAN=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 1 --iters 1 --small-iters 5 --warmup 1 --small-warmup 1
          --max-seconds 400)
     AB=(--ranks 2,3,4,5,6,7,8 --iters 3)
+    LONGFAT=(--sizes 64M,256M --repeats 2)
 fi
 $PY -m benchmarks.ceiling --json "$OUT/ceiling.json" | tee "$OUT/ceiling.txt"
 run --scenarios loopback --ops allreduce "${LOCAL[@]}" "${ALLREDUCE[@]}" --out "$OUT/allreduce-local"
@@ -41,6 +43,7 @@ run --scenarios loopback --ops allgather,broadcast,reduce_scatter,alltoall "${LO
 run --scenarios lan --ops allgather,broadcast,reduce_scatter,alltoall "${LINKS[@]}" "${OTHERS[@]}" --out "$OUT/others"
 run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce --systems erdma,erdma-quic,gloo,mpi,hivemind \
     "${WAN[@]}" --out "$OUT/wan"
+$PY -m benchmarks.longfat "${LONGFAT[@]}" --json "$OUT/longfat.json" | tee "$OUT/longfat.txt"
 $PY -m benchmarks.alphabeta "${AB[@]}" --json "$OUT/alphabeta.json" | tee "$OUT/alphabeta.txt"
 $PY -m benchmarks.elastic --scenarios loopback,continental --peers 4 --elements 1M --kills 10 --json "$OUT/elastic.json" | tee "$OUT/elastic.txt"
 $PY -m benchmarks.profile_small --iters "${PROFILE_ITERS:-3000}" | tee "$OUT/profile.txt"

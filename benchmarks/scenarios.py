@@ -13,6 +13,9 @@ SCENARIOS: dict[str, LinkSpec | None] = {
     "regional": LinkSpec(rtt_ms=20, rate_mbit=1_000, loss=0.0001),
     "continental": LinkSpec(rtt_ms=40, rate_mbit=100, loss=0.001),
     "lossy": LinkSpec(rtt_ms=40, rate_mbit=100, loss=0.01),
+    # long and fat: one TCP flow with the hosts' default buffers (send buffer up to 4 MiB) carries under half
+    # of the link; both directions of it stay under the emulator's ceiling (benchmarks.longfat measures both)
+    "longfat": LinkSpec(rtt_ms=300, rate_mbit=150),
 }
 
 

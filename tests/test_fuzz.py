@@ -87,7 +87,7 @@ def _hello_bytes() -> st.SearchStrategy[bytes]:
 @given(_hello_bytes(), st.binary(min_size=auth.MAC, max_size=auth.MAC))
 def test_hello_acceptor_accepts_nobody_without_the_secret(hello, proof):
     key = auth.job_key(b"secret", JOB)
-    hs = auth.Accepting(key, JOB, 0, 2, range(1, 2), lambda rank: None)
+    hs = auth.Accepting(key, JOB, 0, 2, range(1, 2), lambda rank, lane, lanes: None)
     try:
         reply = hs.feed(hello)
         assert auth.parse_hello(reply[:auth.HELLO.size])[0] in (auth.CHALLENGE, *auth.REASONS)

@@ -108,6 +108,8 @@ class _Recording:
     for (then holding ones), so the order shows when each receive was posted relative to the sends and to
     the landing of the step before."""
 
+    stripes = 1  # one send under way at a time
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
 

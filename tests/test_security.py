@@ -219,7 +219,7 @@ def test_ranks_with_different_secrets_both_name_the_secret(tmp_path):
 
 def test_a_replayed_hello_is_refused():
     key, job = auth.job_key(SECRET, 7), 7
-    claim = lambda rank: None  # noqa: E731
+    claim = lambda rank, lane, lanes: None  # noqa: E731
     first = auth.Accepting(key, job, 0, 2, range(1, 2), claim)
     dialler = auth.Dialling(key, job, 1, 0, 2)
     hello = dialler.first()

@@ -21,11 +21,15 @@ from erdma_core.transport.wire import FRAME, HELLO, Header, Hello
 
 
 def test_layouts_and_sizes():
-    assert wire.WIRE_VERSION == 4
+    assert wire.WIRE_VERSION == 5
     assert (HELLO.format, HELLO.size) == ("<4sHHQIIQ", 32)
     assert (FRAME.format, FRAME.size) == ("<4sBBBBIIIIQIIQQQ", 64)
     assert wire.NO_ROOT == 0xFFFFFFFF
-    assert (auth.HELLO.format, auth.HELLO.size, auth.NONCE, auth.MAC) == ("<4sHHQII16s", 40, 16, 32)
+    assert (auth.HELLO.format, auth.HELLO.size, auth.NONCE, auth.MAC) == ("<4sHHQIIHH16s", 44, 16, 32)
+    assert auth.MAX_LANES == 64
+    assert (auth.REQUEST, auth.CHALLENGE, auth.ACCEPTED) == (0, 1, 2)
+    assert (auth.WRONG_JOB, auth.WRONG_WORLD, auth.UNEXPECTED_RANK, auth.DUPLICATE_RANK, auth.BAD_PROOF,
+            auth.WRONG_LANES) == (10, 11, 12, 13, 14, 15)
     assert (auth.STORE_HELLO.format, auth.STORE_MAGIC, auth.STORE_VERSION) == ("<4sH16s", b"ERDS", 1)
     assert (wire.HELLO_MAGIC, wire.FRAME_MAGIC) == (b"ERDH", b"ERDF")
     assert (wire.ABORT_BODY.format, wire.MAX_CONTROL_BYTES) == ("<Bi", 65536)

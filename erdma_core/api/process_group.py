@@ -26,7 +26,7 @@ from ..engine.codecs import Codecs
 from ..engine.offload import Fallback, HostChannel, Offload, OffloadCall, OffloadContext
 from ..engine.ops import OPS, buffer_sizes
 from ..engine.plans import plan
-from ..engine.program import Program, compile_plan
+from ..engine.program import Program, chunk_bytes, compile_plan
 from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
 from ..errors import AbortedError, ConfigError, ErdmaError, PluginError
@@ -60,7 +60,7 @@ class ProcessGroup:
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
         self._sender = Serial(f"erdma-pg{group_id}-tx")
         self._plans: dict[tuple[Any, ...], _Compiled] = {}
-        self._chunk_bytes: int = rt.config["collectives.chunk_bytes"]
+        self._chunk_bytes: int = chunk_bytes(rt.config["collectives.chunk_bytes"], rt.transport.stripes)
         self._lock = threading.Lock()
         # scratch (one collective of the group at a time uses it, on whichever thread runs it): slots 0 and 1 for
         # reducing receives, 2 for a schedule's 'work' buffer

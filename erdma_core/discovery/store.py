@@ -103,7 +103,7 @@ class _Server:
         self.clients = threading.BoundedSemaphore(MAX_CLIENTS)
         self.sock = socket.create_server(addr, backlog=1024)  # SO_REUSEADDR: a restarted store binds at once
         self.server_address = self.sock.getsockname()
-        self.gate = Gate([self.sock], lambda: auth.StoreServer(key), self._proven, what="store", log=log,
+        self.gate = Gate([self.sock], lambda sock: auth.StoreServer(key), self._proven, what="store", log=log,
                          limit=MAX_UNPROVEN, per_source=PER_SOURCE)
         self._thread = threading.Thread(target=self.gate.run, name="erdma-store", daemon=True)
         self._thread.start()

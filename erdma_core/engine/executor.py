@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -100,6 +101,10 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
          scratch_for: ScratchFor | None, codecs: Codecs) -> None:
     fwd = Forwarding() if codecs.lossy else None
     raw = codecs.sender is None
+    # sends a step keeps under way at once: one (the next is posted once the last is written), or over a
+    # pool of connections (``Transport.stripes``) one per connection, so that each has data to carry; an
+    # encoded message's bytes may be a codec's reused memory, so those still go one at a time
+    window = transport.stripes if raw else 1
     stages = program.stages
     last = len(stages) - 1
     seq, deadline, numel = op.seq, op.deadline, op.numel
@@ -122,6 +127,7 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
         # compression.pipeline: message k + 1 encodes on the helper thread while message k is sent (see _prepare)
         ahead = not raw and codecs.pipeline and len(sends) > 1
         got = _prepare(codecs, fwd, op, i, sends[0], buffers) if ahead else None
+        sending: deque[tuple[Request, int]] = deque()  # sends under way: a pool takes ``window`` at once
         try:
             for k, m in enumerate(sends):
                 if raw:
@@ -135,10 +141,14 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
                     header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
                 req = transport.isend(m.to, header, payload, deadline)
                 if not req.finished or req.error is not None:
-                    finish(req, m.peer, op, transport, "sending to")
+                    sending.append((req, m.peer))
+                    while sending and (len(sending) >= window or sending[0][0].finished):
+                        finish(*sending.popleft(), op, transport, "sending to")
                 while done < len(pending) and pending[done][0].finished:
                     _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
                     done += 1
+            while sending:
+                finish(*sending.popleft(), op, transport, "sending to")
         except BaseException:
             if ahead:
                 _abandon(got, op)

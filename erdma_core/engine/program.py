@@ -63,6 +63,19 @@ def chunks(offset: int, count: int, chunk: int) -> list[tuple[int, int]]:
     return [(o, min(chunk, end - o)) for o in range(offset, end, chunk)]
 
 
+STRIPE_FLOOR = 256 << 10  # bytes: chunks cut for a pool of connections are never smaller (unless asked for)
+
+
+def chunk_bytes(configured: int, stripes: int) -> int:
+    """The chunk size messages are cut at: ``collectives.chunk_bytes``, or over a transport that carries
+    ``stripes`` messages to a peer side by side (``Transport.stripes``) that divided by ``stripes``, so that
+    a message of ``configured`` bytes keeps them all busy, but not below ``STRIPE_FLOOR`` (nor above what was
+    configured)."""
+    if stripes <= 1:
+        return configured
+    return max(min(configured, STRIPE_FLOOR), configured // stripes)
+
+
 def compile_plan(plan: Plan, ranks: Sequence[int], chunk_elems: int, itemsize: int, elide: bool = False) -> Program:
     """``plan`` for a group whose rank i is global rank ``ranks[i]``, messages cut at ``chunk_elems``;
     ``elide``: leave out copies into ``work`` that are only there to be sent (not with a lossy compressor,

@@ -48,6 +48,12 @@ TCP_OPTIONS = {
                                 "are read by the receiver straight from the sender's memory (process_vm_readv), one "
                                 "copy instead of two through a Unix socket; 0: always through the socket",
                                 minimum=0, maximum=1 << 40),
+    "connections": Option(int, 1, "TCP connections per pair of ranks on different hosts (a pool): each data "
+                          "frame of 64 KiB or more goes to the one with the fewest bytes waiting, so the chunks of a "
+                          "collective's messages (collectives.chunk_bytes) travel side by side and one flow's window "
+                          "does not cap a long, fat link (window / RTT per flow); the same on every rank. Ranks of "
+                          "one host (Unix sockets) use one; a traversal that meets peers through NATs allows only 1",
+                          minimum=1, maximum=64),
     "tls": Option(bool, False, "encrypt every TCP connection with TLS 1.3 (the standard library's ssl), bound to "
                   "the job's secret, instead of sealing each frame in the clear (frames are sealed either way); "
                   "Unix sockets between ranks of one host stay plaintext"),
@@ -56,7 +62,8 @@ TCP_OPTIONS = {
 
 @hookimpl
 def erdma_register_transports(register: Callable[..., None]) -> None:
-    register("tcp", _tcp, options=TCP_OPTIONS, description="one TCP connection per rank pair, zero-copy receive")
+    register("tcp", _tcp, options=TCP_OPTIONS,
+             description="TCP connections between rank pairs (one, or a pool of them), zero-copy receive")
 
 
 @hookimpl

@@ -47,13 +47,13 @@ class _Pending:
 
 
 class Gate:
-    """Connections accepted on ``listeners``, each running the handshake ``start()`` makes, side by side on
+    """Connections accepted on ``listeners``, each running the handshake ``start(sock)`` makes, side by side on
     the thread that calls ``run``. Each connection whose handshake ended goes to ``ended(sock, hs, where)``,
     which owns it from then on (``refuse`` closes one and logs why). ``what`` names the server in log lines
     (``log``: where they go). ``divert(sock, (host, port))``, asked first of each accepted TCP connection,
     may take it (True) for a handshake run elsewhere (a meeting's, ``meet``)."""
 
-    def __init__(self, listeners: list[socket.socket], start: Callable[[], Handshake],
+    def __init__(self, listeners: list[socket.socket], start: Callable[[socket.socket], Handshake],
                  ended: Callable[[socket.socket, Handshake, str], None], *, what: str, log: logging.Logger,
                  limit: int = MAX_PENDING, per_source: int = PER_SOURCE, divert: Divert | None = None) -> None:
         self.listeners, self.start, self.ended, self.log, self.divert = listeners, start, ended, log, divert
@@ -123,7 +123,7 @@ class Gate:
                             f"{self.admission.limit} handshakes were under way")
                 continue
             sock.setblocking(False)
-            self._pending[sock] = _Pending(self.start(), where)
+            self._pending[sock] = _Pending(self.start(sock), where)
             self._sel.register(sock, selectors.EVENT_READ, True)
 
     def _read(self, sock: socket.socket) -> None:
@@ -168,18 +168,22 @@ class Gate:
 
 
 class Acceptor:
-    """Accepts until every rank above ``rank`` has proved itself (``accepted``: rank -> socket), ``deadline``
-    passes or ``stop`` is set. ``refused`` lists the latest reasons connections were turned away;
-    ``duplicates`` the ranks that two holders of the secret claimed. ``tune(sock)`` is applied to every
-    accepted socket; ``divert``: as ``Gate``'s."""
+    """Accepts until every rank above ``rank`` has proved itself on each of its connections (``accepted``:
+    rank -> {lane: socket}; ``complete(rank)``), ``deadline`` passes or ``stop`` is set. Over TCP a pair
+    of ranks opens ``lanes`` connections (a pool: ``transport.tcp.connections``), over a Unix socket one;
+    a rank that opens another number is refused. ``refused`` lists the latest reasons connections were
+    turned away; ``duplicates`` the ranks that two holders of the secret claimed. ``tune(sock)`` is applied
+    to every accepted socket; ``divert``: as ``Gate``'s."""
 
     def __init__(self, listeners: list[socket.socket], deadline: float, *, key: bytes, job: int, rank: int,
-                 world: int, tune: Callable[[socket.socket], None], divert: Divert | None = None) -> None:
+                 world: int, tune: Callable[[socket.socket], None], divert: Divert | None = None,
+                 lanes: int = 1) -> None:
         self.deadline = deadline
-        self.key, self.job, self.rank, self.world, self.tune = key, job, rank, world, tune
-        self.accepted: dict[int, socket.socket] = {}
-        self.transcripts: dict[int, bytes] = {}  # what each accepted rank's proof covered
+        self.key, self.job, self.rank, self.world, self.tune, self.lanes = key, job, rank, world, tune, lanes
+        self.accepted: dict[int, dict[int, socket.socket]] = {}
+        self.transcripts: dict[tuple[int, int], bytes] = {}  # (rank, lane) -> what its proof covered
         self.duplicates: set[int] = set()
+        self._pools: dict[int, int] = {}  # rank -> connections it opens
         self.gate = Gate(listeners, self._start, self._ended, what=f"rank {rank}", log=log, divert=divert)
         self.refused = self.gate.refusals.latest
 
@@ -194,18 +198,25 @@ class Acceptor:
     def run(self) -> None:
         """Until every rank above has proved itself, or, with ``divert``, until ``stop``: connections that
         belong to meetings may still arrive."""
-        expected = set(range(self.rank + 1, self.world))
+        expected = range(self.rank + 1, self.world)
         if self.gate.divert is not None:
             self.gate.run(deadline=self.deadline)
         else:
-            self.gate.run(lambda: not expected - self.accepted.keys(), self.deadline)
+            self.gate.run(lambda: all(self.complete(r) for r in expected), self.deadline)
 
-    def _start(self) -> auth.Accepting:
+    def complete(self, rank: int) -> bool:
+        """Whether every connection ``rank`` opens to this one has proved itself."""
+        return len(self.accepted.get(rank, ())) == self._pools.get(rank, -1)
+
+    def _start(self, sock: socket.socket) -> auth.Accepting:
+        want = 1 if sock.family == socket.AF_UNIX else self.lanes
         return auth.Accepting(self.key, self.job, self.rank, self.world, range(self.rank + 1, self.world),
-                              self._claim)
+                              lambda rank, lane, lanes: self._claim(rank, lane, lanes, want))
 
-    def _claim(self, rank: int) -> int | None:
-        return auth.DUPLICATE_RANK if rank in self.accepted else None
+    def _claim(self, rank: int, lane: int, lanes: int, want: int) -> int | None:
+        if lanes != want or self._pools.get(rank, lanes) != lanes:
+            return auth.WRONG_LANES
+        return auth.DUPLICATE_RANK if lane in self.accepted.get(rank, ()) else None
 
     def _ended(self, sock: socket.socket, hs: Handshake, where: str) -> None:
         assert isinstance(hs, auth.Accepting)
@@ -216,5 +227,6 @@ class Acceptor:
             self.gate.refuse(sock, where, hs.refused)
             return
         self.tune(sock)
-        self.accepted[rank] = sock
-        self.transcripts[rank] = hs.transcript
+        self.accepted.setdefault(rank, {})[hs.lane] = sock
+        self._pools[rank] = hs.lanes
+        self.transcripts[(rank, hs.lane)] = hs.transcript

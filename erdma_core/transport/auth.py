@@ -57,49 +57,63 @@ def check(key: bytes, label: bytes, transcript: bytes, mac: bytes) -> bool:
     return hmac.compare_digest(prove(key, label, transcript), mac)
 
 
-# ---- the transport handshake (HELLO, wire version 3) --------------------------------------------------------
+# ---- the transport handshake (HELLO, wire version 5) --------------------------------------------------------
 
-HELLO = struct.Struct("<4sHHQII16s")
+HELLO = struct.Struct("<4sHHQIIHH16s")  # magic, version, status, job, rank, world, lane, lanes, nonce
+MAX_LANES = 64  # connections one pair of ranks may open (``transport.tcp.connections``)
 # statuses: what the dialler asks, what the acceptor answers
 REQUEST, CHALLENGE, ACCEPTED = 0, 1, 2
-WRONG_JOB, WRONG_WORLD, UNEXPECTED_RANK, DUPLICATE_RANK, BAD_PROOF = 10, 11, 12, 13, 14
+WRONG_JOB, WRONG_WORLD, UNEXPECTED_RANK, DUPLICATE_RANK, BAD_PROOF, WRONG_LANES = 10, 11, 12, 13, 14, 15
 REASONS = {
     WRONG_JOB: "it belongs to another job",
     WRONG_WORLD: "its world size differs",
     UNEXPECTED_RANK: "that rank does not connect to this one",
     DUPLICATE_RANK: "another process already connected as that rank (duplicate rank)",
     BAD_PROOF: "it could not prove the job's secret (a different security.secret?)",
+    WRONG_LANES: "it opens another number of connections per pair of ranks (transport.tcp.connections differs)",
 }
 _DIAL, _ACCEPT = b"erdma-hello-dial", b"erdma-hello-accept"
 
 
-def pack_hello(status: int, job: int, rank: int, world: int, nonce_: bytes = bytes(NONCE)) -> bytes:
-    return HELLO.pack(HELLO_MAGIC, WIRE_VERSION, status, job, rank, world, nonce_)
+def pack_hello(status: int, job: int, rank: int, world: int, nonce_: bytes = bytes(NONCE), lane: int = 0,
+               lanes: int = 1) -> bytes:
+    return HELLO.pack(HELLO_MAGIC, WIRE_VERSION, status, job, rank, world, lane, lanes, nonce_)
 
 
 def parse_hello(data: bytes) -> tuple[int, int, int, int, bytes]:
     """``(status, job, rank, world, nonce)`` of a HELLO; ProtocolError for anything else."""
-    status, job, rank, world, nonce_ = unpack_hello(HELLO, data)
+    status, job, rank, world, _, _, nonce_ = unpack_hello(HELLO, data)
     return status, job, rank, world, nonce_
 
 
-def _transcript(job: int, dialler: int, acceptor: int, world: int, n_dial: bytes, n_accept: bytes) -> bytes:
-    return struct.pack("<QIII", job, dialler, acceptor, world) + n_dial + n_accept
+def parse_lanes(data: bytes) -> tuple[int, int]:
+    """``(lane, lanes)`` of a HELLO: which of the pair's connections it opens, and how many the pair has."""
+    return tuple(unpack_hello(HELLO, data)[4:6])  # type: ignore[return-value]
+
+
+def _transcript(job: int, dialler: int, acceptor: int, world: int, lane: int, lanes: int, n_dial: bytes,
+                n_accept: bytes) -> bytes:
+    return struct.pack("<QIIIHH", job, dialler, acceptor, world, lane, lanes) + n_dial + n_accept
 
 
 class Dialling:
     """The dialling side: ``first()`` is its HELLO; ``on_challenge(reply)`` checks the acceptor's answer
     (``HELLO.size + MAC`` bytes) and returns this side's proof, to send even when the acceptor's was wrong
-    (so that it learns the secrets differ) before ``error`` is raised; ``on_verdict(hello)`` ends it."""
+    (so that it learns the secrets differ) before ``error`` is raised; ``on_verdict(hello)`` ends it.
+    ``lane`` of ``lanes``: which of the pair's connections this one is (a pool, ``transport.tcp.connections``)."""
 
-    def __init__(self, key: bytes, job: int, rank: int, peer: int, world: int, nonce_: bytes | None = None) -> None:
+    def __init__(self, key: bytes, job: int, rank: int, peer: int, world: int, nonce_: bytes | None = None,
+                 lane: int = 0, lanes: int = 1) -> None:
+        if not 0 <= lane < lanes <= MAX_LANES:
+            raise ValueError(f"lane {lane} of {lanes}: at most {MAX_LANES} connections per pair")
         self.key, self.job, self.rank, self.peer, self.world = key, job, rank, peer, world
+        self.lane, self.lanes = lane, lanes
         self.nonce = nonce_ or nonce()
         self.error: AuthenticationError | None = None
         self.transcript = b""  # what both proofs covered (TLS binds its session to it)
 
     def first(self) -> bytes:
-        return pack_hello(REQUEST, self.job, self.rank, self.world, self.nonce)
+        return pack_hello(REQUEST, self.job, self.rank, self.world, self.nonce, self.lane, self.lanes)
 
     def on_challenge(self, data: bytes) -> bytes | None:
         """The proof to send, or None when the acceptor refused (``error`` says why)."""
@@ -109,7 +123,8 @@ class Dialling:
             return None
         if rank != self.peer:
             raise ProtocolError(f"rank {self.rank}: the process at rank {self.peer}'s address says it is rank {rank}")
-        t = self.transcript = _transcript(self.job, self.rank, self.peer, self.world, self.nonce, theirs)
+        t = self.transcript = _transcript(self.job, self.rank, self.peer, self.world, self.lane, self.lanes,
+                                          self.nonce, theirs)
         if not check(self.key, _ACCEPT, t, data[HELLO.size:HELLO.size + MAC]):
             self.error = AuthenticationError(f"rank {self.rank}: the process at rank {self.peer}'s address could not "
                                              "prove it knows the job's secret (security.secret differs between "
@@ -131,19 +146,21 @@ class Dialling:
 class Accepting:
     """The accepting side of one connection. Feed it exactly ``need`` bytes at a time (``feed`` returns
     what to send back); when ``need`` is 0 it has ended: ``rank_proven`` is the peer that proved the
-    secret, or None with ``refused`` the reason. ``dialers``: the ranks that may dial this one. ``claim(rank)``
-    is asked once a peer has proved the secret: None takes the connection, ``DUPLICATE_RANK`` refuses it
-    (another connection proved that rank first); ``duplicate`` then records that a rank of this job was
-    claimed twice by holders of the secret."""
+    secret, or None with ``refused`` the reason. ``dialers``: the ranks that may dial this one.
+    ``claim(rank, lane, lanes)`` is asked once a peer has proved the secret (``lane`` of the pair's
+    ``lanes`` connections): None takes the connection, ``DUPLICATE_RANK`` refuses it (another connection
+    proved that rank and lane first; ``duplicate`` then records that a rank of this job was claimed twice
+    by holders of the secret), ``WRONG_LANES`` refuses a pool of another size."""
 
     def __init__(self, key: bytes, job: int, rank: int, world: int, dialers: range,
-                 claim: Callable[[int], int | None], nonce_: bytes | None = None) -> None:
+                 claim: Callable[[int, int, int], int | None], nonce_: bytes | None = None) -> None:
         self.key, self.job, self.rank, self.world = key, job, rank, world
         self.dialers, self.claim = dialers, claim
         self.duplicate = False
         self.nonce = nonce_ or nonce()
         self.need = HELLO.size
         self.rank_claimed = -1
+        self.lane, self.lanes = 0, 1  # which of the pair's connections this is (as the dialler says)
         self.rank_proven: int | None = None
         self.refused = ""
         self._t = b""
@@ -153,7 +170,7 @@ class Accepting:
             self.need = 0
             if not check(self.key, _DIAL, self._t, data):
                 return self._refuse(BAD_PROOF)
-            status = self.claim(self.rank_claimed)
+            status = self.claim(self.rank_claimed, self.lane, self.lanes)
             if status is not None:  # another connection proved that rank first
                 self.duplicate = status == DUPLICATE_RANK
                 return self._refuse(status)
@@ -163,14 +180,18 @@ class Accepting:
         self.rank_claimed = rank
         if status != REQUEST:
             raise ProtocolError(f"hello with status {status} where a request was due")
+        self.lane, self.lanes = parse_lanes(data)
+        if not 0 <= self.lane < self.lanes <= MAX_LANES:
+            raise ProtocolError(f"hello for connection {self.lane} of {self.lanes} (at most {MAX_LANES})")
         refusal = (WRONG_JOB if job != self.job else WRONG_WORLD if world != self.world
                    else UNEXPECTED_RANK if rank not in self.dialers else None)
         if refusal is not None:
             self.need = 0
             return self._refuse(refusal)
-        self._t = _transcript(self.job, rank, self.rank, self.world, theirs, self.nonce)
+        self._t = _transcript(self.job, rank, self.rank, self.world, self.lane, self.lanes, theirs, self.nonce)
         self.need = MAC
-        return pack_hello(CHALLENGE, self.job, self.rank, self.world, self.nonce) + prove(self.key, _ACCEPT, self._t)
+        return (pack_hello(CHALLENGE, self.job, self.rank, self.world, self.nonce, self.lane, self.lanes)
+                + prove(self.key, _ACCEPT, self._t))
 
     @property
     def transcript(self) -> bytes:

@@ -99,11 +99,17 @@ class Transport(Protocol):
     ``devices`` names the device types whose memory the transport moves without a host copy ("cpu" for
     host memory). Front ends (the torch backend) stage tensors of any other device through host memory,
     and must not when the transport names that device.
+
+    ``stripes``, known once ``connect`` returned and the same on every rank: how many messages to one peer
+    travel side by side (a pool of connections, the TCP transport's ``connections``); the engine then cuts
+    a collective's messages into chunks of at most ``collectives.chunk_bytes / stripes`` (256 KiB at least,
+    ``engine.program.chunk_bytes``), so that every one of them carries data. 1 for a transport without pools.
     """
 
     rank: int
     world_size: int
     devices: frozenset[str]
+    stripes: int
 
     def connect(self, ctx: TransportContext) -> None: ...
 
@@ -154,6 +160,7 @@ class MessageTransport:
 
     name = "?"
     devices: frozenset[str] = frozenset({"cpu"})
+    stripes = 1
 
     def __init__(self) -> None:
         self.rank = -1

@@ -23,15 +23,18 @@ class FrameInbox:
     go to the mailbox; an ABORT aborts it with the peer's reason; a BYE (which says how many data frames
     came before it) marks the peer gone once that many have landed, whatever order they completed in.
     A PULL (a data frame the peer lends, ``single_copy``) goes to the mailbox as such, and so does a PULLED
-    (the peer has read a send of ours)."""
+    (the peer has read a send of ours). When the peer's frames come over several connections (a pool),
+    each has an inbox of its own and its own BYE, and they share one ``Pool``: the peer is gone once every
+    one of them has closed cleanly."""
 
-    __slots__ = ("bye_after", "closed_cleanly", "completed", "mailbox", "peer", "rank")
+    __slots__ = ("bye_after", "closed_cleanly", "completed", "mailbox", "peer", "pool", "rank")
 
     def __init__(self, rank: int, peer: int, mailbox: Mailbox) -> None:
         self.rank, self.peer, self.mailbox = rank, peer, mailbox
         self.completed = 0  # data frames fully landed
         self.bye_after: int | None = None
         self.closed_cleanly = False  # its BYE came and everything before it landed
+        self.pool: Pool | None = None  # the inboxes of the peer's other connections, when it has several
 
     def frame(self, h: Header) -> tuple[memoryview | None, object]:
         if h.kind == DATA:
@@ -81,8 +84,27 @@ class FrameInbox:
         if self.bye_after is not None and self.completed >= self.bye_after:
             self.bye_after = None
             self.closed_cleanly = True
+            if self.pool is not None and not self.pool.closed():
+                return  # frames may still be landing on the peer's other connections
             self.mailbox.peer_gone(self.peer, PeerLostError(
                 f"rank {self.rank}: rank {self.peer} closed its process group", peer=self.peer, rank=self.rank))
+
+
+class Pool:
+    """The connections one peer's frames come over, counted down as each closes cleanly (its BYE came and
+    every frame it announced landed). Only the thread that reads the connections touches it."""
+
+    __slots__ = ("open",)
+
+    def __init__(self, inboxes: list[FrameInbox]) -> None:
+        self.open = len(inboxes)
+        for inbox in inboxes:
+            inbox.pool = self
+
+    def closed(self) -> bool:
+        """One more connection closed cleanly; True once all have."""
+        self.open -= 1
+        return self.open == 0
 
 
 class StreamReader:

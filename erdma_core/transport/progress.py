@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import IntegrityError, PeerLostError, ProtocolError
 from .frames import StreamReader
-from .integrity import SealedFrame
+from .integrity import SealedFrame, Sealer
 from .mailbox import Request
 from .wakeup import WakePipe
 
@@ -71,9 +71,11 @@ def _after(views: list[memoryview], n: int) -> list[memoryview]:
 
 
 class Channel:
-    """One connected socket to ``peer``: frames out in order, frames in through ``reader``."""
+    """One connected socket to ``peer``: frames out in order, frames in through ``reader``. ``frames``
+    counts the data frames handed to it (its BYE says how many); ``seal`` is what seals the frames that
+    leave on it, when they are sealed (``integrity.Sealer``)."""
 
-    __slots__ = ("dead", "fd", "lock", "out", "peer", "reader", "sock", "watch_out")
+    __slots__ = ("dead", "fd", "frames", "lock", "out", "peer", "reader", "seal", "sock", "watch_out")
 
     def __init__(self, peer: int, sock: socket.socket, reader: StreamReader) -> None:
         self.peer, self.sock, self.reader = peer, sock, reader
@@ -83,6 +85,8 @@ class Channel:
         self.lock = threading.RLock()
         self.dead = False
         self.watch_out = False  # the driver's poll watches it for room to write (frames wait for it)
+        self.frames = 0
+        self.seal: Sealer | None = None
 
 
 class Progress:

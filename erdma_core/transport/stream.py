@@ -21,17 +21,18 @@ import termios
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, IntegrityError, ProtocolError
 from . import addresses, auth, integrity, meet, single_copy
 from .accept import Acceptor
 from .addresses import Candidate
 from .base import MessageTransport, TransportContext, failed_elsewhere
-from .frames import StreamReader
+from .frames import FrameInbox, Pool, StreamReader
 from .mailbox import Lent, Request
 from .progress import Channel, Progress
 from .sockets import probe_idle, recv_exact
-from .wire import DATA, LENT, PULL, PULLED, RAW, Header, control
+from .wire import BYE, DATA, LENT, PULL, PULLED, RAW, Header, control
 
 log = logging.getLogger("erdma.transport")
 _TCP_INFO_BYTES = 168  # struct tcp_info up to tcpi_delivery_rate (Linux 4.9 and later)
@@ -61,6 +62,8 @@ class _Accepted(Exception):
 
 
 BACKLOG = 1024  # connections the kernel queues for the acceptor (a flood of them must not push a rank's out)
+STRIPE_BYTES = 1 << 16  # a data frame at least this large goes to the pool's least loaded connection
+LANE_DIALS = 8  # connections of one pool made at once
 POLL = 1.0  # seconds a socket call may block before deadlines and shutdown are looked at again
 SETUP_POLL = 0.5  # seconds between looks at the store, during set-up, for a rank that gave up
 
@@ -71,19 +74,28 @@ class SocketTransport(MessageTransport):
     ``deadline``; ``sockets.retrying`` helps), or None when that address cannot be reached from here (another
     host's Unix socket), and may override ``tune(sock)`` and set ``spin``. ``key`` names the store entries
     that publish the addresses (no spaces in them). To go through NATs, a subclass offers ``meeting_point``
-    (and ``nearby`` for the addresses it still dials): every other peer is then met, not dialled."""
+    (and ``nearby`` for the addresses it still dials): every other peer is then met, not dialled.
+
+    ``connections`` > 1 makes a pool: a pair of ranks that dials over TCP opens that many connections, and
+    each data frame of at least ``STRIPE_BYTES`` goes to the one with the fewest bytes waiting (queued here or
+    unacknowledged in the kernel), so one flow's window does not cap a long, fat link; the chunks of a
+    collective's messages (``collectives.chunk_bytes``) spread over them. Frames are matched by key, never by
+    order, so they may overtake each other; each connection ends with a BYE of its own. A Unix socket, and a
+    pair that meets through NATs (one mapped port each), keep one connection."""
 
     key = "stream"
     spin = 0.0  # seconds a thread waiting for a message polls before it sleeps (see ``Progress.wait``)
     tls = False  # TLS over each TCP connection once it is authenticated (``transport.tcp.tls``)
     lend_bytes = 0  # messages of at least this many bytes are lent to a peer that can read them (0: never)
+    connections = 1  # connections per pair of ranks that dials over TCP (a pool, ``transport.tcp.connections``)
 
     def __init__(self) -> None:
         super().__init__()
-        self.channels: dict[int, Channel] = {}
+        self.channels: dict[int, Channel] = {}  # each peer's first connection (control frames go there)
+        self.lanes: dict[int, list[Channel]] = {}  # each peer's connections, the first one first
+        self._turns: dict[int, int] = {}  # the pool's connection whose turn it is on a tie, per peer
         self._progress: Progress | None = None
         self._key = b""  # the job's transport key (``auth.job_key``)
-        self._seals: dict[int, integrity.Sealer] = {}  # peers whose frames are sealed (``integrity``)
         self._lend_to: frozenset[int] = frozenset()  # peers that read this rank's memory (``single_copy``)
         self._pids: dict[int, int] = {}  # peers whose memory this rank reads, and their processes
         self.meeting: tuple[socket.socket, list[Candidate]] | None = None  # ``meeting_point``'s answer, in set-up
@@ -131,16 +143,15 @@ class SocketTransport(MessageTransport):
             self._learn_lower(ctx, deadline)  # before accepting: which connections come from a lower rank
         accepting = Acceptor(listeners, deadline, key=self._key, job=self.job, rank=self.rank,
                              world=self.world_size, tune=self.tune,
-                             divert=self._arrivals.divert if self.meeting is not None else None)
+                             divert=self._arrivals.divert if self.meeting is not None else None,
+                             lanes=self.connections if self.meeting is None else 1)
         acceptor = threading.Thread(target=accepting.run, name=f"erdma-accept-{self.rank}", daemon=True)
         acceptor.start()
         try:
             if self.meeting is None:
                 for peer in range(self.rank):
                     addrs = self._address_of(ctx, peer, deadline)
-                    connect = functools.partial(self._connect, peer, addrs.split(), deadline)
-                    sock, transcript = self._dial_peer(peer, connect, deadline)
-                    self._add(peer, sock, transcript, True, deadline)
+                    self._dial_pool(peer, addrs.split(), deadline)
                 while acceptor.is_alive() and time.monotonic() < deadline:
                     acceptor.join(SETUP_POLL)
                     self._check_others(ctx)
@@ -156,17 +167,25 @@ class SocketTransport(MessageTransport):
         for peer, (sock, transcript, path) in sorted(met.items()):
             self._add(peer, sock, transcript, peer < self.rank, deadline)
             self._paths[peer] = path
-        for peer, sock in accepting.accepted.items():
-            if self.meeting is not None and sock.family == socket.AF_INET:
-                self._paths[peer] = f"{_name(sock.getpeername())} direct"  # its SYN reached this rank's listener
-            self._add(peer, sock, accepting.transcripts[peer], False, deadline)
+        for peer, lanes in sorted(accepting.accepted.items()):
+            for lane, sock in sorted(lanes.items()):
+                if self.meeting is not None and sock.family == socket.AF_INET:
+                    self._paths[peer] = f"{_name(sock.getpeername())} direct"  # its SYN reached this listener
+                self._add(peer, sock, accepting.transcripts[(peer, lane)], False, deadline)
+        for channels in self.lanes.values():
+            if len(channels) > 1:
+                Pool([ch.reader.inbox for ch in channels])
+        self.stripes = max((len(channels) for channels in self.lanes.values()), default=1)
+        if self.stripes > 1:
+            log.info("rank %d: %d %s connections to each of ranks %s", self.rank, self.stripes, self.name,
+                     brief(sorted(p for p, channels in self.lanes.items() if len(channels) > 1)))
         if self.meeting is not None:
             self._publish_paths(ctx)
         if accepting.duplicates:
             raise AuthenticationError(f"rank {self.rank}: two processes proved to be rank(s) "
                                       f"{sorted(accepting.duplicates)} of this job (duplicate rank); "
                                       "each rank must be started once")
-        missing = [p for p in range(self.rank + 1, self.world_size) if p not in accepting.accepted and p not in met]
+        missing = [p for p in range(self.rank + 1, self.world_size) if not accepting.complete(p) and p not in met]
         if missing:
             refused = "; ".join(list(accepting.refused)[-3:])
             raise CollectiveTimeoutError(f"rank {self.rank}: ranks {brief(missing)} did not connect within "
@@ -174,8 +193,8 @@ class SocketTransport(MessageTransport):
                                          rank=self.rank, op="connect")
         if self.lend_bytes:
             self._probe_single_copy(deadline)
-        self._progress = Progress(list(self.channels.values()), self._channel_ended, self._corrupt,
-                                  f"erdma-io-{self.rank}", self.spin)
+        self._progress = Progress([ch for lanes in self.lanes.values() for ch in lanes], self._channel_ended,
+                                  self._corrupt, f"erdma-io-{self.rank}", self.spin)
 
     def _probe_single_copy(self, deadline: float) -> None:
         """Which same-host peers lend and borrow memory (both ends of every Unix socket do this here)."""
@@ -238,14 +257,14 @@ class SocketTransport(MessageTransport):
                                                            deadline)
                         met[peer] = sock, transcript, f"{addrs[0]} direct"
                     return
-                got = self._meet(ctx, peer, deadline, lambda: peer in accepting.accepted)
+                got = self._meet(ctx, peer, deadline, lambda: accepting.complete(peer))
                 if got is not None:
                     met[peer] = got
             except BaseException as exc:
                 failed[peer] = exc
 
         def missing() -> list[int]:
-            return [p for p in others if p not in met and p not in accepting.accepted]
+            return [p for p in others if p not in met and not accepting.complete(p)]
 
         others = [p for p in range(self.world_size) if p != self.rank]
         threads = [threading.Thread(target=reach, args=(p,), name=f"erdma-meet-{self.rank}-{p}", daemon=True)
@@ -312,7 +331,7 @@ class SocketTransport(MessageTransport):
         while True:
             sock, addr = connect()
             hs = auth.Accepting(self._key, self.job, self.rank, self.world_size, range(peer, peer + 1),
-                                lambda rank: None)
+                                lambda rank, lane, lanes: None if lanes == 1 else auth.WRONG_LANES)
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
                 probe_idle(sock)
@@ -346,16 +365,35 @@ class SocketTransport(MessageTransport):
         ctx.store.set(f"paths/{self.rank}",
                       "\n".join(f"{r} {p}" for r, p in sorted(self._paths.items())).encode())
 
+    def _dial_pool(self, peer: int, addrs: list[str], deadline: float) -> None:
+        """Every connection to lower rank ``peer``, taken into use: the first to the first of its ``addrs``
+        reachable from here, then, over TCP, the rest of the pool (``connections``) to that address, several
+        at once (on a long path each handshake takes round trips)."""
+        sock, transcript = self._dial_peer(peer, functools.partial(self._connect, peer, addrs, deadline), deadline)
+        lanes = 1 if sock.family == socket.AF_UNIX else self.connections
+        self._add(peer, sock, transcript, True, deadline)
+        if lanes == 1:
+            return
+        where = [_name(sock.getpeername())]
+        connect = functools.partial(self._connect, peer, where, deadline)
+        with ThreadPoolExecutor(min(LANE_DIALS, lanes - 1), thread_name_prefix=f"erdma-dial-{self.rank}") as pool:
+            made = list(pool.map(lambda lane: self._dial_peer(peer, connect, deadline, lane, lanes), range(1, lanes)))
+        for sock, transcript in made:
+            self._add(peer, sock, transcript, True, deadline)
+
     def _dial_peer(self, peer: int, connect: Callable[[], tuple[socket.socket, str]],
-                   deadline: float) -> tuple[socket.socket, bytes]:
+                   deadline: float, lane: int = 0, lanes: int | None = None) -> tuple[socket.socket, bytes]:
         """A connection to ``peer`` that passed the handshake (this rank the dialler), and the handshake's
-        transcript; ``connect()`` makes the connection. A connection the peer closed before the handshake
-        ended (its acceptor was full, or dropped it) is made again, with back-off, until ``deadline``; a
-        refusal is final. An attempt is never given up before ``deadline``: the peer may have taken it."""
+        transcript; ``connect()`` makes the connection. It is connection ``lane`` of the pair's ``lanes``
+        (None: of ``connections`` over TCP, the only one over a Unix socket or when this rank meets its
+        peers). A connection the peer closed before the handshake ended (its acceptor was full, or dropped
+        it) is made again, with back-off, until ``deadline``; a refusal is final. An attempt is never given
+        up before ``deadline``: the peer may have taken it."""
         delay = 0.02
         while True:
             sock, addr = connect()
-            hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size)
+            pool = lanes or (1 if sock.family == socket.AF_UNIX or self.meeting is not None else self.connections)
+            hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size, lane=lane, lanes=pool)
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))  # never shorter: the peer may have taken it
                 probe_idle(sock)  # a drop whose FIN or reset was lost is noticed in seconds
@@ -407,10 +445,10 @@ class SocketTransport(MessageTransport):
                                      "can be reached from here", rank=self.rank, op="connect")
 
     def _add(self, peer: int, sock: socket.socket, transcript: bytes, dialled: bool, deadline: float) -> None:
-        """Take an authenticated connection to ``peer`` into use: TLS over it when ``self.tls``, else every frame
-        on it sealed, unless it is a Unix socket (TLS and seals protect bytes on a path; those never leave the
-        kernel)."""
-        check = None
+        """Take an authenticated connection to ``peer`` into use (the next of its pool, the first one first):
+        TLS over it when ``self.tls``, else every frame on it sealed, unless it is a Unix socket (TLS and
+        seals protect bytes on a path; those never leave the kernel)."""
+        check = seal = None
         if sock.family != socket.AF_UNIX:
             link = f"{self.name} {_name(sock.getpeername())} -> {_name(sock.getsockname())}"
             if self.tls:
@@ -420,41 +458,72 @@ class SocketTransport(MessageTransport):
                                   timeout=max(0.1, deadline - time.monotonic()), rank=self.rank, peer=peer)
             else:
                 send, receive = integrity.keys(self._key, transcript, dialled)
-                self._seals[peer] = integrity.Sealer(send)
+                seal = integrity.Sealer(send)
                 check = integrity.Checker(receive, rank=self.rank, peer=peer, where=link)
-        self.channels[peer] = Channel(peer, sock, StreamReader(self.inbox(peer), check))
+        lanes = self.lanes.setdefault(peer, [])
+        inbox = self.inbox(peer) if not lanes else FrameInbox(self.rank, peer, self.mailbox)
+        ch = Channel(peer, sock, StreamReader(inbox, check))
+        ch.seal = seal
+        lanes.append(ch)
+        self.channels.setdefault(peer, ch)
 
     # ---- sending and waiting ----------------------------------------------------------------------------
     def link_rate(self, peer: int) -> float | None:
-        """Bytes per second the connection to ``peer`` delivers: the kernel's measured delivery rate of TCP
-        (``TCP_INFO``), unbounded for a Unix socket (memory on one host); None before it has measured."""
-        ch = self.channels.get(peer)
-        if ch is None or ch.dead:
+        """Bytes per second the connections to ``peer`` deliver: the sum of the kernel's measured delivery
+        rates of TCP (``TCP_INFO``), unbounded for a Unix socket (memory on one host); None before any has
+        measured."""
+        lanes = self.lanes.get(peer, [])
+        if not lanes or any(ch.dead for ch in lanes):
             return None
-        if ch.sock.family == socket.AF_UNIX:
+        if lanes[0].sock.family == socket.AF_UNIX:
             return math.inf
-        try:
-            info = ch.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-        except OSError:
+        total = 0
+        for ch in lanes:
+            try:
+                info = ch.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+            except OSError:
+                return None
+            total += struct.unpack_from("<Q", info, _DELIVERY_RATE)[0] if len(info) >= _TCP_INFO_BYTES else 0
+        return float(total) or None
+
+    def _lane(self, peer: int, nbytes: int) -> Channel | None:
+        """The connection a data frame of ``nbytes`` to ``peer`` goes on: the first, or of a pool the one
+        with the fewest frames queued here, then the fewest bytes the peer has not acknowledged, ties taken
+        in turn."""
+        lanes = self.lanes.get(peer)
+        if not lanes:
             return None
-        rate = struct.unpack_from("<Q", info, _DELIVERY_RATE)[0] if len(info) >= _TCP_INFO_BYTES else 0
-        return float(rate) or None
+        if len(lanes) == 1 or nbytes < STRIPE_BYTES:
+            return lanes[0]
+        turn = self._turns[peer] = (self._turns.get(peer, -1) + 1) % len(lanes)
+        return min(lanes[turn:] + lanes[:turn], key=lambda ch: (ch.dead, len(ch.out), _unacked(ch.sock)))
 
     def post(self, peer: int, header: Header, payload: memoryview, deadline: float, req: Request,
              urgent: bool = False) -> None:
-        ch = self.channels.get(peer)
+        ch = self._lane(peer, payload.nbytes if header.kind == DATA else 0)
         if ch is None or self._progress is None:
             req.complete(ErdmaError(f"rank {self.rank}: no connection to rank {peer}"))
             return
+        if header.kind == BYE:  # each connection says how many data frames went on it
+            for other in self.lanes[peer][1:]:
+                self._send(other, header._replace(seq=other.frames), payload, None, urgent)
+            header = header._replace(seq=ch.frames)
         if (peer in self._lend_to and payload.nbytes >= self.lend_bytes and header.kind == DATA
                 and header.codec == RAW and payload.c_contiguous):
             self._lend(ch, header, payload, req)
             return
-        seal = self._seals.get(peer)
-        if seal is None:
+        self._send(ch, header, payload, req, urgent)
+
+    def _send(self, ch: Channel, header: Header, payload: memoryview, req: Request | None, urgent: bool) -> None:
+        """One frame on ``ch``, sealed when its frames are."""
+        assert self._progress is not None
+        if header.kind == DATA:
+            with self._count_lock:
+                ch.frames += 1
+        if ch.seal is None:
             self._progress.send(ch, (header.pack(), payload), req, urgent)
             return
-        head, tail = seal.seal(header.pack(), payload)
+        head, tail = ch.seal.seal(header.pack(), payload)
         self._progress.send(ch, head if tail is None else (head, payload, tail), req, urgent)  # type: ignore[arg-type]
 
     def _lend(self, ch: Channel, header: Header, payload: memoryview, req: Request) -> None:
@@ -462,6 +531,8 @@ class SocketTransport(MessageTransport):
         ticket = self.mailbox.lend(ch.peer, req, payload)
         if ticket is None:
             return
+        with self._count_lock:
+            ch.frames += 1  # a PULL lands as a data frame
         body = LENT.pack(single_copy.address_of(payload), payload.nbytes, ticket)
         assert self._progress is not None
         self._progress.send(ch, (header._replace(kind=PULL, nbytes=LENT.size).pack(), body), None)
@@ -510,7 +581,7 @@ class SocketTransport(MessageTransport):
         """Until ``deadline``, wait for every TCP connection's queued frames to be written and acknowledged
         by the peer's kernel (``SIOCOUTQ``: bytes sent and not acknowledged, or not sent yet), while the
         background thread keeps writing and reading; a Unix socket's bytes are in the peer's queue already."""
-        pending = [ch for ch in self.channels.values() if ch.sock.family != socket.AF_UNIX]
+        pending = [ch for lanes in self.lanes.values() for ch in lanes if ch.sock.family != socket.AF_UNIX]
         delay = 0.001
         while pending and time.monotonic() < deadline:
             pending = [ch for ch in pending if not ch.dead and (ch.out or _unacked(ch.sock))]
@@ -525,7 +596,7 @@ class SocketTransport(MessageTransport):
             self._settle(time.monotonic() + self.linger)
         if self._progress is not None:
             self._progress.stop()
-        for ch in self.channels.values():
+        for ch in (ch for lanes in self.lanes.values() for ch in lanes):
             try:
                 ch.sock.shutdown(socket.SHUT_RDWR)
             except OSError:

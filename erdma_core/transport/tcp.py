@@ -1,8 +1,9 @@
-"""The built-in TCP transport: one connection per pair of ranks (``SocketTransport``), payloads received
-in place. This module only chooses addresses and socket options. Ranks on the same host (and in the same
-network namespace) connect over a Unix-domain socket instead, unless ``local_sockets`` is off: the same
-bytes without the TCP stack, several times faster for small messages; and large messages between them are
-copied once, by the receiver, from the sender's memory (``single_copy_bytes``, ``single_copy``)."""
+"""The built-in TCP transport: one connection per pair of ranks, or a pool of ``connections`` of them
+(``SocketTransport``), payloads received in place. This module only chooses addresses and socket options.
+Ranks on the same host (and in the same network namespace) connect over a Unix-domain socket instead,
+unless ``local_sockets`` is off: the same bytes without the TCP stack, several times faster for small
+messages; and large messages between them are copied once, by the receiver, from the sender's memory
+(``single_copy_bytes``, ``single_copy``)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,17 @@ class TcpTransport(SocketTransport):
         self.spin = section["spin_us"] / 1e6
         self.tls = section["tls"]
         self.lend_bytes = section["single_copy_bytes"] if section["local_sockets"] else 0
+        self.connections = section["connections"]
 
     def meeting_point(self, ctx: TransportContext) -> tuple[socket.socket, list[addresses.Candidate]] | None:
         """The traversal's TCP socket (``ctx.tcp_socket``: bound, its NAT mapping learned), where this rank
         meets the peers of other hosts instead of listening; its candidates as the traversal gives them."""
         if ctx.tcp_socket is None:
             return None
+        if self.connections > 1:
+            raise ConfigError(f"config key 'transport.tcp.connections': value {self.connections} cannot take effect "
+                              "when the traversal prepares this rank's TCP socket: a pair meets through its NATs "
+                              "from one mapped port each, so it has one connection; set 1")
         for key in ("port", "bind_address", "interface"):
             if self.opts[key]:
                 raise ConfigError(f"config key 'transport.tcp.{key}': value {self.opts[key]!r} is not used when the "

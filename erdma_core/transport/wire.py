@@ -3,7 +3,8 @@ that never changes meaning (``tests/test_wire.py`` pins each one).
 
 HELLO of the QUIC transport (inside mutual TLS; sent by the dialling rank, echoed by the accepting rank
 with ``status``), 32 bytes. The stream transports (TCP, Unix) prove the job's secret with the HELLO of wire
-version 3 written down in ``auth`` (40 bytes, with a 16-byte nonce, followed by 32-byte HMAC proofs)::
+version 5 written down in ``auth`` (44 bytes: these fields but ``spare``, then which of the pair's
+connections it opens and how many, and a 16-byte nonce; followed by 32-byte HMAC proofs)::
 
     magic  4s  b"ERDH"
     version H  WIRE_VERSION
@@ -57,7 +58,7 @@ from ..errors import (
     ProtocolError,
 )
 
-WIRE_VERSION = 4
+WIRE_VERSION = 5
 HELLO = struct.Struct("<4sHHQIIQ")
 HELLO_MAGIC = b"ERDH"
 FRAME = struct.Struct("<4sBBBBIIIIQIIQQQ")
