@@ -40,9 +40,11 @@ def striped_allreduce(pg):
 
 
 @TCP_ONLY
-@pytest.mark.parametrize("size", [2, 4])
-def test_a_pool_carries_the_chunks_on_every_connection_and_the_sums_are_exact(erdma_world, size):
-    for rank, (exact, lanes) in enumerate(erdma_world(size, POOL).run(striped_allreduce)):
+@pytest.mark.parametrize(("size", "tls"), [(2, False), (4, False), (3, True)], ids=["2", "4", "3-tls"])
+def test_a_pool_carries_the_chunks_on_every_connection_and_the_sums_are_exact(erdma_world, size, tls):
+    """With TLS every connection of the pool has a session of its own, bound to its own handshake."""
+    config = POOL | {"transport.tcp.tls": tls, "security.secret": "pool-test"}
+    for rank, (exact, lanes) in enumerate(erdma_world(size, config).run(striped_allreduce)):
         assert exact, rank
         assert sorted(lanes) == [p for p in range(size) if p != rank]
         assert all(len(frames) == 4 for frames in lanes.values()), lanes

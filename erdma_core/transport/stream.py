@@ -369,16 +369,13 @@ class SocketTransport(MessageTransport):
         """Every connection to lower rank ``peer``, taken into use: the first to the first of its ``addrs``
         reachable from here, then, over TCP, the rest of the pool (``connections``) to that address, several
         at once (on a long path each handshake takes round trips)."""
-        sock, transcript = self._dial_peer(peer, functools.partial(self._connect, peer, addrs, deadline), deadline)
-        lanes = 1 if sock.family == socket.AF_UNIX else self.connections
-        self._add(peer, sock, transcript, True, deadline)
-        if lanes == 1:
-            return
-        where = [_name(sock.getpeername())]
-        connect = functools.partial(self._connect, peer, where, deadline)
-        with ThreadPoolExecutor(min(LANE_DIALS, lanes - 1), thread_name_prefix=f"erdma-dial-{self.rank}") as pool:
-            made = list(pool.map(lambda lane: self._dial_peer(peer, connect, deadline, lane, lanes), range(1, lanes)))
-        for sock, transcript in made:
+        made = [self._dial_peer(peer, functools.partial(self._connect, peer, addrs, deadline), deadline)]
+        lanes = 1 if made[0][0].family == socket.AF_UNIX else self.connections
+        if lanes > 1:
+            connect = functools.partial(self._connect, peer, [_name(made[0][0].getpeername())], deadline)
+            with ThreadPoolExecutor(min(LANE_DIALS, lanes - 1), thread_name_prefix=f"erdma-dial-{self.rank}") as dial:
+                made += dial.map(lambda lane: self._dial_peer(peer, connect, deadline, lane, lanes), range(1, lanes))
+        for sock, transcript in made:  # TLS, if on, only now: the peer starts its side once all are in
             self._add(peer, sock, transcript, True, deadline)
 
     def _dial_peer(self, peer: int, connect: Callable[[], tuple[socket.socket, str]],
