@@ -51,6 +51,17 @@ def elastic_section(table: str) -> list[str]:
             *table.strip("\n").splitlines(), "```", ""]
 
 
+NOT_IN_THE_LAB = [
+    "", "## Peers that are not in the lab", "",
+    "PCCL (PrimeIntellect-ai/pccl) is not built here, so no run includes it. The package index reachable from "
+    "here offers no `pypccl` distribution at all (`pip download pypccl`; its wheels are reported to need glibc "
+    "2.38, and this host has 2.36). Its source (commit 7815195, two after the v1.0.0 release) builds six "
+    "submodules. Five of them could be had (libuv, googletest, libtsp, threadpark, threadpool); the sixth, "
+    "PrimeIntellect-ai/piquant, the quantization library that PCCL's `ccoip` links for its quantized "
+    "reductions, could not (the PyPI package of that name is an unrelated units library). Tried on 2026-11-27.",
+]
+
+
 def longfat_section(table: str) -> list[str]:
     """The long, fat link: one TCP flow against a pool of connections (``python -m benchmarks.longfat``)."""
     return ["", "## A long, fat link: one connection against a pool", "",
@@ -135,6 +146,7 @@ def build(src: Path, dest: Path) -> str:
            "halving-doubling changes partner at every step, so when ranks drift apart a rank's downlink briefly "
            "carries two senders, its one-BDP queue overflows and TCP's loss recovery adds time the model does "
            "not have. Where `drops` is 0, the ratio measures the model itself.", ""]
+    md += NOT_IN_THE_LAB
     longfat = src / "longfat.txt"
     if longfat.exists():
         md += longfat_section(longfat.read_text())
