@@ -365,12 +365,17 @@ class SocketTransport(MessageTransport):
         ctx.store.set(f"paths/{self.rank}",
                       "\n".join(f"{r} {p}" for r, p in sorted(self._paths.items())).encode())
 
+    def _pool_size(self, sock: socket.socket) -> int:
+        """Connections a pair has when this rank dials over ``sock``: ``connections`` over TCP, one over a Unix
+        socket or when this rank meets its peers."""
+        return 1 if sock.family == socket.AF_UNIX or self.meeting is not None else self.connections
+
     def _dial_pool(self, peer: int, addrs: list[str], deadline: float) -> None:
         """Every connection to lower rank ``peer``, taken into use: the first to the first of its ``addrs``
         reachable from here, then, over TCP, the rest of the pool (``connections``) to that address, several
         at once (on a long path each handshake takes round trips)."""
         made = [self._dial_peer(peer, functools.partial(self._connect, peer, addrs, deadline), deadline)]
-        lanes = 1 if made[0][0].family == socket.AF_UNIX else self.connections
+        lanes = self._pool_size(made[0][0])
         if lanes > 1:
             connect = functools.partial(self._connect, peer, [_name(made[0][0].getpeername())], deadline)
             with ThreadPoolExecutor(min(LANE_DIALS, lanes - 1), thread_name_prefix=f"erdma-dial-{self.rank}") as dial:
@@ -389,7 +394,7 @@ class SocketTransport(MessageTransport):
         delay = 0.02
         while True:
             sock, addr = connect()
-            pool = lanes or (1 if sock.family == socket.AF_UNIX or self.meeting is not None else self.connections)
+            pool = lanes or self._pool_size(sock)
             hs = auth.Dialling(self._key, self.job, self.rank, peer, self.world_size, lane=lane, lanes=pool)
             try:
                 sock.settimeout(max(0.1, deadline - time.monotonic()))  # never shorter: the peer may have taken it
