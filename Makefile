@@ -15,8 +15,9 @@ $(VENV)/.core: pyproject.toml
 # every plugin distribution, and the example plugin of docs/plugins.md (installed and tested like one)
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml))) examples/erdma-example/
 
-# system packages first: erdma-dpdk compiles its C shim against DPDK's headers when it is installed
-$(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS))
+# system packages first: erdma-dpdk and erdma-quic compile their C shims against DPDK's / ngtcp2's headers
+# when they are installed
+$(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS)) $(wildcard plugins/*/setup.py)
 	scripts/system-deps.sh test
 	$(PIP) install -q -e '.[test]' 'torch==2.13.0' $(addprefix -e ,$(PLUGINS))
 	touch $@

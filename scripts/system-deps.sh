@@ -3,7 +3,8 @@
 #   scripts/system-deps.sh test    the network lab's tests: iproute2, ethtool, ping, a C compiler, nftables, conntrack,
 #                                  coturn and stun-server (erdma-p2p's STUN/TURN servers); qemu, mmdebstrap and
 #                                  e2fsprogs (erdma-verbs' test guest, built on first use under /var/cache/erdma-guest);
-#                                  DPDK's headers and pkg-config (erdma-dpdk builds its C shim against them at install)
+#                                  DPDK's headers and pkg-config (erdma-dpdk builds its C shim against them at install),
+#                                  ngtcp2's and GnuTLS's headers (erdma-quic's compiled engine, built the same way)
 #   scripts/system-deps.sh bench   plus Open MPI (mpirun, headers for mpi4py) for the benchmark lab
 set -euo pipefail
 want=(ip:iproute2 ethtool:ethtool ping:iputils-ping cc:gcc tc:iproute2 nft:nftables conntrack:conntrack
@@ -18,6 +19,9 @@ for pair in "${want[@]}"; do
 done
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libdpdk; then
     missing+=(libdpdk-dev pkg-config)
+fi
+if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libngtcp2 libngtcp2_crypto_gnutls gnutls; then
+    missing+=(libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev pkg-config)
 fi
 if ((${#missing[@]} == 0)); then
     exit 0

@@ -1,0 +1,41 @@
+"""cffi API-mode build of the engine's C shim (``erdma_quic.ngtcp2._shim``) against the system's ngtcp2 and
+GnuTLS (``pkg-config libngtcp2 libngtcp2_crypto_gnutls gnutls``). Run by setup.py at install time;
+``python -m erdma_quic.ngtcp2.build`` builds it in place."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+import subprocess
+
+from cffi import FFI
+
+HERE = pathlib.Path(__file__).resolve().parent
+PACKAGES = ("libngtcp2", "libngtcp2_crypto_gnutls", "gnutls")
+
+
+def flags() -> tuple[list[str], list[str]]:
+    """Compiler and linker flags; raises CalledProcessError when pkg-config lacks one of PACKAGES."""
+    def pc(option: str) -> list[str]:
+        out = subprocess.run(["pkg-config", option, *PACKAGES], check=True, capture_output=True, text=True).stdout
+        return shlex.split(out)
+    return pc("--cflags"), pc("--libs")
+
+
+def declarations() -> str:
+    text = (HERE / "shim.h").read_text()
+    return text.split("/* cdef-begin */", 1)[1].split("/* cdef-end */", 1)[0]
+
+
+def builder() -> FFI:
+    cflags, libs = flags()
+    ffi = FFI()
+    ffi.cdef(declarations())
+    ffi.set_source("erdma_quic.ngtcp2._shim", '#include "shim.h"', sources=[os.path.relpath(HERE / "shim.c")],
+                   include_dirs=[str(HERE)], extra_compile_args=[*cflags, "-O2", "-Wall"], extra_link_args=libs)
+    return ffi
+
+
+if __name__ == "__main__":
+    builder().compile(tmpdir=str(HERE.parent.parent), verbose=False)

@@ -1,0 +1,88 @@
+/* erdma-quic's compiled QUIC engine: one ngtcp2 connection (TLS 1.3 through GnuTLS) behind a sans-IO surface
+ * that moves whole messages. Python hands a message (its memory stays the caller's until EQ_ACKED) and gets
+ * whole messages back (EQ_MESSAGE); datagrams go in and out in batches; the time is an argument (ns) and the
+ * next deadline is returned (eq_expiry). Nothing here touches a socket except eq_sendmmsg / eq_recvmmsg,
+ * the thin batch I/O a driver may use. The declarations between the markers are what cffi sees. */
+#ifndef ERDMA_QUIC_SHIM_H
+#define ERDMA_QUIC_SHIM_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* cdef-begin */
+typedef struct eq_conn eq_conn;
+
+enum { EQ_HANDSHAKE = 1, EQ_MESSAGE = 2, EQ_ACKED = 3, EQ_CLOSED = 4 };
+/* how a connection ended (EQ_CLOSED's origin) */
+enum { EQ_BY_US = 0, EQ_BY_PEER = 1, EQ_BY_IDLE = 2, EQ_BY_TLS = 3, EQ_BY_ERROR = 4 };
+enum { EQ_CC_RENO = 0, EQ_CC_CUBIC = 1, EQ_CC_BBR = 2, EQ_CC_BBR2 = 3 };
+
+typedef struct {
+  int kind;
+  int64_t handle;  /* MESSAGE: the stream it came on; ACKED: what eq_send returned */
+  uint8_t *data;   /* MESSAGE: the whole message, the caller's to free with eq_free_message */
+  size_t len;
+  uint64_t code;   /* CLOSED: the QUIC or application error code (TLS: the alert) */
+  int origin;      /* CLOSED: EQ_BY_* */
+  char reason[256];
+} eq_event;
+
+typedef struct {
+  const char *cert_pem;  /* this end's certificate chain, PEM */
+  size_t cert_len;
+  const char *key_pem;   /* its private key, PEM (PKCS#8) */
+  size_t key_len;
+  const char *ca_pem;    /* the CA the peer's certificate must chain to, PEM; NULL: no check (insecure) */
+  size_t ca_len;
+  size_t datagram;       /* UDP payload bytes per datagram */
+  int cc;                /* EQ_CC_* */
+  uint64_t window;       /* flow-control window per connection, bytes */
+  uint64_t stream_window; /* and per message */
+  const char *server_name; /* dialler: the name the listener's certificate must carry (NULL: none checked) */
+  const char *priority;  /* GnuTLS priority string (TLS 1.3 only, ciphers in order); NULL: the default */
+  uint64_t idle_timeout; /* ns */
+  uint64_t handshake_timeout; /* ns */
+  uint32_t streams;      /* messages the peer may have open at once */
+} eq_config;
+
+/* A connection dialled to remote (an IPv4 or IPv6 literal) from local; NULL with err filled on failure. */
+eq_conn *eq_connect(const eq_config *cfg, const char *local_host, int local_port, const char *remote_host,
+                    int remote_port, uint64_t now, char *err, size_t errlen);
+/* A connection accepted from a client's first datagram (already read into it); NULL with err on failure. */
+eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port, const char *remote_host,
+                   int remote_port, const uint8_t *pkt, size_t len, uint64_t now, char *err, size_t errlen);
+void eq_free(eq_conn *c);
+
+/* count datagrams, each at buf + i * stride, lens[i] long; returns 0, or -1 once the connection ended */
+int eq_read(eq_conn *c, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, uint64_t now);
+/* up to max datagrams written at buf + i * stride (stride >= the configured datagram); returns how many */
+size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t max, uint64_t now);
+uint64_t eq_expiry(eq_conn *c);            /* the next deadline (ns); UINT64_MAX when none */
+int eq_handle_expiry(eq_conn *c, uint64_t now);
+/* queue a whole message (not copied: data must stay until its EQ_ACKED); returns its handle, or -1 */
+int64_t eq_send(eq_conn *c, const uint8_t *data, size_t len);
+/* the same for a message in two pieces (a header and a payload), sent as one stream */
+int64_t eq_send2(eq_conn *c, const uint8_t *head, size_t head_len, const uint8_t *body, size_t body_len);
+int eq_next_event(eq_conn *c, eq_event *ev); /* 1 and fills ev, or 0 */
+void eq_free_message(uint8_t *data);
+/* end the connection (the close datagram leaves with the next eq_write) */
+void eq_close(eq_conn *c, uint64_t code, const char *reason, uint64_t now);
+int eq_set_remote(eq_conn *c, const char *host, int port); /* the peer's address changed (NAT rebinding) */
+/* the peer's certificate (DER) once the handshake is done; 0 bytes when it presented none */
+size_t eq_peer_certificate(eq_conn *c, const uint8_t **der);
+int eq_handshake_done(eq_conn *c);
+/* this end's connection ids (each CID_LEN = 8 bytes, written at ids), at most max; returns how many */
+size_t eq_scids(eq_conn *c, uint8_t *ids, size_t max);
+uint64_t eq_delivery_rate(eq_conn *c);     /* bytes/s the controller measured (0: none yet) */
+size_t eq_queued(eq_conn *c);              /* messages queued and not yet acknowledged */
+uint64_t eq_cwnd(eq_conn *c);
+uint64_t eq_rtt(eq_conn *c);               /* smoothed RTT, ns */
+
+/* batch I/O on a UDP socket: sendmmsg of count datagrams to host:port (with UDP GSO where they allow);
+ * returns datagrams sent (>= 0) or -errno */
+int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
+                int port);
+/* recvmmsg of up to max datagrams without waiting; hosts get each sender's address (46 bytes each), ports its
+ * port; returns how many (0: none waiting) or -errno */
+int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts, int *ports);
+/* cdef-end */
+#endif

@@ -1,0 +1,232 @@
+"""The compiled engine (ngtcp2 behind erdma_quic/ngtcp2's C shim) on its own: two connections handed each
+other's datagrams in memory (loss and reordering chosen by the test, time moved by the test), and two on real
+UDP sockets over loopback with the batch I/O. Mutual TLS with the job's CA as erdma-quic sets it up."""
+
+from __future__ import annotations
+
+import importlib
+import random
+import select
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from erdma_quic import credentials
+
+from erdma_core.errors import PluginError
+
+HAVE_NGTCP2 = subprocess.run(["pkg-config", "--exists", "libngtcp2", "libngtcp2_crypto_gnutls", "gnutls"],
+                             check=False).returncode == 0
+pytestmark = pytest.mark.skipif(not HAVE_NGTCP2, reason="no ngtcp2 here (apt-get install libngtcp2-dev "
+                                "libngtcp2-crypto-gnutls-dev libgnutls28-dev pkg-config)")
+JOB = 0x5EED
+
+from erdma_quic.ngtcp2.connection import (  # noqa: E402
+    Acked,
+    Closed,
+    Config,
+    Connection,
+    Handshaken,
+    Message,
+)
+
+
+def config(ca: credentials.Authority, rank: int, trust: credentials.Authority | None = None, **kw: object) -> Config:
+    mine = credentials.issue(ca, rank, JOB)
+    key = mine.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+    return Config(cert_pem=mine.cert.public_bytes(serialization.Encoding.PEM), key_pem=key,
+                  ca_pem=(trust or ca).pem, **kw)  # type: ignore[arg-type]
+
+
+class Wire:
+    """Two connections and the datagrams between them: ``loss`` of them dropped, the rest shuffled per turn."""
+
+    def __init__(self, dialler: Config, listener: Config, loss: float = 0.0, seed: int = 1) -> None:
+        self.now, self.loss, self.rng = 1.0, loss, random.Random(seed)
+        self.a = Connection.dial(dialler, ("10.0.0.1", 1000), ("10.0.0.2", 2000), self.now)
+        first = self.a.datagrams_to_send(self.now)
+        self.b = Connection.accept(listener, ("10.0.0.2", 2000), ("10.0.0.1", 1000), first[0], self.now)
+        self.b.receive(first[1:], self.now)
+        self.events: dict[str, list[object]] = {"a": [], "b": []}
+        self.dark = False
+
+    def carry(self, datagrams: list[bytes]) -> list[bytes]:
+        if self.dark:
+            return []
+        kept = [d for d in datagrams if self.rng.random() >= self.loss]
+        self.rng.shuffle(kept)
+        return kept
+
+    def turn(self, step: float = 0.001) -> None:
+        self.now += step
+        for conn in (self.a, self.b):
+            due = conn.get_timer()
+            if due is not None and due <= self.now:
+                conn.handle_timer(self.now)
+        self.b.receive(self.carry(self.a.datagrams_to_send(self.now)), self.now)
+        self.a.receive(self.carry(self.b.datagrams_to_send(self.now)), self.now)
+        for name, conn in (("a", self.a), ("b", self.b)):
+            while (ev := conn.next_event()) is not None:
+                self.events[name].append(ev)
+
+    def until(self, done: object, turns: int = 200_000, step: float = 0.001) -> None:
+        for _ in range(turns):
+            if done():  # type: ignore[operator]
+                return
+            self.turn(step)
+        raise AssertionError(f"not done after {turns} turns: {self.events}")
+
+    def of(self, name: str, kind: type) -> list[object]:
+        return [e for e in self.events[name] if isinstance(e, kind)]
+
+
+def test_shim_is_built_where_ngtcp2_is_installed() -> None:
+    importlib.import_module("erdma_quic.ngtcp2._shim")
+
+
+@pytest.mark.parametrize("cc", ["bbr2", "cubic"])
+def test_whole_messages_arrive_once_and_bit_exact_through_loss_and_reordering(cc: str) -> None:
+    ca = credentials.new_authority()
+    wire = Wire(config(ca, 0, cc=cc, window=4 << 20), config(ca, 1, cc=cc, window=4 << 20), loss=0.03)
+    wire.until(lambda: wire.of("a", Handshaken) and wire.of("b", Handshaken))
+    rng = random.Random(7)
+    messages = [rng.randbytes(rng.choice([0, 1, 1451, 1452, 70_000, 1 << 20, 3 << 20])) for _ in range(40)]
+    handles = [wire.a.send(m) for m in messages]
+    assert handles == list(range(40))
+    wire.until(lambda: len(wire.of("a", Acked)) == len(messages))
+    got = [e.data for e in wire.of("b", Message)]  # type: ignore[attr-defined]
+    assert sorted(got) == sorted(messages)
+    assert sorted(e.handle for e in wire.of("a", Acked)) == handles  # type: ignore[attr-defined]
+    assert wire.a.queued == 0
+    assert not wire.of("a", Closed) and not wire.of("b", Closed)
+
+
+def test_both_ends_see_the_other_ranks_certificate() -> None:
+    ca = credentials.new_authority()
+    wire = Wire(config(ca, 3), config(ca, 5))
+    wire.until(lambda: wire.of("a", Handshaken) and wire.of("b", Handshaken))
+    for conn, rank in ((wire.a, 5), (wire.b, 3)):
+        der = conn.peer_certificate()
+        assert der is not None
+        cert = x509.load_der_x509_certificate(der)
+        assert credentials.check_peer(cert, [], ca.pem, JOB, {rank}) == rank
+
+
+@pytest.mark.parametrize("stranger", ["dialler", "listener"])
+def test_a_certificate_from_another_ca_fails_the_handshake_on_both_ends(stranger: str) -> None:
+    ca, other = credentials.new_authority(), credentials.new_authority()
+    dialler = config(other, 0, trust=ca) if stranger == "dialler" else config(ca, 0)
+    listener = config(other, 1, trust=ca) if stranger == "listener" else config(ca, 1)
+    wire = Wire(dialler, listener)
+    wire.until(lambda: wire.of("a", Closed) and wire.of("b", Closed))
+    checker = wire.b if stranger == "dialler" else wire.a
+    mine = wire.events["b" if stranger == "dialler" else "a"]
+    theirs = wire.events["a" if stranger == "dialler" else "b"]
+    closed = next(e for e in mine if isinstance(e, Closed))
+    assert closed.origin == "tls" and "TLS handshake failed" in closed.reason
+    told = next(e for e in theirs if isinstance(e, Closed))
+    assert told.origin == "peer" and told.reason == "the peer's TLS refused the handshake (alert 42)"
+    assert not [e for e in mine if isinstance(e, Handshaken)]
+    assert not [e for e in theirs if isinstance(e, Message)]
+    with pytest.raises(ConnectionError, match="has ended"):
+        checker.send(b"late")
+
+
+def test_close_tells_the_peer_the_code_and_reason() -> None:
+    ca = credentials.new_authority()
+    wire = Wire(config(ca, 0), config(ca, 1))
+    wire.until(lambda: wire.of("b", Handshaken))
+    wire.a.close(0x0100, "rank 0 refuses: another job", wire.now)
+    wire.until(lambda: wire.of("b", Closed))
+    assert wire.of("a", Closed) == [Closed("us", 0x0100, "rank 0 refuses: another job")]
+    assert wire.of("b", Closed) == [Closed("peer", 0x0100, "rank 0 refuses: another job")]
+
+
+def test_a_dark_path_ends_both_connections_at_the_idle_timeout() -> None:
+    ca = credentials.new_authority()
+    wire = Wire(config(ca, 0, idle_timeout=1.5), config(ca, 1, idle_timeout=1.5))
+    wire.until(lambda: wire.of("a", Handshaken) and wire.of("b", Handshaken))
+    wire.dark = True
+    start = wire.now
+    wire.until(lambda: wire.of("a", Closed) and wire.of("b", Closed), step=0.01)
+    assert [e.origin for e in wire.of("a", Closed) + wire.of("b", Closed)] == ["idle", "idle"]  # type: ignore
+    assert 1.5 <= wire.now - start < 3.0  # virtual time: the test moves it
+
+
+def test_a_datagram_that_is_no_initial_opens_nothing() -> None:
+    ca = credentials.new_authority()
+    with pytest.raises(ConnectionError, match="not a QUIC Initial"):
+        Connection.accept(config(ca, 1), ("10.0.0.2", 2000), ("10.0.0.1", 1000), b"\x00" * 1200, 1.0)
+
+
+def test_a_missing_build_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "erdma_quic.ngtcp2._shim", None)
+    ca = credentials.new_authority()
+    with pytest.raises(PluginError, match="apt-get install libngtcp2-dev libngtcp2-crypto-gnutls-dev"):
+        Connection.dial(config(ca, 0), ("10.0.0.1", 1), ("10.0.0.2", 2), 1.0)
+
+
+def test_over_udp_on_loopback_with_batch_io() -> None:
+    ca = credentials.new_authority()
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+            s.setblocking(False)
+        pa, pb = (s.getsockname() for s in socks)
+        now = time.monotonic()
+        a = Connection.dial(config(ca, 0), pa, pb, now)
+        a.flush_to(socks[0], now)
+        select.select([socks[1]], [], [], 10)
+        first, src = socks[1].recvfrom(65536)
+        assert src == pa
+        b = Connection.accept(config(ca, 1), pb, pa, first, now)
+        rng = random.Random(3)
+        messages = [rng.randbytes(4 << 20) for _ in range(8)]
+        got: list[bytes] = []
+        acked = 0
+        sent = False
+        deadline = time.monotonic() + 120  # a bound on a hang, not a speed check
+        while acked < len(messages) and time.monotonic() < deadline:
+            now = time.monotonic()
+            for conn, sock in ((a, socks[0]), (b, socks[1])):
+                conn.receive_from(sock, now)
+                due = conn.get_timer()
+                if due is not None and due <= now:
+                    conn.handle_timer(now)
+                while (ev := conn.next_event()) is not None:
+                    assert not isinstance(ev, Closed), ev
+                    if isinstance(ev, Handshaken) and conn is a and not sent:
+                        for m in messages:
+                            a.send(m)
+                        sent = True
+                    elif isinstance(ev, Message):
+                        got.append(ev.data)
+                    elif isinstance(ev, Acked):
+                        acked += 1
+                conn.flush_to(sock, now)
+            timers = [t for t in (a.get_timer(), b.get_timer()) if t is not None]
+            wait = max(0.0, min([*timers, now + 0.05]) - time.monotonic())
+            select.select(socks, [], [], wait)
+        assert acked == len(messages)
+        assert sorted(got) == sorted(messages)
+        assert a.rtt > 0
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_dialler_refuses_a_listener_with_another_name() -> None:
+    ca = credentials.new_authority()
+    expects = credentials.identity(1, JOB)
+    wire = Wire(config(ca, 0, server_name=expects), config(ca, 2))
+    wire.until(lambda: wire.of("a", Closed) and wire.of("b", Closed))
+    assert wire.of("a", Closed)[0].origin == "tls"  # type: ignore[attr-defined]
+    assert not wire.of("b", Handshaken)
+    ok = Wire(config(ca, 0, server_name=expects), config(ca, 1))
+    ok.until(lambda: ok.of("a", Handshaken) and ok.of("b", Handshaken))
