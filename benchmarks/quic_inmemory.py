@@ -139,7 +139,7 @@ def run_engine(datagram: int, size: int, stream: int, cc: str) -> tuple[float, f
         key = mine.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                      serialization.NoEncryption())
         return Config(cert_pem=mine.cert.public_bytes(serialization.Encoding.PEM), key_pem=key, ca_pem=mine.ca_pem,
-                      datagram=datagram, cc=cc, window=2 * size, streams=max(16, 2 * size // stream))
+                      datagram=datagram, cc=cc, window=2 * size)
 
     now, got, sent, cpu_send, cpu_recv = 1.0, 0, False, 0.0, 0.0
     client = Connection.dial(config(0), ("10.0.0.1", 1), ("10.0.0.2", 2), now)

@@ -131,7 +131,9 @@ class UdpPort:
         except BlockingIOError:
             self.send_drops += 1  # QUIC's loss recovery resends it
         except OSError as exc:
-            if exc.errno != errno.ECONNREFUSED:
+            if exc.errno == errno.ECONNREFUSED:
+                self._read_errors()  # an earlier datagram's 'unreachable': the error queue says whose
+            else:
                 log.debug("sendto %s: %s", addr, exc)
 
     def _send_gso(self, blob: bytes, size: int, addr: Any, parts: list[tuple[bytes, Any]]) -> None:
@@ -141,6 +143,7 @@ class UdpPort:
             self.send_drops += len(parts)
         except OSError as exc:
             if exc.errno == errno.ECONNREFUSED:
+                self._read_errors()
                 return
             log.info("UDP GSO unavailable (%s); sending datagrams one by one", exc)
             self.gso = False

@@ -33,7 +33,7 @@ from . import parcels, tls
 from .endpoint import Endpoint
 from .mesh import Event, Joined, Lost, Mesh, Refused
 from .streams import Inbound
-from .transport import settings
+from .transport import connection_for, settings
 
 log = logging.getLogger("erdma.quic")
 
@@ -82,7 +82,8 @@ class Lane:
         creds = tls.load(setup["opts"], setup["rank"], setup["job"])
         sink = Sink(setup["owner"], self.lane, self.report)
         self.mesh = Mesh(settings(setup["opts"], setup["rank"], setup["world"], setup["job"], creds.verify),
-                         creds.configure, creds.identify, lambda peer: Inbound(peer, None, lambda h: None, sink))
+                         creds.configure, creds.identify, lambda peer: Inbound(peer, None, lambda h: None, sink),
+                         connection=connection_for(setup["opts"]))
         self.endpoint: Endpoint | None = None
 
     def report(self, message: tuple[Any, ...]) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 import attrs
@@ -104,7 +104,13 @@ Event = Joined | Refused | Lost | Back
 
 class Connection(QuicConnection):
     """aioquic's connection, with listeners asking the dialler for its certificate (mutual TLS), and the
-    model-based controller's own pacer when that controller is configured."""
+    model-based controller's own pacer when that controller is configured.
+
+    It is also the mesh's connection contract: aioquic's public surface (``connect``, ``receive_datagram``,
+    ``datagrams_to_send``, ``get_timer``, ``handle_timer``, ``next_event`` with aioquic's events,
+    ``get_next_available_stream_id``, ``send_stream_data``, ``send_ping``, ``close``, ``get_peer_address``)
+    plus the methods below, which say in one place what the mesh needs of aioquic's internals. Another engine
+    (``erdma_quic.ngtcp2.mesh_connection``) gives the mesh the same surface."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -114,6 +120,38 @@ class Connection(QuicConnection):
         super()._initialize(peer_cid)
         if not self._is_client:
             self.tls._request_client_certificate = True
+
+    def took_nothing(self) -> bool:
+        """An accepted connection that could read nothing of its first datagram (no Initial)."""
+        return self._state is QuicConnectionState.FIRSTFLIGHT
+
+    def live_streams(self) -> Container[int]:
+        """Streams not yet done: a sent stream leaves once the peer acknowledged all of it."""
+        return self._streams
+
+    def host_cids(self) -> list[bytes]:
+        """This end's connection ids (a datagram to this connection carries one)."""
+        return [c.cid for c in self._host_cids] + [self.host_cid]
+
+    def peer_identity(self) -> tuple[Any, list[Any]]:
+        """The peer's certificate and chain (cryptography objects) once the handshake is done."""
+        return self.tls._peer_certificate, self.tls._peer_certificate_chain
+
+    def session_resumed(self) -> bool:
+        return bool(self.tls.session_resumed)
+
+    def skip_client_certificate(self) -> None:
+        """Listener: the dialler resumes a session, whose identity was proven before."""
+        self.tls._request_client_certificate = False
+
+    def bandwidth(self) -> float | None:
+        """The bottleneck bandwidth (bytes/s) the model-based controller measured (cubic, reno: None)."""
+        bw = getattr(self._loss._cc, "bandwidth", None)
+        return float(bw) if bw else None
+
+    def describe(self) -> str:
+        """The congestion controller's state, for the log."""
+        return f"{self._loss._cc.get_log_data()}, srtt {self._loss._rtt_smoothed:.5f} s"
 
 
 class Outgoing:
@@ -179,13 +217,16 @@ class Link:
 
 class Mesh:
     def __init__(self, settings: Settings, configure: Configure, identify: Identify,
-                 inbound_for: Callable[[int], Inbound], awaited: Callable[[], Iterable[int]] | None = None) -> None:
-        """``configure(client, addr, peer, ticket)`` gives a connection's aioquic configuration;
+                 inbound_for: Callable[[int], Inbound], awaited: Callable[[], Iterable[int]] | None = None,
+                 connection: Callable[..., Connection] = Connection) -> None:
+        """``connection`` makes a connection (aioquic's, or another engine's with the same surface);
+        ``configure(client, addr, peer, ticket)`` gives a connection's aioquic configuration;
         ``identify(certificate, chain, allowed_ranks)`` the rank a dialler's certificate proves (or raises
         ``CredentialError``); ``inbound_for(peer)`` where that peer's streams go; ``awaited()`` the peers this
         rank waits for data from: one silent for ``PROBE_AFTER`` is sent a PING, so that a peer that died
         while this rank only listened is found by its port's 'unreachable' answer, not at the next keepalive."""
         self.s = settings
+        self.connection = connection
         self.configure, self.identify, self.inbound_for, self.awaited = configure, identify, inbound_for, awaited
         self._probe_at: float | None = None
         self.links: dict[int, Link] = {}  # peers that joined
@@ -227,7 +268,7 @@ class Mesh:
         except Exception as exc:  # a datagram aioquic cannot take must not take the endpoint down
             self.bad_datagrams += 1
             log.debug("rank %d: dropped a datagram from %s: %s: %s", self.s.rank, addr, type(exc).__name__, exc)
-        if not s.dialled and s.conn._state is QuicConnectionState.FIRSTFLIGHT:
+        if not s.dialled and s.conn.took_nothing():
             # an accepted connection that took nothing from its first datagram (no Initial it could read: a
             # stray 0-RTT packet of a redial whose Initial was lost, or garbage) would hold a slot forever,
             # with no timer to end it
@@ -251,9 +292,8 @@ class Mesh:
         """Queue a message's parts (``streams.message_parts``) for ``peer``; ``req`` completes once QUIC has
         them all. ``urgent`` (an ABORT) goes before what is queued."""
         link = self.links.get(peer)
-        if link is None or link.dead:
-            req.complete(PeerLostError(f"rank {self.s.rank}: the QUIC connection to rank {peer} is closed",
-                                       peer=peer, rank=self.s.rank))
+        if link is None or link.dead or (link.session is None and link.inbound.closed_cleanly):
+            req.complete(self._gone(peer))
             return
         item = Outgoing(parts, req)
         if urgent:
@@ -285,6 +325,10 @@ class Mesh:
         if link is not None:
             while link.queue:
                 link.queue.popleft().req.complete(error)
+
+    def _gone(self, peer: int) -> PeerLostError:
+        return PeerLostError(f"rank {self.s.rank}: the QUIC connection to rank {peer} is closed", peer=peer,
+                             rank=self.s.rank)
 
     def start_keepalive(self, now: float) -> None:
         self._keepalive_at = now + self.s.keepalive_interval
@@ -351,9 +395,7 @@ class Mesh:
         self._now = now
         self.closing = True
         for s in list(self._sessions):
-            rec = s.conn._loss
-            log.debug("rank %d -> rank %s at close: %s, srtt %.5f s", self.s.rank, s.rank, rec._cc.get_log_data(),
-                      rec._rtt_smoothed)
+            log.debug("rank %d -> rank %s at close: %s", self.s.rank, s.rank, s.conn.describe())
             s.conn.close()
             self._touch(s)
 
@@ -407,8 +449,7 @@ class Mesh:
         chain, no state changed."""
         link = self.links.get(peer)
         s = link.session if link is not None else None
-        bw = getattr(s.conn._loss._cc, "bandwidth", None) if s is not None and s.conn is not None else None
-        return float(bw) if bw else None
+        return s.conn.bandwidth() if s is not None and s.conn is not None else None
 
     def paths(self) -> dict[int, Any]:
         """Per peer that joined: the address its connection now runs to (or was dialled at last)."""
@@ -427,7 +468,7 @@ class Mesh:
     def _dial(self, link: Link) -> Session:
         """Dial ``link``'s peer; the HELLO leaves with the first flight that can carry it (0-RTT when resuming)."""
         s = Session(link.rank, link.addr, dialled=True)
-        s.conn = Connection(configuration=self.configure(True, link.addr, link.rank, link.ticket),
+        s.conn = self.connection(configuration=self.configure(True, link.addr, link.rank, link.ticket),
                             session_ticket_handler=functools.partial(self._ticket_issued, s))
         s.conn.connect(link.addr, now=self._now)
         self._attach(link, s)
@@ -448,7 +489,7 @@ class Mesh:
             self._forget(oldest)
         s = Session(None, addr, dialled=False)
         s.pre = Inbound(-1, None, functools.partial(self._on_hello, s))
-        s.conn = Connection(configuration=self.configure(False, addr, None, None),
+        s.conn = self.connection(configuration=self.configure(False, addr, None, None),
                             original_destination_connection_id=dcid,
                             session_ticket_fetcher=functools.partial(self._fetch_ticket, s),
                             session_ticket_handler=functools.partial(self._ticket_issued, s))
@@ -474,7 +515,7 @@ class Mesh:
 
     def _adopt(self, s: Session) -> None:
         self._sessions.add(s)
-        for cid in _host_cids(s.conn):
+        for cid in s.conn.host_cids():
             self._by_cid[cid] = s
         self._touch(s)
 
@@ -497,7 +538,7 @@ class Mesh:
             # or nothing would ask again until the next timer
             if not self._pump(s):
                 break
-        for cid in _host_cids(s.conn):
+        for cid in s.conn.host_cids():
             self._by_cid.setdefault(cid, s)
         s.timer = s.conn.get_timer()
 
@@ -512,7 +553,7 @@ class Mesh:
         if link is None or link.dead:
             return None
         s.ticket_rank = rank
-        s.conn.tls._request_client_certificate = False  # resumption carries the identity proven before
+        s.conn.skip_client_certificate()  # resumption carries the identity proven before
         return ticket
 
     def _ticket_issued(self, s: Session, ticket: SessionTicket) -> None:
@@ -531,7 +572,7 @@ class Mesh:
 
     # ---- what a connection reports ------------------------------------------------------------------------
     def _events_of(self, s: Session) -> None:
-        if s.ticket_rank is not None and s.link is None and not s.terminated and s.conn.tls.session_resumed:
+        if s.ticket_rank is not None and s.link is None and not s.terminated and s.conn.session_resumed():
             s.resumed = True
             self._identified(s, s.ticket_rank)
         while (ev := s.conn.next_event()) is not None:
@@ -571,9 +612,8 @@ class Mesh:
             return
         if s.link is not None or not self.s.verify:  # identified by its ticket, or (insecure) by HELLO
             return
-        tls = s.conn.tls
         try:
-            rank = self.identify(tls._peer_certificate, tls._peer_certificate_chain, self._diallers())
+            rank = self.identify(*s.conn.peer_identity(), self._diallers())
         except CredentialError as exc:
             self._refuse(s, str(exc))
             return
@@ -752,6 +792,8 @@ class Mesh:
         if s is not link.session:
             return
         link.session = None
+        if link.inbound.closed_cleanly and not link.dead:  # it said BYE, then closed: nothing more reaches it
+            self.fail(link.rank, self._gone(link.rank))
         if link.dead or self.closing or link.inbound.closed_cleanly:
             return
         if not (reconnectable and self.s.reconnect_timeout > 0):
@@ -790,7 +832,7 @@ class Mesh:
         if link is None or s is not link.session or not s.ready or link.dead:
             return False
         if s.open_streams:
-            live = s.conn._streams
+            live = s.conn.live_streams()
             for sid in [x for x in s.open_streams if x not in live]:
                 number, size = s.open_streams.pop(sid)
                 link.inflight -= size
@@ -821,7 +863,3 @@ class Mesh:
         size = len(head) + len(body)
         s.open_streams[sid] = (number, size)
         link.inflight += size
-
-
-def _host_cids(conn: QuicConnection) -> list[bytes]:
-    return [c.cid for c in conn._host_cids] + [conn.host_cid]

@@ -40,6 +40,9 @@ OPTIONS = {
     "workers": Option(int, 0, "worker processes, each with a UDP socket and a QUIC connection to every peer, "
                       "that carry a share of every message larger than part_bytes (striping: one more core per "
                       "worker); 0: all traffic on the rank's own event loop", minimum=0),
+    "engine": Option(str, "aioquic", "the QUIC implementation: aioquic (Python; the reference: resumes with 0-RTT "
+                     "after an outage) or ngtcp2 (compiled, erdma_quic/ngtcp2, built at install against "
+                     "libngtcp2-dev; reconnects with a full handshake)", choices=("aioquic", "ngtcp2")),
     "reconnect_timeout": Option(float, 30.0, "after a connection to a peer ends by idle timeout: seconds to "
                                 "dial it again (resuming the TLS session, 0-RTT) and resend what it had not "
                                 "acknowledged, before the peer counts as lost; 0: never reconnect", minimum=0.0),

@@ -28,7 +28,7 @@ from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioq
 from . import tls
 from .driver import Driver
 from .lanes import Countdown, Lanes
-from .mesh import Back, Event, Joined, Lost, Mesh, Refused, Settings
+from .mesh import Back, Connection, Event, Joined, Lost, Mesh, Refused, Settings
 from .streams import Inbound, message_parts
 
 log = logging.getLogger("erdma.quic")
@@ -40,6 +40,18 @@ def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool
                     reconnect_timeout=float(opts["reconnect_timeout"]), idle_timeout=float(opts["idle_timeout"]),
                     keepalive_interval=float(opts["keepalive_interval"]), verify=verify)
 
+
+
+def connection_for(opts: dict[str, Any]) -> Callable[..., Any]:
+    """What makes the mesh's connections: aioquic's, or the compiled engine's (PluginError, naming what to
+    install, where it was not built)."""
+    if opts["engine"] != "ngtcp2":
+        return Connection
+    from .ngtcp2.connection import _shim
+    from .ngtcp2.mesh_connection import EngineConnection
+
+    _shim()
+    return EngineConnection
 
 
 def secret_hint(why: str) -> str:
@@ -97,7 +109,7 @@ class QuicTransport(MessageTransport):
         else:
             mine = [addresses.Candidate(*(ctx.advertise(host, port) if ctx.advertise is not None else (host, port)))]
         self.mesh = Mesh(settings(o, self.rank, self.world_size, self.job, creds.verify), creds.configure,
-                         creds.identify, self._inbound_for, self.mailbox.waiting_on)
+                         creds.identify, self._inbound_for, self.mailbox.waiting_on, connection_for(o))
         self.endpoint = Driver(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
         ctx.store.set(f"quic/addr/{self.rank}", addresses.publish(mine))
         deadline = time.monotonic() + ctx.connect_timeout

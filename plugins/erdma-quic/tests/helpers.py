@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import asyncio
 import ssl
 import threading
@@ -36,7 +38,9 @@ class MemoryStore:
 
 
 def options(**kw: Any) -> dict[str, Any]:
+    """The transport's defaults with ``kw``; ERDMA_TRANSPORT_QUIC_ENGINE picks the engine, as in a config."""
     opts = {k: o.default for k, o in OPTIONS.items()}
+    opts["engine"] = os.environ.get("ERDMA_TRANSPORT_QUIC_ENGINE", opts["engine"])
     opts.update(kw)
     return opts
 

@@ -5,7 +5,8 @@ socket except ``flush_to`` / ``receive_from``, the batch I/O of a driver that ow
 
 A message handed to ``send`` is not copied: the connection keeps a reference to the caller's buffer until the
 peer has acknowledged all of it (``Acked``), and QUIC reads it from there into packets. A received message
-arrives whole, as ``bytes``.
+arrives whole, as ``bytes``. Messages go to ``channels`` long-lived streams in turn, each prefixed by its
+length (see shim.c for why not a stream each); a lost packet holds up only its own channel.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ class Config:
     stream_window: int = 0  # per message; 0: ``window``
     server_name: str | None = None  # dialler: the name the listener's certificate must carry
     priority: str | None = None  # GnuTLS priority string; None: TLS 1.3 with GnuTLS's default ciphers
+    check_client: bool = True  # listener: TLS checks the dialler's chain (False: the caller does, to say why)
     idle_timeout: float = 30.0
     handshake_timeout: float = 10.0
-    streams: int = 1024
+    channels: int = 8  # streams this end sends messages on, in turn (1..64)
 
 
 @attrs.frozen
@@ -61,6 +63,7 @@ class Handshaken:
 @attrs.frozen
 class Message:
     data: bytes
+    stream: int = -1  # the QUIC stream it came on
 
 
 @attrs.frozen
@@ -97,8 +100,9 @@ class Connection:
         if config.ca_pem is not None:
             self._keep.append(ffi.from_buffer(config.ca_pem))
             cfg.ca_pem, cfg.ca_len = self._keep[-1], len(config.ca_pem)
-        cfg.datagram, cfg.cc, cfg.window, cfg.streams = config.datagram, CC[config.cc], config.window, config.streams
+        cfg.datagram, cfg.cc, cfg.window, cfg.channels = config.datagram, CC[config.cc], config.window, config.channels
         cfg.stream_window = config.stream_window or config.window
+        cfg.check_client = int(config.check_client)
         for field in ("server_name", "priority"):
             text = getattr(config, field)
             if text is not None:
@@ -187,7 +191,7 @@ class Connection:
         if kind == lib.EQ_MESSAGE:
             data = bytes(self._ffi.buffer(ev.data, ev.len))
             lib.eq_free_message(ev.data)
-            return Message(data)
+            return Message(data, int(ev.handle))
         if kind == lib.EQ_ACKED:
             self._sending.pop(ev.handle, None)
             return Acked(int(ev.handle))

@@ -25,24 +25,37 @@
 #define UDP_SEGMENT 103
 #endif
 
-/* every outgoing_t and incoming_t is on its connection's list of live ones until it is freed, so that
- * eq_free finds those ngtcp2 still holds as stream user data (it calls no stream_close on delete) */
-typedef struct live {
-  struct live *prev, *next;
-  uint8_t **owned; /* an incoming_t's buffer, freed with it */
-} live_t;
+/* Messages travel on a few long-lived unidirectional streams per direction ("channels"), each message
+ * prefixed by its length (8 bytes, little-endian): ngtcp2 0.12 never closes a stream the peer opened (fixed
+ * in 0.14, commit 1d591bde), so a stream per message would run out of stream credit. A message goes to the
+ * channels in turn; a lost packet holds up only its channel's later messages. */
+#define MAX_CHANNELS 64
+#define PREFIX 8
+#define MAX_MESSAGE ((uint64_t)1 << 40)
 
-typedef struct {
-  live_t link;
-  int64_t handle, stream;
-  const uint8_t *part[2]; /* a message is one or two pieces (header, payload) */
-  size_t plen[2];
+typedef struct outgoing {
+  struct outgoing *next; /* the channel's next message, in stream order */
+  int64_t handle;
+  int channel;
+  uint8_t prefix[PREFIX];
+  const uint8_t *part[3]; /* the length prefix, a header, a payload */
+  size_t plen[3];
   size_t len, sent;
-  int done; /* every byte and the FIN written */
+  uint64_t end; /* the channel's stream offset just after this message */
+  int done;     /* every byte written */
 } outgoing_t;
 
 typedef struct {
-  live_t link;
+  int64_t stream;            /* -1 until its first message is written */
+  uint64_t assigned;         /* bytes of the messages given to it so far */
+  outgoing_t *first, *last;  /* its messages not yet acknowledged, in stream order */
+} channel_t;
+
+typedef struct incoming {
+  struct incoming *next; /* every one of the connection's, to free them */
+  uint8_t prefix[PREFIX];
+  size_t have;           /* prefix bytes read of the message under way */
+  uint64_t want;         /* its length, once the prefix is in */
   uint8_t *buf;
   size_t len, cap;
 } incoming_t;
@@ -59,25 +72,18 @@ struct eq_conn {
   size_t qhead, qlen, qcap;
   size_t unacked;     /* messages queued and not yet acknowledged */
   int64_t sends;      /* handles given out */
-  live_t live;        /* every outgoing_t and incoming_t not yet freed */
+  channel_t channels[MAX_CHANNELS];
+  int nchannels;
+  incoming_t *incoming;
   eq_event *events;
   size_t ehead, elen, ecap;
   int ended;          /* an EQ_CLOSED was queued */
   uint8_t *close_pkt; /* the CONNECTION_CLOSE datagram still to leave */
   size_t close_len;
+  char expect[128];   /* dialler: the name the listener's certificate must carry */
 };
 
 /* ---- small helpers ---------------------------------------------------------------------------------- */
-static void link_in(eq_conn *c, live_t *l) {
-  l->next = c->live.next, l->prev = &c->live;
-  c->live.next->prev = l, c->live.next = l;
-}
-
-static void unlink_free(live_t *l) {
-  l->prev->next = l->next, l->next->prev = l->prev;
-  free(l);
-}
-
 static void say(char *err, size_t errlen, const char *what, const char *detail) {
   if (err && errlen) snprintf(err, errlen, "%s: %s", what, detail);
 }
@@ -161,7 +167,8 @@ static int fail(eq_conn *c, int rv, uint64_t now) {
     if (!peer.reasonlen && peer.type == NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_TRANSPORT &&
         (peer.error_code & ~(uint64_t)0xff) == NGTCP2_CRYPTO_ERROR) {
       char why[160];
-      int n = snprintf(why, sizeof(why), "the peer's TLS refused the handshake (alert %u)",
+      const char *name = gnutls_alert_get_name((gnutls_alert_description_t)(peer.error_code & 0xff));
+      int n = snprintf(why, sizeof(why), "the peer's TLS refused the handshake: %s (alert %u)", name ? name : "?",
                        (unsigned)(peer.error_code & 0xff));
       ended(c, EQ_BY_PEER, peer.error_code, why, (size_t)n);
       return -1;
@@ -175,8 +182,17 @@ static int fail(eq_conn *c, int rv, uint64_t now) {
   }
   if (rv == NGTCP2_ERR_CRYPTO) {
     uint8_t alert = ngtcp2_conn_get_tls_alert(c->conn);
-    char why[160];
+    char why[256];
     int n = snprintf(why, sizeof(why), "TLS handshake failed (alert %u)", alert);
+    unsigned status = gnutls_session_get_verify_cert_status(c->tls);
+    gnutls_datum_t text = {NULL, 0};
+    if (status && gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &text, 0) == 0) {
+      n = snprintf(why, sizeof(why), "the peer's certificate%s%s%s does not verify: %s", c->expect[0] ? " (for " : "",
+                   c->expect, c->expect[0] ? ")" : "", text.data);
+      gnutls_free(text.data);
+    }
+    if (n < 0 || (size_t)n >= sizeof(why)) n = (int)strlen(why);
+    while (n > 0 && why[n - 1] == ' ') why[--n] = 0;
     ngtcp2_connection_close_error_set_transport_error_tls_alert(&ccerr, alert, NULL, 0);
     write_close(c, &ccerr, now);
     ended(c, EQ_BY_TLS, alert, why, (size_t)n);
@@ -210,62 +226,77 @@ static int on_handshake(ngtcp2_conn *conn, void *ud) {
   return push_event(ud, EQ_HANDSHAKE) ? 0 : NGTCP2_ERR_CALLBACK_FAILURE;
 }
 
-/* stream data comes in order; a message is whole at its FIN. Flow control is given back as it arrives: the
- * peer's window bounds what is in flight, the caller takes messages as they complete. */
+/* stream data comes in order: length prefixes and messages, one after another. Flow control is given back as
+ * it arrives: the peer's window bounds what is in flight, the caller takes messages as they complete. Memory
+ * grows with the bytes that came, not with what a prefix claims. */
+static int take(eq_conn *c, incoming_t *in, int64_t sid, const uint8_t *data, size_t len) {
+  while (len) {
+    if (in->have < PREFIX) {
+      size_t n = PREFIX - in->have < len ? PREFIX - in->have : len;
+      memcpy(in->prefix + in->have, data, n);
+      in->have += n, data += n, len -= n;
+      if (in->have < PREFIX) return 0;
+      in->want = 0;
+      for (int i = PREFIX - 1; i >= 0; i--) in->want = in->want << 8 | in->prefix[i];
+      if (in->want > MAX_MESSAGE) return NGTCP2_ERR_CALLBACK_FAILURE;
+      in->len = 0;
+    }
+    size_t n = in->want - in->len < len ? (size_t)(in->want - in->len) : len;
+    if (in->len + n > in->cap) {
+      size_t cap = in->cap ? in->cap : 65536;
+      while (cap < in->len + n) cap *= 2;
+      if (cap > in->want) cap = in->want;
+      uint8_t *grown = realloc(in->buf, cap);
+      if (!grown) return NGTCP2_ERR_CALLBACK_FAILURE;
+      in->buf = grown, in->cap = cap;
+    }
+    if (n) memcpy(in->buf + in->len, data, n);
+    in->len += n, data += n, len -= n;
+    if (in->len == in->want) {
+      eq_event *ev = push_event(c, EQ_MESSAGE);
+      if (!ev) return NGTCP2_ERR_CALLBACK_FAILURE;
+      ev->handle = sid;
+      ev->data = in->buf ? in->buf : malloc(1);
+      ev->len = in->len;
+      in->buf = NULL, in->len = in->cap = 0, in->have = 0;
+    }
+  }
+  return 0;
+}
+
 static int on_stream_data(ngtcp2_conn *conn, uint32_t flags, int64_t sid, uint64_t off, const uint8_t *data,
                           size_t len, void *ud, void *sud) {
-  (void)off;
+  (void)off, (void)flags;
   eq_conn *c = ud;
   incoming_t *in = sud;
   if (!in) {
     in = calloc(1, sizeof(*in));
     if (!in) return NGTCP2_ERR_CALLBACK_FAILURE;
-    link_in(c, &in->link);
-    in->link.owned = &in->buf;
+    in->next = c->incoming, c->incoming = in;
     if (ngtcp2_conn_set_stream_user_data(conn, sid, in) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   }
-  if (in->len + len > in->cap) {
-    size_t cap = in->cap ? in->cap : 65536;
-    while (cap < in->len + len) cap *= 2;
-    uint8_t *grown = realloc(in->buf, cap);
-    if (!grown) return NGTCP2_ERR_CALLBACK_FAILURE;
-    in->buf = grown, in->cap = cap;
-  }
-  if (len) memcpy(in->buf + in->len, data, len);
-  in->len += len;
+  if (take(c, in, sid, data, len) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   ngtcp2_conn_extend_max_stream_offset(conn, sid, len);
   ngtcp2_conn_extend_max_offset(conn, len);
-  if (flags & NGTCP2_STREAM_DATA_FLAG_FIN) {
-    eq_event *ev = push_event(c, EQ_MESSAGE);
-    if (!ev) return NGTCP2_ERR_CALLBACK_FAILURE;
-    ev->handle = sid;
-    ev->data = in->buf ? in->buf : malloc(1);
-    ev->len = in->len;
-    in->buf = NULL, in->len = in->cap = 0;
-  }
   return 0;
 }
 
-static int on_stream_close(ngtcp2_conn *conn, uint32_t flags, int64_t sid, uint64_t code, void *ud, void *sud) {
-  (void)flags, (void)code;
+/* the peer acknowledged a channel's bytes up to offset + datalen: its messages that end there are done */
+static int on_acked(ngtcp2_conn *conn, int64_t sid, uint64_t offset, uint64_t datalen, void *ud, void *sud) {
+  (void)conn, (void)sid;
   eq_conn *c = ud;
-  if (!ngtcp2_is_bidi_stream(sid) && ngtcp2_conn_is_local_stream(conn, sid)) {
-    outgoing_t *m = sud;
-    if (m) {
-      /* every byte and the FIN acknowledged (or the stream reset, which this engine never does) */
-      eq_event *ev = push_event(c, EQ_ACKED);
-      if (ev) ev->handle = m->handle;
-      c->unacked--;
-      unlink_free(&m->link);
-    }
-    return 0;
+  channel_t *ch = sud;
+  if (!ch) return 0;
+  while (ch->first && ch->first->end <= offset + datalen && ch->first->done) {
+    outgoing_t *m = ch->first;
+    eq_event *ev = push_event(c, EQ_ACKED);
+    if (!ev) return NGTCP2_ERR_CALLBACK_FAILURE;
+    ev->handle = m->handle;
+    ch->first = m->next;
+    if (!ch->first) ch->last = NULL;
+    c->unacked--;
+    free(m);
   }
-  incoming_t *in = sud;
-  if (in) {
-    free(in->buf);
-    unlink_free(&in->link);
-  }
-  ngtcp2_conn_extend_max_streams_uni(conn, 1);
   return 0;
 }
 
@@ -289,13 +320,13 @@ static void callbacks(ngtcp2_callbacks *cb, int server) {
   cb->rand = rand_cb;
   cb->get_new_connection_id = new_cid;
   cb->recv_stream_data = on_stream_data;
-  cb->stream_close = on_stream_close;
+  cb->acked_stream_data_offset = on_acked;
   cb->handshake_completed = on_handshake;
 }
 
 /* ---- set-up ------------------------------------------------------------------------------------------ */
 static int tls_init(eq_conn *c, const eq_config *cfg, int server, char *err, size_t errlen) {
-  static const gnutls_datum_t alpn = {(unsigned char *)"erdma", 5};
+  static const gnutls_datum_t alpn = {(unsigned char *)"erdma/1", 7}; /* as tls.ALPN */
   gnutls_datum_t cert = {(unsigned char *)cfg->cert_pem, (unsigned)cfg->cert_len};
   gnutls_datum_t key = {(unsigned char *)cfg->key_pem, (unsigned)cfg->key_len};
   int rv;
@@ -327,8 +358,13 @@ static int tls_init(eq_conn *c, const eq_config *cfg, int server, char *err, siz
   if (cfg->ca_pem) {
     /* the chain is checked here, against the CA alone; who the peer is (its rank and job) is the caller's
      * check on eq_peer_certificate */
-    if (server) gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUIRE);
-    gnutls_session_set_verify_cert(c->tls, server ? NULL : cfg->server_name, 0);
+    if (!server || cfg->check_client) {
+      if (server) gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUIRE);
+      gnutls_session_set_verify_cert(c->tls, server ? NULL : cfg->server_name, 0);
+    } else {
+      gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUEST);
+    }
+    if (!server && cfg->server_name) snprintf(c->expect, sizeof(c->expect), "%s", cfg->server_name);
   } else if (server) {
     gnutls_certificate_server_set_request(c->tls, GNUTLS_CERT_REQUEST);
   }
@@ -351,7 +387,7 @@ static void settings_for(ngtcp2_settings *s, ngtcp2_transport_params *tp, const 
   s->max_stream_window = cfg->stream_window;
   if (cfg->handshake_timeout) s->handshake_timeout = cfg->handshake_timeout;
   ngtcp2_transport_params_default(tp);
-  tp->initial_max_streams_uni = cfg->streams;
+  tp->initial_max_streams_uni = MAX_CHANNELS; /* the peer's channels; never more (none is ever closed) */
   tp->initial_max_streams_bidi = 0;
   tp->initial_max_stream_data_uni = cfg->stream_window;
   tp->initial_max_data = cfg->window;
@@ -371,7 +407,8 @@ static eq_conn *new_conn(const eq_config *cfg, const char *lh, int lp, const cha
     return NULL;
   }
   c->datagram = cfg->datagram;
-  c->live.next = c->live.prev = &c->live;
+  c->nchannels = cfg->channels < 1 ? 1 : cfg->channels > MAX_CHANNELS ? MAX_CHANNELS : (int)cfg->channels;
+  for (int k = 0; k < MAX_CHANNELS; k++) c->channels[k].stream = -1;
   if (to_addr(&c->local, lh, lp) || to_addr(&c->remote, rh, rp)) {
     say(err, errlen, "address", "not an IPv4 or IPv6 literal");
     free(c);
@@ -446,10 +483,12 @@ eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port,
 void eq_free(eq_conn *c) {
   if (!c) return;
   if (c->conn) ngtcp2_conn_del(c->conn);
-  while (c->live.next != &c->live) {
-    live_t *l = c->live.next;
-    if (l->owned) free(*l->owned);
-    unlink_free(l);
+  for (int k = 0; k < MAX_CHANNELS; k++)
+    for (outgoing_t *m = c->channels[k].first, *next; m; m = next) next = m->next, free(m);
+  for (incoming_t *in = c->incoming, *next; in; in = next) {
+    next = in->next;
+    free(in->buf);
+    free(in);
   }
   for (size_t i = 0; i < c->elen; i++) {
     eq_event *ev = &c->events[(c->ehead + i) % c->ecap];
@@ -474,23 +513,27 @@ int eq_read(eq_conn *c, const uint8_t *buf, size_t stride, const size_t *lens, s
   return 0;
 }
 
-/* the next message with data (or a FIN) still to write, from position *at of the queue */
-static outgoing_t *pending(eq_conn *c, size_t *at) {
-  while (*at < c->qlen) {
+/* the next message to write from position *at of the queue: not done, and on a channel that is not blocked
+ * this round (a channel's messages are written in order, so one held up holds its later ones) */
+static outgoing_t *pending(eq_conn *c, size_t *at, uint64_t *blocked) {
+  for (; *at < c->qlen; (*at)++) {
     outgoing_t *m = c->queue[(c->qhead + *at) % c->qcap];
-    if (m->stream < 0) {
-      if (ngtcp2_conn_open_uni_stream(c->conn, &m->stream, m) != 0) return NULL; /* no stream credit yet */
+    if (m->done || (*blocked >> m->channel & 1)) continue;
+    channel_t *ch = &c->channels[m->channel];
+    if (ch->stream < 0 && ngtcp2_conn_open_uni_stream(c->conn, &ch->stream, ch) != 0) {
+      ch->stream = -1; /* no stream credit yet */
+      *blocked |= (uint64_t)1 << m->channel;
+      continue;
     }
-    if (!m->done) return m;
-    (*at)++;
+    return m;
   }
   return NULL;
 }
 
-/* what is left of m to write, as at most two vectors */
+/* what is left of m to write, as at most three vectors */
 static size_t unsent(const outgoing_t *m, ngtcp2_vec *v) {
   size_t n = 0, skip = m->sent;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     if (skip >= m->plen[i]) {
       skip -= m->plen[i];
       continue;
@@ -503,13 +546,9 @@ static size_t unsent(const outgoing_t *m, ngtcp2_vec *v) {
   return n;
 }
 
-/* drop the messages at the front that were written whole (they stay alive until their stream closes) */
+/* drop the messages at the front that were written whole (they stay on their channel until acknowledged) */
 static void trim(eq_conn *c) {
-  while (c->qlen) {
-    outgoing_t *m = c->queue[c->qhead];
-    if (!m->done) break;
-    c->qhead = (c->qhead + 1) % c->qcap, c->qlen--;
-  }
+  while (c->qlen && c->queue[c->qhead]->done) c->qhead = (c->qhead + 1) % c->qcap, c->qlen--;
 }
 
 size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t max, uint64_t now) {
@@ -526,24 +565,25 @@ size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t ma
   if (quantum < 1) quantum = 1;
   if (max > quantum) max = quantum;
   size_t at = 0;
+  uint64_t blocked = 0;
   while (count < max) {
     uint8_t *dst = buf + count * stride;
     ngtcp2_ssize n = 0;
     for (;;) {
-      outgoing_t *m = pending(c, &at);
-      ngtcp2_vec v[2];
+      outgoing_t *m = pending(c, &at, &blocked);
+      ngtcp2_vec v[3];
       size_t nv = m ? unsent(m, v) : 0;
       ngtcp2_ssize took = -1;
-      uint32_t flags = m ? NGTCP2_WRITE_STREAM_FLAG_MORE | NGTCP2_WRITE_STREAM_FLAG_FIN : 0;
-      n = ngtcp2_conn_writev_stream(c->conn, NULL, NULL, dst, c->datagram, &took, flags, m ? m->stream : -1,
-                                    m ? v : NULL, nv, now);
+      int64_t sid = m ? c->channels[m->channel].stream : -1;
+      n = ngtcp2_conn_writev_stream(c->conn, NULL, NULL, dst, c->datagram, &took,
+                                    m ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, m ? v : NULL, nv, now);
       if (m && took >= 0) {
         m->sent += (size_t)took;
-        m->done = m->sent == m->len; /* with the FIN: ngtcp2 sets it with the last byte */
+        m->done = m->sent == m->len;
       }
       if (n == NGTCP2_ERR_WRITE_MORE) continue;
-      if (n == NGTCP2_ERR_STREAM_DATA_BLOCKED || n == NGTCP2_ERR_STREAM_SHUT_WR) {
-        at++; /* this stream waits for the peer's window; try the next */
+      if (m && (n == NGTCP2_ERR_STREAM_DATA_BLOCKED || n == NGTCP2_ERR_STREAM_SHUT_WR)) {
+        blocked |= (uint64_t)1 << m->channel; /* waits for the peer's window; try other channels */
         continue;
       }
       break;
@@ -555,6 +595,7 @@ size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t ma
     }
     if (n == 0) break;
     lens[count++] = (size_t)n;
+    at = 0, blocked = 0; /* a new packet: start again from the oldest message */
   }
   trim(c);
   ngtcp2_conn_update_pkt_tx_time(c->conn, now);
@@ -586,10 +627,17 @@ int64_t eq_send2(eq_conn *c, const uint8_t *head, size_t head_len, const uint8_t
   }
   outgoing_t *m = calloc(1, sizeof(*m));
   if (!m) return -1;
-  link_in(c, &m->link);
-  m->part[0] = head, m->plen[0] = head_len, m->part[1] = body, m->plen[1] = body_len;
-  m->len = head_len + body_len, m->stream = -1, m->handle = c->sends++;
-  /* its stream is opened when it is first written: the peer's stream credit may not allow it yet */
+  uint64_t size = (uint64_t)head_len + body_len;
+  for (int i = 0; i < PREFIX; i++) m->prefix[i] = (uint8_t)(size >> (8 * i));
+  m->part[0] = m->prefix, m->plen[0] = PREFIX;
+  m->part[1] = head, m->plen[1] = head_len, m->part[2] = body, m->plen[2] = body_len;
+  m->len = PREFIX + head_len + body_len, m->handle = c->sends++;
+  m->channel = (int)(m->handle % c->nchannels);
+  channel_t *ch = &c->channels[m->channel];
+  ch->assigned += m->len;
+  m->end = ch->assigned;
+  if (ch->last) ch->last->next = m; else ch->first = m;
+  ch->last = m;
   c->queue[(c->qhead + c->qlen++) % c->qcap] = m;
   c->unacked++;
   return m->handle;

@@ -39,9 +39,12 @@ typedef struct {
   uint64_t stream_window; /* and per message */
   const char *server_name; /* dialler: the name the listener's certificate must carry (NULL: none checked) */
   const char *priority;  /* GnuTLS priority string (TLS 1.3 only, ciphers in order); NULL: the default */
+  int check_client;      /* listener: 1, TLS requires the dialler's certificate and checks its chain against
+                          * ca_pem; 0, TLS asks for it and the caller checks it (eq_peer_certificate) before
+                          * it reads anything, so that it can tell the dialler why it refuses */
   uint64_t idle_timeout; /* ns */
   uint64_t handshake_timeout; /* ns */
-  uint32_t streams;      /* messages the peer may have open at once */
+  uint32_t channels;     /* streams this end sends on (1..64): a lost packet holds up only its own */
 } eq_config;
 
 /* A connection dialled to remote (an IPv4 or IPv6 literal) from local; NULL with err filled on failure. */

@@ -1,0 +1,194 @@
+"""The compiled engine as the mesh drives a connection: the surface of ``mesh.Connection`` (aioquic's public
+methods and events, plus ``took_nothing``, ``live_streams``, ``host_cids``, ``peer_identity`` ...) over one
+``connection.Connection``. The mesh's logic (who the peer is, HELLO, numbered parts, reconnection, candidate
+addresses) is the same for both engines; only this translation differs.
+
+What differs from aioquic's connection, said where it shows:
+
+* A stream is one whole message: the mesh writes a stream as a header and then a payload with ``end_stream``,
+  which leave together as one message (the payload is copied once unless it is already ``bytes``), and it
+  receives each stream whole, in one ``StreamDataReceived``.
+* No session tickets: a reconnection after an outage is a full handshake (with the certificate checks), not
+  a 0-RTT resumption; the mesh still sends again what was not acknowledged and the receiver drops what it
+  already has, so nothing is delivered twice.
+* ``send_ping`` sends an empty message (ack-eliciting, as a PING is); the receiving end drops empty messages.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.packet import QuicErrorCode
+from aioquic.tls import CipherSuite
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from .connection import Acked, Closed, Config, Connection, Handshaken, Message
+
+ALPN = "erdma/1"
+PRIORITY_BASE = "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL"
+GNUTLS_CIPHER = {
+    CipherSuite.AES_128_GCM_SHA256: "+AES-128-GCM",
+    CipherSuite.AES_256_GCM_SHA384: "+AES-256-GCM",
+    CipherSuite.CHACHA20_POLY1305_SHA256: "+CHACHA20-POLY1305",
+}
+CONTROLLER = {"bbr": "bbr", "cubic": "cubic", "reno": "reno"}  # erdma-quic's option -> ngtcp2's controller
+_PEM: dict[int, tuple[bytes, bytes]] = {}  # id(certificate) -> (certificate, key) in PEM, made once per rank
+
+
+def engine_config(c: QuicConfiguration) -> Config:
+    """The engine's settings from the aioquic configuration ``tls.Tls.configure`` makes for each connection."""
+    cert, key = c.certificate, c.private_key
+    pem = _PEM.get(id(cert))
+    if pem is None:
+        pem = (cert.public_bytes(serialization.Encoding.PEM),
+               key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption()))
+        _PEM.clear()  # one rank's credentials per process
+        _PEM[id(cert)] = pem
+    verify = c.verify_mode == ssl.CERT_REQUIRED
+    ca = c.cadata if verify else None
+    if isinstance(ca, str):
+        ca = ca.encode()
+    ciphers = ":".join(GNUTLS_CIPHER[s] for s in (c.cipher_suites or GNUTLS_CIPHER) if s in GNUTLS_CIPHER)
+    return Config(cert_pem=pem[0], key_pem=pem[1], ca_pem=ca, datagram=c.max_datagram_size,
+                  cc=CONTROLLER[c.congestion_control_algorithm], window=c.max_data, stream_window=c.max_stream_data,
+                  server_name=c.server_name if verify and c.is_client else None,
+                  priority=f"{PRIORITY_BASE}:{ciphers}", idle_timeout=c.idle_timeout, check_client=False,
+                  handshake_timeout=c.idle_timeout)
+
+
+def _local_for(addr: Any) -> tuple[str, int]:
+    return ("::", 0) if ":" in addr[0] else ("0.0.0.0", 0)
+
+
+class EngineConnection:
+    """``mesh.Connection``'s surface on the compiled engine; made as the mesh makes aioquic's (keywords)."""
+
+    def __init__(self, *, configuration: QuicConfiguration, original_destination_connection_id: bytes | None = None,
+                 session_ticket_fetcher: Any = None, session_ticket_handler: Any = None) -> None:
+        self._config = engine_config(configuration)
+        self._client = configuration.is_client
+        self._engine: Connection | None = None
+        self._failed_first = False  # an accepted connection whose first datagram opened nothing
+        self._next = 0  # the handle the engine gives the next message (pings included)
+        self._heads: dict[int, bytes] = {}  # stream -> its header, until the payload ends the stream
+        self._live: set[int] = set()  # streams sent and not yet acknowledged
+        self._peer: tuple[Any, list[Any]] | None = None
+        self._now = 0.0  # the latest time the mesh gave (a close takes none)
+
+    # ---- datagrams and time ----------------------------------------------------------------------------
+    def connect(self, addr: Any, now: float) -> None:
+        self._now = now
+        self._engine = Connection.dial(self._config, _local_for(addr), (addr[0], addr[1]), now)
+
+    def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
+        self._now = now
+        remote = (addr[0], addr[1])
+        if self._engine is None:
+            if self._client or self._failed_first:
+                return
+            try:
+                self._engine = Connection.accept(self._config, _local_for(addr), remote, data, now)
+            except ConnectionError:
+                self._failed_first = True
+            return
+        if remote != self._engine.remote:  # the peer's address changed (NAT rebinding, another path)
+            self._engine.set_remote(remote)
+        self._engine.receive((data,), now)
+
+    def took_nothing(self) -> bool:
+        return self._engine is None
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
+        self._now = now
+        if self._engine is None:
+            return []
+        remote = self._engine.remote
+        return [(d, remote) for d in self._engine.datagrams_to_send(now)]
+
+    def get_timer(self) -> float | None:
+        return self._engine.get_timer() if self._engine is not None else None
+
+    def handle_timer(self, now: float) -> None:
+        self._now = now
+        if self._engine is not None:
+            self._engine.handle_timer(now)
+
+    def get_peer_address(self) -> Any:
+        return self._engine.remote if self._engine is not None else None
+
+    # ---- streams -----------------------------------------------------------------------------------------
+    def get_next_available_stream_id(self, is_unidirectional: bool = True) -> int:
+        return self._next
+
+    def send_stream_data(self, stream_id: int, data: Any, end_stream: bool = False) -> None:
+        if not end_stream:
+            self._heads[stream_id] = bytes(data)
+            return
+        assert self._engine is not None and stream_id == self._next, "one stream at a time, in order"
+        payload = data if isinstance(data, bytes) else bytes(data)  # the caller may reuse its buffer
+        self._engine.send(self._heads.pop(stream_id, b""), payload)
+        self._next += 1
+        self._live.add(stream_id)
+
+    def send_ping(self, uid: int) -> None:
+        if self._engine is not None:
+            try:
+                self._engine.send(b"")
+            except ConnectionError:
+                return
+            self._next += 1
+
+    def live_streams(self) -> set[int]:
+        return self._live
+
+    def next_event(self) -> events.QuicEvent | None:
+        while self._engine is not None and (ev := self._engine.next_event()) is not None:
+            if isinstance(ev, Message):
+                if ev.data:
+                    return events.StreamDataReceived(data=ev.data, end_stream=True, stream_id=ev.stream)
+            elif isinstance(ev, Acked):
+                self._live.discard(ev.handle)
+            elif isinstance(ev, Handshaken):
+                return events.HandshakeCompleted(alpn_protocol=ALPN, early_data_accepted=False, session_resumed=False)
+            elif isinstance(ev, Closed):
+                self._live.clear()
+                if ev.origin == "idle":
+                    return events.ConnectionTerminated(error_code=QuicErrorCode.INTERNAL_ERROR, frame_type=None,
+                                                       reason_phrase="Idle timeout")
+                return events.ConnectionTerminated(error_code=ev.code, frame_type=None, reason_phrase=ev.reason)
+        return None
+
+    def close(self, error_code: int = QuicErrorCode.NO_ERROR, frame_type: int | None = None,
+              reason_phrase: str = "") -> None:
+        if self._engine is not None:
+            self._engine.close(error_code, reason_phrase, self._now)
+
+    # ---- identity and state --------------------------------------------------------------------------
+    def host_cids(self) -> list[bytes]:
+        return self._engine.connection_ids() if self._engine is not None else []
+
+    def peer_identity(self) -> tuple[Any, list[Any]]:
+        if self._peer is None:
+            der = self._engine.peer_certificate() if self._engine is not None else None
+            self._peer = (x509.load_der_x509_certificate(der) if der else None, [])
+        return self._peer
+
+    def session_resumed(self) -> bool:
+        return False
+
+    def skip_client_certificate(self) -> None:
+        """Never called: this engine issues no session tickets."""
+
+    def bandwidth(self) -> float | None:
+        """The delivery rate ngtcp2's controller measured (bytes/s)."""
+        return self._engine.delivery_rate if self._engine is not None else None
+
+    def describe(self) -> str:
+        if self._engine is None:
+            return "not started"
+        return f"ngtcp2 {self._config.cc}, cwnd {self._engine.cwnd} B, srtt {self._engine.rtt:.5f} s"
