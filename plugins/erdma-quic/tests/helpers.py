@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import asyncio
+import os
 import ssl
 import threading
 import time
