@@ -28,8 +28,8 @@ demo: $(VENV)/.core
 
 ## test: install everything (core, plugins/*, the example plugin) and run lint plus every suite: the core's,
 ## PyTorch's own distributed tests (a pytest process of their own: they set process-wide env), each plugin's
-## in its folder, and the core's collective and failure tests again over QUIC, then over QUIC striped across
-## a worker, then over DPDK's memif (erdma-dpdk)
+## in its folder, and the core's collective and failure tests again over QUIC (aioquic), then over QUIC on the
+## compiled engine (ngtcp2) striped across a worker, then over DPDK's memif (erdma-dpdk)
 test: $(VENV)/.test
 	scripts/system-deps.sh test
 	$(VENV)/bin/ruff check .
@@ -38,8 +38,8 @@ test: $(VENV)/.test
 	set -e; for p in $(PLUGINS); do (cd $$p && $(abspath $(PY)) -m pytest -q -p no:randomly); done
 	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret \
 		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py
-	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_WORKERS=1 \
-		ERDMA_TRANSPORT_QUIC_PART_BYTES=65536 \
+	ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_ENGINE=ngtcp2 \
+		ERDMA_TRANSPORT_QUIC_WORKERS=1 ERDMA_TRANSPORT_QUIC_PART_BYTES=65536 \
 		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py
 	ERDMA_TRANSPORT=dpdk \
 		$(PY) -m pytest -q -p no:randomly tests/test_collectives.py tests/test_failures.py tests/test_progress.py

@@ -60,6 +60,7 @@ class UdpPort:
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
         self.send_drops = 0
         self.gso = gso and hasattr(socket, "SOL_UDP")
+        self._batch = _batch_sender()
 
     @property
     def now(self) -> float:
@@ -106,6 +107,9 @@ class UdpPort:
             self.mesh.unreachable(addr, self.now)
 
     def _transmit(self, out: list[tuple[bytes, Any]]) -> None:
+        if not self.gso and self._batch is not None and len(out) > 2:
+            self._send_runs(out)
+            return
         if not self.gso or len(out) < 2:
             for data, addr in out:
                 self._send(data, addr)
@@ -123,6 +127,28 @@ class UdpPort:
                 self._send(data, addr)
             else:
                 self._send_gso(b"".join(d for d, _ in out[i:j]), size, addr, out[i:j])
+            i = j
+
+    def _send_runs(self, out: list[tuple[bytes, Any]]) -> None:
+        """Runs of datagrams to one address in one ``sendmmsg`` each (erdma_quic.ngtcp2's C helper)."""
+        ffi, lib = self._batch
+        i = 0
+        while i < len(out):
+            addr = out[i][1]
+            j = i + 1
+            while j < len(out) and out[j][1] == addr:
+                j += 1
+            if j - i == 1:
+                self._send(out[i][0], addr)
+            else:
+                run = [d for d, _ in out[i:j]]
+                lens = ffi.new("size_t[]", [len(d) for d in run])
+                sent = lib.eq_sendmmsg_packed(self.sock.fileno(), b"".join(run), lens, len(run), addr[0].encode(),
+                                              addr[1])
+                if sent == -errno.ECONNREFUSED:
+                    self._read_errors()
+                elif sent < len(run):
+                    self.send_drops += len(run) - max(sent, 0)  # QUIC's loss recovery resends them
             i = j
 
     def _send(self, data: bytes, addr: Any) -> None:
@@ -222,3 +248,12 @@ class Endpoint(UdpPort):
     def _readable(self) -> None:
         self.read()
         self.pump()
+
+
+def _batch_sender() -> tuple[Any, Any] | None:
+    """The compiled engine's ``sendmmsg`` helper where it was built (any engine may use it), else None."""
+    try:
+        from .ngtcp2._shim import ffi, lib  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return ffi, lib

@@ -712,8 +712,8 @@ uint64_t eq_rtt(eq_conn *c) {
 }
 
 /* ---- batch I/O ------------------------------------------------------------------------------------------ */
-int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
-                int port) {
+static int send_batch(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
+                      int port) {
   struct sockaddr_storage to;
   if (to_addr(&to, host, port)) return -EINVAL;
   struct mmsghdr msgs[MAX_BATCH];
@@ -722,8 +722,12 @@ int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, s
   while (done < count) {
     size_t n = count - done < MAX_BATCH ? count - done : MAX_BATCH;
     memset(msgs, 0, n * sizeof(msgs[0]));
+    const uint8_t *at = buf;
+    if (!stride) /* packed: skip what was sent */
+      for (size_t i = 0; i < done; i++) at += lens[i];
     for (size_t i = 0; i < n; i++) {
-      iov[i].iov_base = (void *)(buf + (done + i) * stride);
+      iov[i].iov_base = (void *)(stride ? buf + (done + i) * stride : at);
+      if (!stride) at += lens[done + i];
       iov[i].iov_len = lens[done + i];
       msgs[i].msg_hdr.msg_name = &to;
       msgs[i].msg_hdr.msg_namelen = addr_len(&to);
@@ -739,6 +743,15 @@ int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, s
     if ((size_t)sent < n) break; /* the socket's buffer is full: the rest is lost, as on a wire */
   }
   return (int)done;
+}
+
+int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
+                int port) {
+  return send_batch(fd, buf, stride, lens, count, host, port);
+}
+
+int eq_sendmmsg_packed(int fd, const uint8_t *buf, const size_t *lens, size_t count, const char *host, int port) {
+  return send_batch(fd, buf, 0, lens, count, host, port);
 }
 
 int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts, int *ports) {

@@ -84,6 +84,8 @@ uint64_t eq_rtt(eq_conn *c);               /* smoothed RTT, ns */
  * returns datagrams sent (>= 0) or -errno */
 int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
                 int port);
+/* the same for datagrams packed back to back in buf (the i-th is lens[i] long) */
+int eq_sendmmsg_packed(int fd, const uint8_t *buf, const size_t *lens, size_t count, const char *host, int port);
 /* recvmmsg of up to max datagrams without waiting; hosts get each sender's address (46 bytes each), ports its
  * port; returns how many (0: none waiting) or -errno */
 int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts, int *ports);
