@@ -45,7 +45,7 @@ def expect(world: int, relayed: set[frozenset[int]]) -> dict[tuple[int, int], st
 def run_job(lab: NatLab, tmp: Path, iters: int = 20, count: int = 50000, during: Callable[[], None] | None = None,
             **env: str) -> list[dict]:
     """Run job.py on every site's host; ``during()`` runs while the ranks do (and may break things)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_") or k == "ERDMA_TRANSPORT_QUIC_ENGINE"}
     base |= {"WORLD_SIZE": str(lab.sites), "ERDMA_INIT_METHOD": f"file://{tmp}/store", "ERDMA_TRANSPORT": "quic",
              "ERDMA_SECRET": "nat-test", "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
              "ERDMA_TIMEOUTS_CONNECT": str(CONNECT_S), **env}

@@ -61,7 +61,9 @@ class UdpPort:
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
         self.send_drops = 0
         self.gso = gso and hasattr(socket, "SOL_UDP")
-        self._batch = _batch_sender()
+        # batches go straight to the socket's descriptor: only for a plain UDP socket (a relayed one wraps and
+        # unwraps each datagram itself)
+        self._batch = _batch_sender() if isinstance(sock, socket.socket) else None
         self._rx: tuple[Any, Any, Any, Any] | None = None  # recvmmsg's buffers, made on first use
 
     @property
@@ -72,7 +74,7 @@ class UdpPort:
     def read(self) -> int:
         """Hand the mesh what the socket holds (at most a batch), each datagram with the time it was read;
         returns how many datagrams that was."""
-        if self._batch is not None and self.sock.family == socket.AF_INET:
+        if self._batch is not None and self.sock.family == socket.AF_INET:  # (recvmmsg's addresses: IPv4)
             return self._read_batches()
         n = 0
         for _ in range(_RECV_BATCH):
