@@ -381,8 +381,10 @@ static void settings_for(ngtcp2_settings *s, ngtcp2_transport_params *tp, const 
   s->initial_ts = now;
   s->cc_algo = algos[cfg->cc >= 0 && cfg->cc <= 3 ? cfg->cc : EQ_CC_BBR2];
   s->max_tx_udp_payload_size = cfg->datagram;
-  s->no_tx_udp_payload_size_shaping = 1;
-  s->no_pmtud = 1;
+  s->no_tx_udp_payload_size_shaping = 1; /* every packet may take the configured size */
+  /* PMTUD stays on, though its probes never exceed that size: ngtcp2 0.12 starts it unconditionally when a
+   * peer migrates back to its original path, and asserts that it was not turned off (conn_start_pmtud) */
+  s->no_pmtud = 0;
   s->max_window = cfg->window;
   s->max_stream_window = cfg->stream_window;
   if (cfg->handshake_timeout) s->handshake_timeout = cfg->handshake_timeout;
