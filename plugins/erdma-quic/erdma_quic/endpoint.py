@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .mesh import Event, Mesh
+from .ngtcp2 import connection as shim
 
 log = logging.getLogger("erdma.quic")
 _IP_RECVERR = 11
@@ -63,7 +64,7 @@ class UdpPort:
         self.gso = gso and hasattr(socket, "SOL_UDP")
         # batches go straight to the socket's descriptor: only for a plain UDP socket (a relayed one wraps and
         # unwraps each datagram itself)
-        self._batch = _batch_sender() if isinstance(sock, socket.socket) else None
+        self._batch = shim.loaded() if isinstance(sock, socket.socket) else None
         self._rx: tuple[Any, Any, Any, Any] | None = None  # recvmmsg's buffers, made on first use
 
     @property
@@ -283,12 +284,3 @@ class Endpoint(UdpPort):
     def _readable(self) -> None:
         self.read()
         self.pump()
-
-
-def _batch_sender() -> tuple[Any, Any] | None:
-    """The compiled engine's ``sendmmsg`` helper where it was built (any engine may use it), else None."""
-    try:
-        from .ngtcp2._shim import ffi, lib  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return ffi, lib

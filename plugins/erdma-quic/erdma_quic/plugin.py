@@ -25,7 +25,8 @@ OPTIONS = {
     "insecure_dev_mode": Option(bool, False, "INSECURE: no peer authentication (development only; warns)"),
     "cipher": Option(str, "aes128gcm", "preferred TLS 1.3 cipher suite", choices=("aes128gcm", "aes256gcm", "chacha20")),
     "congestion_control": Option(str, "bbr", "congestion controller: bbr (model-based, ignores random loss; "
-                                 "erdma_quic.congestion) or aioquic's cubic, reno", choices=CONGESTION),
+                                 "erdma_quic.congestion, or ngtcp2's BBR on that engine) or the engine's own cubic, "
+                                 "reno", choices=CONGESTION),
     "datagram_size": Option(int, 0, "UDP payload per QUIC packet; 0: path MTU less headers, at most 16000",
                             minimum=0),
     "gso": Option(bool, False, "batch equal-size datagrams into one sendmsg (Linux UDP GSO). Off by default: a "
@@ -44,7 +45,8 @@ OPTIONS = {
                      "after an outage) or ngtcp2 (compiled, erdma_quic/ngtcp2, built at install against "
                      "libngtcp2-dev; reconnects with a full handshake)", choices=("aioquic", "ngtcp2")),
     "reconnect_timeout": Option(float, 30.0, "after a connection to a peer ends by idle timeout: seconds to "
-                                "dial it again (resuming the TLS session, 0-RTT) and resend what it had not "
+                                "dial it again (aioquic: resuming the TLS session, 0-RTT; ngtcp2: a full handshake) "
+                                "and resend what it had not "
                                 "acknowledged, before the peer counts as lost; 0: never reconnect", minimum=0.0),
 }
 

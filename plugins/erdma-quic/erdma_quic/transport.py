@@ -47,10 +47,10 @@ def connection_for(opts: dict[str, Any]) -> Callable[..., Any]:
     install, where it was not built)."""
     if opts["engine"] != "ngtcp2":
         return Connection
-    from .ngtcp2.connection import _shim
+    from .ngtcp2.connection import require
     from .ngtcp2.mesh_connection import EngineConnection
 
-    _shim()
+    require()
     return EngineConnection
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import random
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,8 +20,8 @@ from erdma_quic import credentials
 
 from erdma_core.errors import PluginError
 
-HAVE_NGTCP2 = subprocess.run(["pkg-config", "--exists", "libngtcp2", "libngtcp2_crypto_gnutls", "gnutls"],
-                             check=False).returncode == 0
+HAVE_NGTCP2 = shutil.which("pkg-config") is not None and subprocess.run(
+    ["pkg-config", "--exists", "libngtcp2", "libngtcp2_crypto_gnutls", "gnutls"], check=False).returncode == 0
 pytestmark = pytest.mark.skipif(not HAVE_NGTCP2, reason="no ngtcp2 here (apt-get install libngtcp2-dev "
                                 "libngtcp2-crypto-gnutls-dev libgnutls28-dev pkg-config)")
 JOB = 0x5EED

@@ -29,12 +29,21 @@ NS = 1_000_000_000
 _NEVER = 2**64 - 1
 
 
-def _shim() -> tuple[Any, Any]:
+def loaded() -> tuple[Any, Any] | None:
+    """The shim's ``(ffi, lib)`` where it was built, else None."""
     try:
         from ._shim import ffi, lib  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise PluginError(f"{INSTALL} ({exc})") from None
+    except ImportError:
+        return None
     return ffi, lib
+
+
+def require() -> tuple[Any, Any]:
+    """The shim's ``(ffi, lib)``; PluginError naming what to install where it was not built."""
+    shim = loaded()
+    if shim is None:
+        raise PluginError(INSTALL)
+    return shim
 
 
 @attrs.frozen(kw_only=True)
@@ -92,7 +101,7 @@ class Connection:
     the engine's memory."""
 
     def __init__(self, config: Config, make: Any) -> None:
-        self._ffi, self._lib = _shim()
+        self._ffi, self._lib = require()
         ffi = self._ffi
         self._keep = [ffi.from_buffer(config.cert_pem), ffi.from_buffer(config.key_pem)]
         cfg = ffi.new("eq_config *")
@@ -151,10 +160,12 @@ class Connection:
 
     # ---- datagrams and time ----------------------------------------------------------------------------
     def receive(self, datagrams: Iterable[bytes], now: float) -> None:
-        lens = self._lens
         for data in datagrams:
-            lens[0] = len(data)
-            self._lib.eq_read(self._c, data, len(data), lens, 1, _ns(now))
+            self.receive_datagram(data, now)
+
+    def receive_datagram(self, data: bytes, now: float) -> None:
+        self._lens[0] = len(data)
+        self._lib.eq_read(self._c, data, len(data), self._lens, 1, _ns(now))
 
     def datagrams_to_send(self, now: float) -> list[bytes]:
         out: list[bytes] = []

@@ -16,6 +16,7 @@ What differs from aioquic's connection, said where it shows:
 
 from __future__ import annotations
 
+import functools
 import ssl
 from typing import Any
 
@@ -36,19 +37,19 @@ GNUTLS_CIPHER = {
     CipherSuite.CHACHA20_POLY1305_SHA256: "+CHACHA20-POLY1305",
 }
 CONTROLLER = {"bbr": "bbr", "cubic": "cubic", "reno": "reno"}  # erdma-quic's option -> ngtcp2's controller
-_PEM: dict[int, tuple[bytes, bytes]] = {}  # id(certificate) -> (certificate, key) in PEM, made once per rank
+
+
+@functools.lru_cache(maxsize=8)
+def _pem(cert: x509.Certificate, key: Any) -> tuple[bytes, bytes]:
+    """A rank's certificate and key in PEM, made once per credentials (not per connection)."""
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
 
 
 def engine_config(c: QuicConfiguration) -> Config:
     """The engine's settings from the aioquic configuration ``tls.Tls.configure`` makes for each connection."""
-    cert, key = c.certificate, c.private_key
-    pem = _PEM.get(id(cert))
-    if pem is None:
-        pem = (cert.public_bytes(serialization.Encoding.PEM),
-               key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption()))
-        _PEM.clear()  # one rank's credentials per process
-        _PEM[id(cert)] = pem
+    pem = _pem(c.certificate, c.private_key)
     verify = c.verify_mode == ssl.CERT_REQUIRED
     ca = c.cadata if verify else None
     if isinstance(ca, str):
@@ -98,7 +99,7 @@ class EngineConnection:
             return
         if remote != self._engine.remote:  # the peer's address changed (NAT rebinding, another path)
             self._engine.set_remote(remote)
-        self._engine.receive((data,), now)
+        self._engine.receive_datagram(data, now)
 
     def took_nothing(self) -> bool:
         return self._engine is None

@@ -21,9 +21,6 @@
 #define PRIORITY "NORMAL:-VERS-ALL:+VERS-TLS1.3"
 #define CID_LEN 8
 #define MAX_BATCH 1024
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103
-#endif
 
 /* Messages travel on a few long-lived unidirectional streams per direction ("channels"), each message
  * prefixed by its length (8 bytes, little-endian): ngtcp2 0.12 never closes a stream the peer opened (fixed
