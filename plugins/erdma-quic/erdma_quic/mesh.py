@@ -46,13 +46,17 @@ from .streams import Inbound, hello_stream, numbered
 
 log = logging.getLogger("erdma.quic")
 REFUSED = 0x0100  # application close code: credentials or HELLO refused
-UNREACHABLE_GRACE = 0.5  # seconds a peer whose port is unreachable has to be heard from again
 PROBE_AFTER = 0.25  # seconds of silence from a peer this rank waits for data from, before it is sent a PING
+# seconds a peer whose port answered 'unreachable' has to be heard from again: a live peer behind a NAT that
+# just changed its mapping may only be waiting for this rank's data, and speaks first with its own PING, which
+# its probe timer sends within 2 * PROBE_AFTER of the silence beginning
+UNREACHABLE_GRACE = 3 * PROBE_AFTER
 REDIAL_DELAY = 0.05  # seconds between a connection's end and the first redial
 REDIAL_RETRY = 0.5  # seconds a redial may go unanswered before another replaces it (a fresh first flight)
 MAX_PENDING = 64  # accepted connections not yet identified
 CID_LENGTH = 8
-Configure = Callable[[bool, Any, "int | None", "SessionTicket | None"], QuicConfiguration]
+Ticket = SessionTicket | bytes  # a session ticket the dialler keeps: aioquic's, or the compiled engine's (opaque)
+Configure = Callable[[bool, Any, "int | None", "Ticket | None"], QuicConfiguration]
 Identify = Callable[[Any, list[Any], set[int]], int]
 
 
@@ -183,6 +187,7 @@ class Session:
         self.timer: float | None = None  # the connection's next timer, as of its last service
         self.suspect_since: float | None = None  # its port answered 'unreachable' then
         self.ticket_rank: int | None = None  # listener: the rank the offered ticket was issued to
+        self.offered: Ticket | None = None  # dialler: the ticket it resumes with
         self.issued: SessionTicket | None = None  # listener: a ticket issued before the peer was identified
 
 
@@ -198,7 +203,7 @@ class Link:
         self.unacked: dict[int, tuple[bytes, bytes]] = {}  # part number -> (prefix and header, payload)
         self.next_number = 1
         self.inflight = 0
-        self.ticket: SessionTicket | None = None  # dialler: the listener's latest, for resumption
+        self.ticket: Ticket | None = None  # dialler: the listener's latest, for resumption (kept until spent)
         self.dead = False
         self.down_since: float | None = None
         self.redial_at: float | None = None
@@ -468,6 +473,7 @@ class Mesh:
     def _dial(self, link: Link) -> Session:
         """Dial ``link``'s peer; the HELLO leaves with the first flight that can carry it (0-RTT when resuming)."""
         s = Session(link.rank, link.addr, dialled=True)
+        s.offered = link.ticket
         s.conn = self.connection(configuration=self.configure(True, link.addr, link.rank, link.ticket),
                             session_ticket_handler=functools.partial(self._ticket_issued, s))
         s.conn.connect(link.addr, now=self._now)
@@ -556,7 +562,7 @@ class Mesh:
         s.conn.skip_client_certificate()  # resumption carries the identity proven before
         return ticket
 
-    def _ticket_issued(self, s: Session, ticket: SessionTicket) -> None:
+    def _ticket_issued(self, s: Session, ticket: Ticket) -> None:
         if s.dialled:
             if s.link is not None:
                 s.link.ticket = ticket
@@ -572,9 +578,8 @@ class Mesh:
 
     # ---- what a connection reports ------------------------------------------------------------------------
     def _events_of(self, s: Session) -> None:
-        if s.ticket_rank is not None and s.link is None and not s.terminated and s.conn.session_resumed():
-            s.resumed = True
-            self._identified(s, s.ticket_rank)
+        if not s.dialled and s.link is None and s.failure is None and not s.terminated and s.conn.session_resumed():
+            self._resumed(s)
         while (ev := s.conn.next_event()) is not None:
             if isinstance(ev, events.StreamDataReceived):
                 link = s.link
@@ -601,10 +606,28 @@ class Mesh:
             elif isinstance(ev, events.ConnectionTerminated):
                 self._terminated(s, ev)
 
+    def _resumed(self, s: Session) -> None:
+        """Listener: the dialler resumed a session (its 0-RTT data may follow at once): who it is comes from
+        the ticket table (aioquic), or from the certificate sealed into the ticket (the compiled engine's
+        GnuTLS tickets, checked as after a full handshake). Insecure mode: from its HELLO."""
+        rank = s.ticket_rank
+        if rank is None:
+            if not self.s.verify:
+                return
+            try:
+                rank = self.identify(*s.conn.peer_identity(), self._diallers())
+            except CredentialError as exc:
+                self._refuse(s, str(exc))
+                return
+        s.resumed = True
+        self._identified(s, rank)
+
     def _handshake_done(self, s: Session, ev: events.HandshakeCompleted) -> None:
         if s.dialled:
             s.resumed, s.established = ev.session_resumed, True
             if s.link is not None:
+                if s.link.ticket is s.offered:  # spent: the listener answered the flight that carried it
+                    s.link.ticket = None
                 if ev.session_resumed:
                     s.link.stats["resumed"] += 1
                     s.link.stats["early_data"] += int(ev.early_data_accepted)

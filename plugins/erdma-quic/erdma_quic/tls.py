@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.tls import CipherSuite, SessionTicket
+from aioquic.tls import CipherSuite
 from cryptography import x509
 
 from erdma_core.errors import ConfigError
 
 from . import credentials as cred
 from .endpoint import datagram_size
+from .mesh import Ticket
 
 log = logging.getLogger("erdma.quic")
 ALPN = "erdma/1"
@@ -38,7 +39,7 @@ class Tls:
         self.opts, self.creds, self.ca_pem, self.verify, self.job = opts, creds, ca_pem, verify, job
         self.window, self.part_bytes = window, part_bytes
 
-    def configure(self, client: bool, addr: Any, peer: int | None, ticket: SessionTicket | None) -> QuicConfiguration:
+    def configure(self, client: bool, addr: Any, peer: int | None, ticket: Ticket | None) -> QuicConfiguration:
         """A connection's configuration: as the dialler (checking the listener is ``peer``, resuming with
         ``ticket`` when there is one) or as the listener (asking the dialler for its certificate)."""
         o = self.opts

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from erdma_quic import credentials as cred
 from erdma_quic.mesh import Joined, Lost, Mesh, Refused
+from erdma_quic.ngtcp2.connection import loaded
 from erdma_quic.streams import Inbound, message_parts
 from erdma_quic.tls import Tls
-from erdma_quic.transport import settings
+from erdma_quic.transport import connection_for, settings
 from helpers import options
 
 from erdma_core.errors import PeerLostError
@@ -38,7 +39,7 @@ class Rank:
         self.mailbox = Mailbox(rank, JOB)
         self.inboxes = {p: FrameInbox(rank, p, self.mailbox) for p in range(world) if p != rank}
         self.mesh = Mesh(settings(o, rank, world, JOB, True), tls.configure, tls.identify,
-                         lambda p: Inbound(p, self.inboxes[p], lambda h: None))
+                         lambda p: Inbound(p, self.inboxes[p], lambda h: None), connection=connection_for(o))
         self.events: list[Any] = []
 
     def send(self, peer: int, seq: int, payload: np.ndarray) -> Request:
@@ -137,11 +138,16 @@ def test_two_meshes_join_and_move_a_message_in_memory():
     assert r0.mesh.link_stats() == {1: {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0}}
 
 
+ENGINES = ["aioquic", pytest.param("ngtcp2", marks=pytest.mark.skipif(loaded() is None, reason="the compiled "
+                                                                     "engine is not built here (test_engine says why)"))]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("cc", ["bbr", "cubic"])
-def test_link_rate_is_what_the_model_measured(cc):
+def test_link_rate_is_what_the_model_measured(cc, engine):
     """The model-based controller's bottleneck bandwidth (bytes/s) is the link rate compression.policy = auto
     weighs codecs against; cubic keeps no such estimate, and a peer with no connection has none."""
-    net, r0, r1 = pair(congestion_control=cc)
+    net, r0, r1 = pair(congestion_control=cc, engine=engine)
     assert r1.mesh.link_rate(5) is None
     out = np.zeros(4 << 20, np.uint8)
     got = r0.recv(1, 1, out)
@@ -149,13 +155,20 @@ def test_link_rate_is_what_the_model_measured(cc):
     assert net.run(lambda: got.done(), 20.0)
     rate = r1.mesh.link_rate(0)
     if cc == "bbr":
-        assert rate == r1.mesh.links[0].session.conn._loss._cc.bandwidth and rate > 0
+        conn = r1.mesh.links[0].session.conn
+        model = conn._loss._cc.bandwidth if engine == "aioquic" else conn._engine.delivery_rate
+        assert rate == model and rate > 0
     else:
         assert rate is None
 
 
-def test_an_outage_longer_than_the_idle_timeout_reconnects_with_0rtt_and_each_part_lands_once():
-    net, r0, r1 = pair(part_bytes=65536)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_outage_longer_than_the_idle_timeout_reconnects_with_0rtt_and_each_part_lands_once(engine):
+    """With either engine: the dialler resumes with the listener's ticket, its first flight (HELLO and the
+    parts not acknowledged) is 0-RTT data the listener takes, and the ticket is spent (a new one replaces it)."""
+    net, r0, r1 = pair(part_bytes=65536, engine=engine)
+    before = r1.mesh.links[0].ticket
+    assert before is not None
     first = np.random.default_rng(2).integers(0, 256, 4 << 20, dtype=np.uint8)
     out = np.zeros_like(first)
     got = r0.recv(1, 1, out)
@@ -169,6 +182,8 @@ def test_an_outage_longer_than_the_idle_timeout_reconnects_with_0rtt_and_each_pa
     assert got.error is None and np.array_equal(out, first)
     stats = r1.mesh.link_stats()[0]
     assert stats["reconnects"] == 1 and stats["resumed"] == 1 and stats["early_data"] == 1
+    assert r0.mesh.links[1].session.resumed
+    assert r1.mesh.links[0].ticket is not None and r1.mesh.links[0].ticket is not before
     assert stats["resent_parts"] > 0  # what QUIC had not acknowledged went again ...
     assert r0.mesh.links[1].inbound.duplicates + r0.inboxes[1].completed >= 1  # ... and landed once
     assert r0.inboxes[1].completed == 1

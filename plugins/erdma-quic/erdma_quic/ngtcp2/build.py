@@ -13,6 +13,7 @@ from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
 PACKAGES = ("libngtcp2", "libngtcp2_crypto_gnutls", "gnutls")
+SOURCES = ("shim.c", "tickets.c")
 
 
 def flags() -> tuple[list[str], list[str]]:
@@ -32,7 +33,7 @@ def builder() -> FFI:
     cflags, libs = flags()
     ffi = FFI()
     ffi.cdef(declarations())
-    ffi.set_source("erdma_quic.ngtcp2._shim", '#include "shim.h"', sources=[os.path.relpath(HERE / "shim.c")],
+    ffi.set_source("erdma_quic.ngtcp2._shim", '#include "shim.h"', sources=[os.path.relpath(HERE / name) for name in SOURCES],
                    include_dirs=[str(HERE)], extra_compile_args=[*cflags, "-O2", "-Wall"], extra_link_args=libs)
     return ffi
 

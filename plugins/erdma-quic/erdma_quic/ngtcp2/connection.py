@@ -63,6 +63,22 @@ class Config:
     idle_timeout: float = 30.0
     handshake_timeout: float = 10.0
     channels: int = 8  # streams this end sends messages on, in turn (1..64)
+    tickets: Tickets | None = None  # listener: issue session tickets and take resumption and 0-RTT data
+    ticket: bytes | None = None  # dialler: resume with this ticket (a ``Ticket`` event's) and send 0-RTT data
+
+
+class Tickets:
+    """A listener's session-ticket keys and its record of 0-RTT first flights (each one's early data is
+    taken once, for as long as a ticket lives): one per endpoint, shared by the connections it accepts, used
+    from one thread at a time. A ticket from another ``Tickets`` (another process) resumes nothing: that
+    connection is a full handshake."""
+
+    def __init__(self) -> None:
+        ffi, lib = require()
+        handle = lib.eq_tickets_new()
+        if handle == ffi.NULL:
+            raise MemoryError("QUIC engine: no memory for session-ticket keys")
+        self.handle = ffi.gc(handle, lib.eq_tickets_free)
 
 
 @attrs.frozen
@@ -74,6 +90,14 @@ class Handshaken:
 class Message:
     data: bytes
     stream: int = -1  # the QUIC stream it came on
+
+
+@attrs.frozen
+class Ticket:
+    """Dialler: the listener gave a session ticket; ``Config.ticket`` of the next connection to it resumes
+    the session and sends its first flight as 0-RTT data."""
+
+    data: bytes
 
 
 @attrs.frozen
@@ -92,7 +116,7 @@ class Closed:
     reason: str
 
 
-Event = Handshaken | Message | Acked | Closed
+Event = Handshaken | Message | Acked | Closed | Ticket
 _ORIGINS = ("us", "peer", "idle", "tls", "error")
 
 
@@ -118,6 +142,12 @@ class Connection:
             if text is not None:
                 self._keep.append(ffi.new("char[]", text.encode()))
                 setattr(cfg, field, self._keep[-1])
+        if config.tickets is not None:
+            self._keep.append(config.tickets.handle)  # the keys outlive every connection that uses them
+            cfg.tickets = config.tickets.handle
+        if config.ticket is not None:
+            self._keep.append(ffi.from_buffer(config.ticket))
+            cfg.ticket, cfg.ticket_len = self._keep[-1], len(config.ticket)
         cfg.idle_timeout = int(config.idle_timeout * NS)
         cfg.handshake_timeout = int(config.handshake_timeout * NS)
         err = ffi.new("char[256]")
@@ -130,15 +160,13 @@ class Connection:
         self._lens = ffi.new("size_t[]", BATCH)
         self._event = ffi.new("eq_event *")
         self._sending: dict[int, Any] = {}  # handle -> the caller's buffer, alive until Acked
-        self.remote: tuple[str, int] = ("", 0)
+        self._host, self._port = ffi.new("char[46]"), ffi.new("int *")
 
     @classmethod
     def dial(cls, config: Config, local: tuple[str, int], remote: tuple[str, int], now: float) -> Connection:
         def make(lib: Any, cfg: Any, err: Any) -> Any:
             return lib.eq_connect(cfg, local[0].encode(), local[1], remote[0].encode(), remote[1], _ns(now), err, 256)
-        conn = cls(config, make)
-        conn.remote = remote
-        return conn
+        return cls(config, make)
 
     @classmethod
     def accept(cls, config: Config, local: tuple[str, int], remote: tuple[str, int], first: bytes,
@@ -147,9 +175,7 @@ class Connection:
         def make(lib: Any, cfg: Any, err: Any) -> Any:
             return lib.eq_accept(cfg, local[0].encode(), local[1], remote[0].encode(), remote[1], first, len(first),
                                  _ns(now), err, 256)
-        conn = cls(config, make)
-        conn.remote = remote
-        return conn
+        return cls(config, make)
 
     def free(self) -> None:
         """Release the engine's memory now (the connection is unusable after)."""
@@ -163,19 +189,37 @@ class Connection:
         for data in datagrams:
             self.receive_datagram(data, now)
 
-    def receive_datagram(self, data: bytes, now: float) -> None:
+    def receive_datagram(self, data: bytes, now: float, remote: tuple[str, int] | None = None) -> None:
+        """One datagram, from ``remote`` (None: the peer's current address). A datagram from another address
+        moves the connection there only once ngtcp2 has validated that path."""
+        if remote is not None:
+            self._lib.eq_read_from(self._c, data, len(data), remote[0].encode(), remote[1], _ns(now))
+            return
         self._lens[0] = len(data)
         self._lib.eq_read(self._c, data, len(data), self._lens, 1, _ns(now))
 
-    def datagrams_to_send(self, now: float) -> list[bytes]:
-        out: list[bytes] = []
-        buf, step = self._ffi.buffer(self._out), self.datagram
+    def batches(self, now: float) -> list[tuple[tuple[str, int], list[bytes]]]:
+        """What is due, as ``(address, datagrams)`` runs: almost always one run to the peer's address; a probe
+        of a path the peer moved to goes to that path's address."""
+        out: list[tuple[tuple[str, int], list[bytes]]] = []
+        buf, step, total = self._ffi.buffer(self._out), self.datagram, 0
         # each call writes at most the controller's send quantum; the pacer lets the next go at once while it
         # is due within ngtcp2's pacing allowance (1 ms), which is also the poll's granularity
-        while len(out) < MAX_FLUSH and (n := self._lib.eq_write(self._c, self._out, step, self._lens, BATCH,
-                                                                 _ns(now))):
-            out.extend(buf[i * step:i * step + self._lens[i]] for i in range(n))
+        while total < MAX_FLUSH and (n := self._lib.eq_write(self._c, self._out, step, self._lens, BATCH,
+                                                              _ns(now))):
+            self._lib.eq_destination(self._c, self._host, self._port)
+            to = (self._ffi.string(self._host).decode(), int(self._port[0]))
+            run = [buf[i * step:i * step + self._lens[i]] for i in range(n)]
+            if out and out[-1][0] == to:
+                out[-1][1].extend(run)
+            else:
+                out.append((to, run))
+            total += n
         return out
+
+    def datagrams_to_send(self, now: float) -> list[bytes]:
+        """``batches``' datagrams, whatever their address (for a peer at one address)."""
+        return [d for _, run in self.batches(now) for d in run]
 
     def get_timer(self) -> float | None:
         at = self._lib.eq_expiry(self._c)
@@ -210,6 +254,10 @@ class Connection:
             return Acked(int(ev.handle))
         if kind == lib.EQ_HANDSHAKE:
             return Handshaken()
+        if kind == lib.EQ_TICKET:
+            ticket = bytes(self._ffi.buffer(ev.data, ev.len))
+            lib.eq_free_message(ev.data)
+            return Ticket(ticket)
         self._sending.clear()
         return Closed(_ORIGINS[ev.origin], int(ev.code), self._ffi.string(ev.reason).decode(errors="replace"))
 
@@ -217,10 +265,11 @@ class Connection:
         """End the connection; the peer learns ``code`` and ``reason`` from the next ``datagrams_to_send``."""
         self._lib.eq_close(self._c, code, reason.encode()[:200], _ns(now))
 
-    def set_remote(self, remote: tuple[str, int]) -> None:
-        if self._lib.eq_set_remote(self._c, remote[0].encode(), remote[1]) != 0:
-            raise ValueError(f"QUIC engine: {remote[0]!r} is not an IPv4 or IPv6 address")
-        self.remote = remote
+    @property
+    def remote(self) -> tuple[str, int]:
+        """The peer's address the connection now uses."""
+        self._lib.eq_remote(self._c, self._host, self._port)
+        return self._ffi.string(self._host).decode(), int(self._port[0])
 
     # ---- state ----------------------------------------------------------------------------------------
     def peer_certificate(self) -> bytes | None:
@@ -247,6 +296,16 @@ class Connection:
         return bool(self._lib.eq_handshake_done(self._c))
 
     @property
+    def resumed(self) -> bool:
+        """The TLS session was resumed from a ticket (the dialler's certificate is the one it proved then)."""
+        return bool(self._lib.eq_resumed(self._c))
+
+    @property
+    def early_data_accepted(self) -> bool:
+        """The listener took the dialler's 0-RTT data (dialler: known once the handshake is done)."""
+        return bool(self._lib.eq_early_data_accepted(self._c))
+
+    @property
     def queued(self) -> int:
         """Messages sent and not yet acknowledged."""
         return int(self._lib.eq_queued(self._c))
@@ -262,12 +321,14 @@ class Connection:
     # ---- batch I/O (a driver with one UDP socket per peer) ------------------------------------------------
     def flush_to(self, sock: socket.socket, now: float) -> int:
         """Write what is due and send it to ``remote`` with ``sendmmsg``; returns datagrams sent."""
-        sent, host = 0, self.remote[0].encode()
+        sent = 0
         while sent < MAX_FLUSH and (n := self._lib.eq_write(self._c, self._out, self.datagram, self._lens, BATCH,
                                                              _ns(now))):
-            done = self._lib.eq_sendmmsg(sock.fileno(), self._out, self.datagram, self._lens, n, host, self.remote[1])
+            self._lib.eq_destination(self._c, self._host, self._port)
+            done = self._lib.eq_sendmmsg(sock.fileno(), self._out, self.datagram, self._lens, n, self._host,
+                                         self._port[0])
             if done < 0:
-                raise OSError(-done, f"sendmmsg to {self.remote}")
+                raise OSError(-done, f"sendmmsg to {self._ffi.string(self._host).decode()}:{self._port[0]}")
             sent += n  # a full socket buffer drops the rest, as a wire would; QUIC sends them again
         return sent
 
@@ -287,4 +348,6 @@ class Connection:
 
 
 def _ns(now: float) -> int:
-    return int(now * NS)
+    # rounded, not truncated: a time that get_timer gave (ns / NS) comes back as the same ns, so the timer it
+    # names is due at it (truncating could land 1 ns early, and the timer would never be due)
+    return round(now * NS)

@@ -8,9 +8,11 @@ What differs from aioquic's connection, said where it shows:
 * A stream is one whole message: the mesh writes a stream as a header and then a payload with ``end_stream``,
   which leave together as one message (the payload is copied once unless it is already ``bytes``), and it
   receives each stream whole, in one ``StreamDataReceived``.
-* No session tickets: a reconnection after an outage is a full handshake (with the certificate checks), not
-  a 0-RTT resumption; the mesh still sends again what was not acknowledged and the receiver drops what it
-  already has, so nothing is delivered twice.
+* Session tickets are GnuTLS's: sealed with keys only the listener's endpoint holds (``Tickets``), carrying
+  the certificate the dialler proved, so the listener reads who resumes from ``peer_identity`` as after a
+  full handshake; the mesh never sees a ticket's label (no ``session_ticket_fetcher``). A first flight's
+  0-RTT data is taken once (GnuTLS's anti-replay, remembered for a ticket's life); a replayed one is read
+  as a resumption without early data, which the replayer cannot complete.
 * ``send_ping`` sends an empty message (ack-eliciting, as a PING is); the receiving end drops empty messages.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from aioquic.quic import events
@@ -27,7 +30,7 @@ from aioquic.tls import CipherSuite
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from .connection import Acked, Closed, Config, Connection, Handshaken, Message
+from .connection import Acked, Closed, Config, Connection, Handshaken, Message, Ticket, Tickets
 
 ALPN = "erdma/1"
 PRIORITY_BASE = "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL"
@@ -47,8 +50,9 @@ def _pem(cert: x509.Certificate, key: Any) -> tuple[bytes, bytes]:
                               serialization.NoEncryption()))
 
 
-def engine_config(c: QuicConfiguration) -> Config:
-    """The engine's settings from the aioquic configuration ``tls.Tls.configure`` makes for each connection."""
+def engine_config(c: QuicConfiguration, tickets: Tickets | None = None) -> Config:
+    """The engine's settings from the aioquic configuration ``tls.Tls.configure`` makes for each connection
+    (its ``session_ticket``: a ticket this engine gave, or None); ``tickets``: the listener's ticket keys."""
     pem = _pem(c.certificate, c.private_key)
     verify = c.verify_mode == ssl.CERT_REQUIRED
     ca = c.cadata if verify else None
@@ -59,7 +63,8 @@ def engine_config(c: QuicConfiguration) -> Config:
                   cc=CONTROLLER[c.congestion_control_algorithm], window=c.max_data, stream_window=c.max_stream_data,
                   server_name=c.server_name if verify and c.is_client else None,
                   priority=f"{PRIORITY_BASE}:{ciphers}", idle_timeout=c.idle_timeout, check_client=False,
-                  handshake_timeout=c.idle_timeout)
+                  handshake_timeout=c.idle_timeout, tickets=None if c.is_client else tickets,
+                  ticket=c.session_ticket if c.is_client and isinstance(c.session_ticket, bytes) else None)
 
 
 def _local_for(addr: Any) -> tuple[str, int]:
@@ -70,8 +75,12 @@ class EngineConnection:
     """``mesh.Connection``'s surface on the compiled engine; made as the mesh makes aioquic's (keywords)."""
 
     def __init__(self, *, configuration: QuicConfiguration, original_destination_connection_id: bytes | None = None,
-                 session_ticket_fetcher: Any = None, session_ticket_handler: Any = None) -> None:
-        self._config = engine_config(configuration)
+                 session_ticket_fetcher: Any = None, session_ticket_handler: Callable[[bytes], None] | None = None,
+                 tickets: Tickets | None = None) -> None:
+        """``session_ticket_handler(ticket)``: the dialler got a ticket (bytes) for its next connection;
+        ``tickets``: the listener's keys (its endpoint's, shared by every connection it accepts)."""
+        self._config = engine_config(configuration, tickets)
+        self._on_ticket = session_ticket_handler
         self._client = configuration.is_client
         self._engine: Connection | None = None
         self._failed_first = False  # an accepted connection whose first datagram opened nothing
@@ -97,9 +106,7 @@ class EngineConnection:
             except ConnectionError:
                 self._failed_first = True
             return
-        if remote != self._engine.remote:  # the peer's address changed (NAT rebinding, another path)
-            self._engine.set_remote(remote)
-        self._engine.receive_datagram(data, now)
+        self._engine.receive_datagram(data, now, remote)  # a new address is taken once ngtcp2 validated it
 
     def took_nothing(self) -> bool:
         return self._engine is None
@@ -108,8 +115,7 @@ class EngineConnection:
         self._now = now
         if self._engine is None:
             return []
-        remote = self._engine.remote
-        return [(d, remote) for d in self._engine.datagrams_to_send(now)]
+        return [(d, to) for to, run in self._engine.batches(now) for d in run]
 
     def get_timer(self) -> float | None:
         return self._engine.get_timer() if self._engine is not None else None
@@ -155,7 +161,11 @@ class EngineConnection:
             elif isinstance(ev, Acked):
                 self._live.discard(ev.handle)
             elif isinstance(ev, Handshaken):
-                return events.HandshakeCompleted(alpn_protocol=ALPN, early_data_accepted=False, session_resumed=False)
+                return events.HandshakeCompleted(alpn_protocol=ALPN, early_data_accepted=self._engine.early_data_accepted,
+                                                 session_resumed=self._engine.resumed)
+            elif isinstance(ev, Ticket):
+                if self._on_ticket is not None:
+                    self._on_ticket(ev.data)
             elif isinstance(ev, Closed):
                 self._live.clear()
                 if ev.origin == "idle":
@@ -180,14 +190,17 @@ class EngineConnection:
         return self._peer
 
     def session_resumed(self) -> bool:
-        return False
+        return self._engine is not None and self._engine.resumed
 
     def skip_client_certificate(self) -> None:
-        """Never called: this engine issues no session tickets."""
+        """Never called: the mesh calls it from ``session_ticket_fetcher``, which this engine has no use for (a
+        resumed session asks for no certificate; the ticket carries the one proven before)."""
 
     def bandwidth(self) -> float | None:
-        """The delivery rate ngtcp2's controller measured (bytes/s)."""
-        return self._engine.delivery_rate if self._engine is not None else None
+        """The delivery rate ngtcp2's BBR measured (bytes/s); cubic and reno: None, as with aioquic."""
+        if self._engine is None or not self._config.cc.startswith("bbr"):
+            return None
+        return self._engine.delivery_rate
 
     def describe(self) -> str:
         if self._engine is None:

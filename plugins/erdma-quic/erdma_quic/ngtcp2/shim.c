@@ -3,6 +3,7 @@
  * not handed out yet. */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "tickets.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -77,7 +78,15 @@ struct eq_conn {
   int ended;          /* an EQ_CLOSED was queued */
   uint8_t *close_pkt; /* the CONNECTION_CLOSE datagram still to leave */
   size_t close_len;
+  struct sockaddr_storage dest; /* where the datagrams of the latest eq_write go */
+  uint8_t *held;      /* a datagram eq_write wrote for another address than its batch's: the next batch */
+  size_t held_len;
+  struct sockaddr_storage held_to;
   char expect[128];   /* dialler: the name the listener's certificate must carry */
+  int issue;          /* listener: send a session ticket once the handshake is done */
+  int heard;          /* a handshake message of the peer's was decrypted */
+  int early;          /* dialler: resuming, with 0-RTT data allowed by early_tp */
+  ngtcp2_transport_params early_tp;
 };
 
 /* ---- small helpers ---------------------------------------------------------------------------------- */
@@ -111,6 +120,19 @@ static void set_path(eq_conn *c) {
   c->path.local.addrlen = addr_len(&c->local);
   c->path.remote.addr = (ngtcp2_sockaddr *)&c->remote;
   c->path.remote.addrlen = addr_len(&c->remote);
+}
+
+/* the path ngtcp2 now uses (it moves to a peer's new address once that is validated) */
+static void follow_path(eq_conn *c) {
+  const ngtcp2_path *now = ngtcp2_conn_get_path(c->conn);
+  if (now->remote.addrlen && now->remote.addrlen <= sizeof(c->remote)) {
+    memcpy(&c->remote, now->remote.addr, now->remote.addrlen);
+    set_path(c);
+  }
+}
+
+static int same_addr(const struct sockaddr_storage *a, const ngtcp2_addr *b) {
+  return addr_len(a) == b->addrlen && memcmp(a, b->addr, b->addrlen) == 0;
 }
 
 static eq_event *push_event(eq_conn *c, int kind) {
@@ -218,9 +240,64 @@ static int new_cid(ngtcp2_conn *conn, ngtcp2_cid *cid, uint8_t *token, size_t ci
   return 0;
 }
 
+static int by_handle(const void *a, const void *b) {
+  int64_t x = (*(outgoing_t *const *)a)->handle, y = (*(outgoing_t *const *)b)->handle;
+  return x < y ? -1 : x > y;
+}
+
+/* the listener refused the 0-RTT data: ngtcp2 has forgotten the streams it went on. Every message not yet
+ * acknowledged (none can be) goes again from its first byte, on new streams, in the order it was sent. */
+static int resend_all(eq_conn *c) {
+  size_t n = c->unacked ? c->unacked : 1, k = 0;
+  outgoing_t **all = malloc(n * sizeof(*all));
+  if (!all) return -1;
+  for (int i = 0; i < MAX_CHANNELS; i++) {
+    channel_t *ch = &c->channels[i];
+    ch->stream = -1, ch->assigned = 0;
+    for (outgoing_t *m = ch->first; m && k < n; m = m->next) {
+      m->sent = 0, m->done = 0;
+      ch->assigned += m->len;
+      m->end = ch->assigned;
+      all[k++] = m;
+    }
+  }
+  qsort(all, k, sizeof(*all), by_handle);
+  free(c->queue);
+  c->queue = all, c->qhead = 0, c->qlen = k, c->qcap = n;
+  return 0;
+}
+
+static int on_crypto_data(ngtcp2_conn *conn, ngtcp2_crypto_level level, uint64_t offset, const uint8_t *data,
+                          size_t len, void *ud) {
+  ((eq_conn *)ud)->heard = 1;
+  return ngtcp2_crypto_recv_crypto_data_cb(conn, level, offset, data, len, ud);
+}
+
 static int on_handshake(ngtcp2_conn *conn, void *ud) {
-  (void)conn;
-  return push_event(ud, EQ_HANDSHAKE) ? 0 : NGTCP2_ERR_CALLBACK_FAILURE;
+  eq_conn *c = ud;
+  if (c->issue && tickets_issue(c->tls) < 0) c->issue = 0; /* no ticket: the next connection is a full one */
+  if (c->early && !eq_early_data_accepted(c)) {
+    c->early = 0;
+    if (ngtcp2_conn_early_data_rejected(conn) != 0 || resend_all(c) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
+  }
+  return push_event(c, EQ_HANDSHAKE) ? 0 : NGTCP2_ERR_CALLBACK_FAILURE;
+}
+
+/* dialler: the listener sent a session ticket; the caller keeps it for the next connection */
+static int on_ticket(gnutls_session_t tls, unsigned htype, unsigned when, unsigned incoming,
+                     const gnutls_datum_t *msg) {
+  (void)when, (void)incoming, (void)msg;
+  if (htype != GNUTLS_HANDSHAKE_NEW_SESSION_TICKET) return 0;
+  eq_conn *c = ((ngtcp2_crypto_conn_ref *)gnutls_session_get_ptr(tls))->user_data;
+  size_t len = 0;
+  uint8_t *ticket = tickets_pack(tls, ngtcp2_conn_get_remote_transport_params(c->conn), &len);
+  eq_event *ev = ticket ? push_event(c, EQ_TICKET) : NULL;
+  if (!ev) {
+    free(ticket);
+    return 0;
+  }
+  ev->data = ticket, ev->len = len;
+  return 0;
 }
 
 /* stream data comes in order: length prefixes and messages, one after another. Flow control is given back as
@@ -305,7 +382,7 @@ static void callbacks(ngtcp2_callbacks *cb, int server) {
     cb->client_initial = ngtcp2_crypto_client_initial_cb;
     cb->recv_retry = ngtcp2_crypto_recv_retry_cb;
   }
-  cb->recv_crypto_data = ngtcp2_crypto_recv_crypto_data_cb;
+  cb->recv_crypto_data = on_crypto_data;
   cb->encrypt = ngtcp2_crypto_encrypt_cb;
   cb->decrypt = ngtcp2_crypto_decrypt_cb;
   cb->hp_mask = ngtcp2_crypto_hp_mask_cb;
@@ -339,7 +416,8 @@ static int tls_init(eq_conn *c, const eq_config *cfg, int server, char *err, siz
       return -1;
     }
   }
-  unsigned flags = (server ? GNUTLS_SERVER : GNUTLS_CLIENT) | GNUTLS_ENABLE_EARLY_DATA | GNUTLS_NO_END_OF_EARLY_DATA;
+  unsigned flags = (server ? GNUTLS_SERVER | GNUTLS_NO_AUTO_SEND_TICKET : GNUTLS_CLIENT) | GNUTLS_ENABLE_EARLY_DATA |
+                   GNUTLS_NO_END_OF_EARLY_DATA;
   if ((rv = gnutls_init(&c->tls, flags)) < 0) {
     say(err, errlen, "gnutls_init", gnutls_strerror(rv));
     return -1;
@@ -351,6 +429,16 @@ static int tls_init(eq_conn *c, const eq_config *cfg, int server, char *err, siz
       (rv = gnutls_alpn_set_protocols(c->tls, &alpn, 1, GNUTLS_ALPN_MANDATORY)) < 0) {
     say(err, errlen, "TLS session set-up", rv < 0 ? gnutls_strerror(rv) : "ngtcp2_crypto_gnutls");
     return -1;
+  }
+  if (server && cfg->tickets) {
+    if ((rv = tickets_serve(cfg->tickets, c->tls)) < 0) {
+      say(err, errlen, "session tickets", gnutls_strerror(rv));
+      return -1;
+    }
+    c->issue = 1;
+  } else if (!server) {
+    gnutls_handshake_set_hook_function(c->tls, GNUTLS_HANDSHAKE_NEW_SESSION_TICKET, GNUTLS_HOOK_POST, on_ticket);
+    if (cfg->ticket && tickets_unpack(cfg->ticket, cfg->ticket_len, c->tls, &c->early_tp) == 0) c->early = 1;
   }
   if (cfg->ca_pem) {
     /* the chain is checked here, against the CA alone; who the peer is (its rank and job) is the caller's
@@ -441,6 +529,7 @@ eq_conn *eq_connect(const eq_config *cfg, const char *local_host, int local_port
     return NULL;
   }
   ngtcp2_conn_set_tls_native_handle(c->conn, c->tls);
+  if (c->early) ngtcp2_conn_set_early_remote_transport_params(c->conn, &c->early_tp);
   return c;
 }
 
@@ -476,6 +565,11 @@ eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port,
     eq_free(c);
     return NULL;
   }
+  if (!c->heard) { /* an Initial's header on what no Initial key opens: nothing to answer, nothing to keep */
+    say(err, errlen, "first datagram", "no client Initial could be read from it");
+    eq_free(c);
+    return NULL;
+  }
   return c;
 }
 
@@ -491,13 +585,14 @@ void eq_free(eq_conn *c) {
   }
   for (size_t i = 0; i < c->elen; i++) {
     eq_event *ev = &c->events[(c->ehead + i) % c->ecap];
-    if (ev->kind == EQ_MESSAGE) free(ev->data);
+    if (ev->kind == EQ_MESSAGE || ev->kind == EQ_TICKET) free(ev->data);
   }
   if (c->tls) gnutls_deinit(c->tls);
   if (c->cred) gnutls_certificate_free_credentials(c->cred);
   free(c->queue);
   free(c->events);
   free(c->close_pkt);
+  free(c->held);
   free(c);
 }
 
@@ -509,6 +604,21 @@ int eq_read(eq_conn *c, const uint8_t *buf, size_t stride, const size_t *lens, s
     if (rv == NGTCP2_ERR_DISCARD_PKT || rv == NGTCP2_ERR_DROP_CONN) continue;
     if (rv != 0) return fail(c, rv, now);
   }
+  return 0;
+}
+
+int eq_read_from(eq_conn *c, const uint8_t *data, size_t len, const char *host, int port, uint64_t now) {
+  if (c->ended) return -1;
+  struct sockaddr_storage from;
+  if (to_addr(&from, host, port)) return 0;
+  ngtcp2_path path = c->path;
+  path.remote.addr = (ngtcp2_sockaddr *)&from;
+  path.remote.addrlen = addr_len(&from);
+  /* ngtcp2 decides whether a new address is the peer's (it validates the path before it moves there) */
+  int rv = ngtcp2_conn_read_pkt(c->conn, &path, NULL, data, len, now);
+  if (rv == NGTCP2_ERR_DISCARD_PKT || rv == NGTCP2_ERR_DROP_CONN) return 0;
+  if (rv != 0) return fail(c, rv, now);
+  follow_path(c);
   return 0;
 }
 
@@ -552,6 +662,15 @@ static void trim(eq_conn *c) {
 
 size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t max, uint64_t now) {
   size_t count = 0;
+  c->dest = c->remote;
+  if (c->held && max) { /* written last time for another address: a batch of its own */
+    memcpy(buf, c->held, c->held_len < stride ? c->held_len : stride);
+    lens[count++] = c->held_len;
+    c->dest = c->held_to;
+    free(c->held);
+    c->held = NULL;
+    return count;
+  }
   if (c->close_pkt && max) {
     memcpy(buf, c->close_pkt, c->close_len < stride ? c->close_len : stride);
     lens[count++] = c->close_len;
@@ -565,6 +684,8 @@ size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t ma
   if (max > quantum) max = quantum;
   size_t at = 0;
   uint64_t blocked = 0;
+  ngtcp2_path_storage ps;
+  ngtcp2_path_storage_zero(&ps);
   while (count < max) {
     uint8_t *dst = buf + count * stride;
     ngtcp2_ssize n = 0;
@@ -574,7 +695,7 @@ size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t ma
       size_t nv = m ? unsent(m, v) : 0;
       ngtcp2_ssize took = -1;
       int64_t sid = m ? c->channels[m->channel].stream : -1;
-      n = ngtcp2_conn_writev_stream(c->conn, NULL, NULL, dst, c->datagram, &took,
+      n = ngtcp2_conn_writev_stream(c->conn, &ps.path, NULL, dst, c->datagram, &took,
                                     m ? NGTCP2_WRITE_STREAM_FLAG_MORE : 0, sid, m ? v : NULL, nv, now);
       if (m && took >= 0) {
         m->sent += (size_t)took;
@@ -593,15 +714,31 @@ size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t ma
       break;
     }
     if (n == 0) break;
+    if (ps.path.remote.addrlen && ps.path.remote.addrlen <= sizeof(c->dest)) {
+      if (!count) {
+        memcpy(&c->dest, ps.path.remote.addr, ps.path.remote.addrlen);
+      } else if (!same_addr(&c->dest, &ps.path.remote)) { /* a probe of another path: it goes next time */
+        c->held = malloc((size_t)n);
+        if (c->held) {
+          memcpy(c->held, dst, (size_t)n);
+          c->held_len = (size_t)n;
+          memset(&c->held_to, 0, sizeof(c->held_to));
+          memcpy(&c->held_to, ps.path.remote.addr, ps.path.remote.addrlen);
+        }
+        break;
+      }
+    }
     lens[count++] = (size_t)n;
     at = 0, blocked = 0; /* a new packet: start again from the oldest message */
   }
+  follow_path(c);
   trim(c);
   ngtcp2_conn_update_pkt_tx_time(c->conn, now);
   return count;
 }
 
 uint64_t eq_expiry(eq_conn *c) {
+  if (c->held) return 0;
   if (c->ended) return c->close_pkt ? 0 : UINT64_MAX;
   return ngtcp2_conn_get_expiry(c->conn);
 }
@@ -663,11 +800,22 @@ void eq_close(eq_conn *c, uint64_t code, const char *reason, uint64_t now) {
   ended(c, EQ_BY_US, code, reason, n);
 }
 
-int eq_set_remote(eq_conn *c, const char *host, int port) {
-  if (to_addr(&c->remote, host, port)) return -1;
-  set_path(c);
+static int say_addr(const struct sockaddr_storage *ss, char *host, int *port) {
+  if (ss->ss_family == AF_INET6) {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    inet_ntop(AF_INET6, &a->sin6_addr, host, 46);
+    *port = ntohs(a->sin6_port);
+  } else {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+    inet_ntop(AF_INET, &a->sin_addr, host, 46);
+    *port = ntohs(a->sin_port);
+  }
   return 0;
 }
+
+int eq_destination(eq_conn *c, char *host, int *port) { return say_addr(&c->dest, host, port); }
+
+int eq_remote(eq_conn *c, char *host, int *port) { return say_addr(&c->remote, host, port); }
 
 size_t eq_peer_certificate(eq_conn *c, const uint8_t **der) {
   unsigned n = 0;
@@ -678,6 +826,10 @@ size_t eq_peer_certificate(eq_conn *c, const uint8_t **der) {
 }
 
 int eq_handshake_done(eq_conn *c) { return ngtcp2_conn_get_handshake_completed(c->conn); }
+
+int eq_resumed(eq_conn *c) { return gnutls_session_is_resumed(c->tls) != 0; }
+
+int eq_early_data_accepted(eq_conn *c) { return (gnutls_session_get_flags(c->tls) & GNUTLS_SFLAGS_EARLY_DATA) != 0; }
 
 size_t eq_scids(eq_conn *c, uint8_t *ids, size_t max) {
   size_t n = ngtcp2_conn_get_num_scid(c->conn), k = 0;
@@ -771,16 +923,7 @@ int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, c
   if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
   for (int i = 0; i < got; i++) {
     lens[i] = msgs[i].msg_len;
-    char *h = hosts + (size_t)i * 46;
-    if (from[i].ss_family == AF_INET6) {
-      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&from[i];
-      inet_ntop(AF_INET6, &a->sin6_addr, h, 46);
-      ports[i] = ntohs(a->sin6_port);
-    } else {
-      struct sockaddr_in *a = (struct sockaddr_in *)&from[i];
-      inet_ntop(AF_INET, &a->sin_addr, h, 46);
-      ports[i] = ntohs(a->sin_port);
-    }
+    say_addr(&from[i], hosts + (size_t)i * 46, &ports[i]);
   }
   return got;
 }

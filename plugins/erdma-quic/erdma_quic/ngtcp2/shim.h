@@ -10,8 +10,9 @@
 
 /* cdef-begin */
 typedef struct eq_conn eq_conn;
+typedef struct eq_tickets eq_tickets;
 
-enum { EQ_HANDSHAKE = 1, EQ_MESSAGE = 2, EQ_ACKED = 3, EQ_CLOSED = 4 };
+enum { EQ_HANDSHAKE = 1, EQ_MESSAGE = 2, EQ_ACKED = 3, EQ_CLOSED = 4, EQ_TICKET = 5 };
 /* how a connection ended (EQ_CLOSED's origin) */
 enum { EQ_BY_US = 0, EQ_BY_PEER = 1, EQ_BY_IDLE = 2, EQ_BY_TLS = 3, EQ_BY_ERROR = 4 };
 enum { EQ_CC_RENO = 0, EQ_CC_CUBIC = 1, EQ_CC_BBR = 2, EQ_CC_BBR2 = 3 };
@@ -19,7 +20,8 @@ enum { EQ_CC_RENO = 0, EQ_CC_CUBIC = 1, EQ_CC_BBR = 2, EQ_CC_BBR2 = 3 };
 typedef struct {
   int kind;
   int64_t handle;  /* MESSAGE: the stream it came on; ACKED: what eq_send returned */
-  uint8_t *data;   /* MESSAGE: the whole message, the caller's to free with eq_free_message */
+  uint8_t *data;   /* MESSAGE: the whole message; TICKET: a session ticket the listener gave (for eq_config's
+                    * ticket); the caller's to free with eq_free_message */
   size_t len;
   uint64_t code;   /* CLOSED: the QUIC or application error code (TLS: the alert) */
   int origin;      /* CLOSED: EQ_BY_* */
@@ -45,7 +47,17 @@ typedef struct {
   uint64_t idle_timeout; /* ns */
   uint64_t handshake_timeout; /* ns */
   uint32_t channels;     /* streams this end sends on (1..64): a lost packet holds up only its own */
+  eq_tickets *tickets;   /* listener: issue session tickets sealed with these keys and accept resumption and
+                          * 0-RTT data from them; NULL: none */
+  const uint8_t *ticket; /* dialler: resume with this ticket (an EQ_TICKET's data) and send 0-RTT; NULL: none */
+  size_t ticket_len;
 } eq_config;
+
+/* A listener's ticket keys and its record of 0-RTT first flights (each one's early data is accepted once,
+ * for as long as a ticket lives): one per endpoint, shared by its connections, used from one thread at a
+ * time. NULL on failure. */
+eq_tickets *eq_tickets_new(void);
+void eq_tickets_free(eq_tickets *t);
 
 /* A connection dialled to remote (an IPv4 or IPv6 literal) from local; NULL with err filled on failure. */
 eq_conn *eq_connect(const eq_config *cfg, const char *local_host, int local_port, const char *remote_host,
@@ -55,10 +67,17 @@ eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port,
                    int remote_port, const uint8_t *pkt, size_t len, uint64_t now, char *err, size_t errlen);
 void eq_free(eq_conn *c);
 
-/* count datagrams, each at buf + i * stride, lens[i] long; returns 0, or -1 once the connection ended */
+/* count datagrams from the peer's current address, each at buf + i * stride, lens[i] long; returns 0, or -1
+ * once the connection ended */
 int eq_read(eq_conn *c, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, uint64_t now);
-/* up to max datagrams written at buf + i * stride (stride >= the configured datagram); returns how many */
+/* one datagram that came from host:port: ngtcp2 moves the connection to a new address of the peer's once it
+ * has validated the path (a datagram's word is not enough) */
+int eq_read_from(eq_conn *c, const uint8_t *data, size_t len, const char *host, int port, uint64_t now);
+/* up to max datagrams written at buf + i * stride (stride >= the configured datagram), all for one address
+ * (eq_destination); returns how many */
 size_t eq_write(eq_conn *c, uint8_t *buf, size_t stride, size_t *lens, size_t max, uint64_t now);
+int eq_destination(eq_conn *c, char *host, int *port); /* where the latest eq_write's datagrams go (46 bytes) */
+int eq_remote(eq_conn *c, char *host, int *port);      /* the peer's address the connection now uses */
 uint64_t eq_expiry(eq_conn *c);            /* the next deadline (ns); UINT64_MAX when none */
 int eq_handle_expiry(eq_conn *c, uint64_t now);
 /* queue a whole message (not copied: data must stay until its EQ_ACKED); returns its handle, or -1 */
@@ -69,10 +88,11 @@ int eq_next_event(eq_conn *c, eq_event *ev); /* 1 and fills ev, or 0 */
 void eq_free_message(uint8_t *data);
 /* end the connection (the close datagram leaves with the next eq_write) */
 void eq_close(eq_conn *c, uint64_t code, const char *reason, uint64_t now);
-int eq_set_remote(eq_conn *c, const char *host, int port); /* the peer's address changed (NAT rebinding) */
 /* the peer's certificate (DER) once the handshake is done; 0 bytes when it presented none */
 size_t eq_peer_certificate(eq_conn *c, const uint8_t **der);
 int eq_handshake_done(eq_conn *c);
+int eq_resumed(eq_conn *c);                /* the TLS session was resumed from a ticket */
+int eq_early_data_accepted(eq_conn *c);    /* the listener took the dialler's 0-RTT data */
 /* this end's connection ids (each CID_LEN = 8 bytes, written at ids), at most max; returns how many */
 size_t eq_scids(eq_conn *c, uint8_t *ids, size_t max);
 uint64_t eq_delivery_rate(eq_conn *c);     /* bytes/s the controller measured (0: none yet) */
