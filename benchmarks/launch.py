@@ -24,9 +24,12 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma": ("erdma", {}),  # TCP between hosts; Unix sockets between ranks on one host (loopback)
     "erdma-tcp": ("erdma", {"ERDMA_TRANSPORT_TCP_LOCAL_SOCKETS": "false"}),  # TCP even on one host
     "erdma-pool8": ("erdma", {"ERDMA_TRANSPORT_TCP_CONNECTIONS": "8"}),  # a pool of 8 TCP connections per pair
+    # erdma-quic on its default engine (the compiled one, ngtcp2, where it was built), and on each by name
     "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
     "erdma-quic-ngtcp2": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET,
-                                    "ERDMA_TRANSPORT_QUIC_ENGINE": "ngtcp2"}),  # erdma-quic's compiled engine
+                                    "ERDMA_TRANSPORT_QUIC_ENGINE": "ngtcp2"}),
+    "erdma-quic-aioquic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET,
+                                     "ERDMA_TRANSPORT_QUIC_ENGINE": "aioquic"}),  # the reference engine
     "erdma-dpdk": ("erdma", {"ERDMA_TRANSPORT": "dpdk"}),  # erdma-dpdk: memif between the ranks of one host
     "erdma-ring": ("erdma", {"ERDMA_ALGORITHM": "ring"}),  # allreduce always by the ring, whatever the size
     # erdma-naca: allreduce through an aggregation node (``erdma naca serve``) that run_job starts in the root

@@ -205,7 +205,7 @@ def test_pairs_that_no_direct_path_joins_relay_through_turn(tmp_path, symmetric,
         assert any(f"{h}:" in r["advertised"].split(",")[-1] for h in TURN_HOSTS), r  # a relay candidate, last
     assert paths(results) == expect(2, {frozenset({0, 1})} if relayed else set()), results
     for rank, r in enumerate(results):  # a rank with a relayed peer says so (a warning: it reaches stderr)
-        said = re.search(rf"rank {rank}: paths to its peers: rank {1 - rank} at [0-9.:]+ (\w+)", r["stderr"])
+        said = re.search(rf"rank {rank}: QUIC \(\w+\) paths to its peers: rank {1 - rank} at [0-9.:]+ (\w+)", r["stderr"])
         assert (said is not None and said[1] == "relayed") if relayed else said is None, r["stderr"]
     if relayed and not always:  # the dialler says why it moved on to the relay
         assert f"rank 1: rank 0 at {lab.wan(0)}:" in results[1]["stderr"] and "no answer within 2.0 s; trying" in \

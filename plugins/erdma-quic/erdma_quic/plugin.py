@@ -41,13 +41,15 @@ OPTIONS = {
     "workers": Option(int, 0, "worker processes, each with a UDP socket and a QUIC connection to every peer, "
                       "that carry a share of every message larger than part_bytes (striping: one more core per "
                       "worker); 0: all traffic on the rank's own event loop", minimum=0),
-    "engine": Option(str, "aioquic", "the QUIC implementation: aioquic (Python; the reference: resumes with 0-RTT "
-                     "after an outage) or ngtcp2 (compiled, erdma_quic/ngtcp2, built at install against "
-                     "libngtcp2-dev; reconnects with a full handshake)", choices=("aioquic", "ngtcp2")),
+    "engine": Option(str, "auto", "the QUIC implementation: ngtcp2 (compiled: erdma_quic/ngtcp2, built at "
+                     "install against libngtcp2-dev and GnuTLS; where it was not built, choosing it is a "
+                     "PluginError naming the packages), aioquic (Python: the reference, several times the CPU "
+                     "per byte) or auto (ngtcp2 where it was built, else aioquic with a warning)",
+                     choices=("auto", "ngtcp2", "aioquic")),
     "reconnect_timeout": Option(float, 30.0, "after a connection to a peer ends by idle timeout: seconds to "
-                                "dial it again (aioquic: resuming the TLS session, 0-RTT; ngtcp2: a full handshake) "
-                                "and resend what it had not "
-                                "acknowledged, before the peer counts as lost; 0: never reconnect", minimum=0.0),
+                                "dial it again (resuming the TLS session with the peer's ticket, 0-RTT) and resend "
+                                "what it had not acknowledged, before the peer counts as lost; 0: never reconnect",
+                                minimum=0.0),
 }
 
 

@@ -11,6 +11,7 @@ a peer before both checks pass.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -42,16 +43,38 @@ def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool
 
 
 
+def engine_name(opts: dict[str, Any]) -> str:
+    """The engine ``transport.quic.engine`` selects: ``auto`` is the compiled one where erdma-quic was built
+    with it, else aioquic (warned once per process, naming what to install)."""
+    choice = str(opts["engine"])
+    if choice != "auto":
+        return choice
+    from .ngtcp2.connection import loaded
+
+    if loaded() is not None:
+        return "ngtcp2"
+    _warn_no_engine()
+    return "aioquic"
+
+
+@functools.cache
+def _warn_no_engine() -> None:
+    from .ngtcp2.connection import INSTALL
+
+    log.warning("transport.quic.engine = auto: %s; until then erdma-quic runs on aioquic (Python, several times "
+                "the CPU per byte)", INSTALL)
+
+
 def connection_for(opts: dict[str, Any]) -> Callable[..., Any]:
-    """What makes the mesh's connections: aioquic's, or the compiled engine's (PluginError, naming what to
-    install, where it was not built)."""
-    if opts["engine"] != "ngtcp2":
+    """What makes one mesh's connections: aioquic's, or the compiled engine's with the session-ticket keys
+    of that mesh's listener (PluginError, naming what to install, where it was chosen and not built)."""
+    if engine_name(opts) == "aioquic":
         return Connection
-    from .ngtcp2.connection import require
+    from .ngtcp2.connection import Tickets, require
     from .ngtcp2.mesh_connection import EngineConnection
 
     require()
-    return EngineConnection
+    return functools.partial(EngineConnection, tickets=Tickets())  # this endpoint's ticket keys
 
 
 def secret_hint(why: str) -> str:
@@ -163,7 +186,8 @@ class QuicTransport(MessageTransport):
         try:
             paths = self.paths()
             relayed = [r for r, p in paths.items() if p.endswith(" relayed")]
-            (log.warning if relayed else log.info)("rank %d: paths to its peers: %s", self.rank, ", ".join(
+            (log.warning if relayed else log.info)("rank %d: QUIC (%s) paths to its peers: %s", self.rank,
+                                                   engine_name(self.opts), ", ".join(
                 f"rank {r} at {p}" for r, p in sorted(paths.items())))
             self._store.set(f"paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
         except Exception as exc:  # closing, or the store is gone: the log above is what is left

@@ -1,0 +1,42 @@
+"""``transport.quic.engine``: ``auto`` (the default) takes the compiled engine where erdma-quic was built with
+it and aioquic otherwise, saying what to install; naming ``ngtcp2`` where it was not built is an error that
+says the same."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+
+import pytest
+from erdma_quic import transport
+from erdma_quic.mesh import Connection
+from erdma_quic.ngtcp2.connection import loaded
+from erdma_quic.ngtcp2.mesh_connection import EngineConnection
+from helpers import options
+
+from erdma_core.errors import PluginError
+
+PACKAGES = "apt-get install libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev"
+
+
+@pytest.mark.skipif(loaded() is None, reason="the compiled engine is not built here (test_engine says why)")
+def test_auto_takes_the_compiled_engine_where_it_was_built() -> None:
+    made = transport.connection_for(options(engine="auto"))
+    assert isinstance(made, functools.partial) and made.func is EngineConnection
+    assert made.keywords["tickets"] is not transport.connection_for(options(engine="auto")).keywords["tickets"]
+    assert transport.connection_for(options(engine="aioquic")) is Connection
+
+
+def test_without_the_build_auto_runs_on_aioquic_and_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setitem(sys.modules, "erdma_quic.ngtcp2._shim", None)
+    transport._warn_no_engine.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="erdma.quic"):
+        assert transport.connection_for(options(engine="auto")) is Connection
+        assert transport.engine_name(options(engine="auto")) == "aioquic"
+    warned = [r.getMessage() for r in caplog.records if "engine = auto" in r.getMessage()]
+    assert len(warned) == 1 and PACKAGES in warned[0], caplog.text  # once per process
+    with pytest.raises(PluginError, match=PACKAGES):
+        transport.connection_for(options(engine="ngtcp2"))
+    transport._warn_no_engine.cache_clear()
