@@ -161,6 +161,7 @@ class Connection:
         self._event = ffi.new("eq_event *")
         self._sending: dict[int, Any] = {}  # handle -> the caller's buffer, alive until Acked
         self._host, self._port = ffi.new("char[46]"), ffi.new("int *")
+        self._from = ("", b"")  # the latest sender's host, and encoded for the shim
 
     @classmethod
     def dial(cls, config: Config, local: tuple[str, int], remote: tuple[str, int], now: float) -> Connection:
@@ -193,7 +194,9 @@ class Connection:
         """One datagram, from ``remote`` (None: the peer's current address). A datagram from another address
         moves the connection there only once ngtcp2 has validated that path."""
         if remote is not None:
-            self._lib.eq_read_from(self._c, data, len(data), remote[0].encode(), remote[1], _ns(now))
+            if remote[0] != self._from[0]:
+                self._from = (remote[0], remote[0].encode())
+            self._lib.eq_read_from(self._c, data, len(data), self._from[1], remote[1], _ns(now))
             return
         self._lens[0] = len(data)
         self._lib.eq_read(self._c, data, len(data), self._lens, 1, _ns(now))
