@@ -5,8 +5,9 @@ socket except ``flush_to`` / ``receive_from``, the batch I/O of a driver that ow
 
 A message handed to ``send`` is not copied: the connection keeps a reference to the caller's buffer until the
 peer has acknowledged all of it (``Acked``), and QUIC reads it from there into packets. A received message
-arrives whole, as ``bytes``. Messages go to ``channels`` long-lived streams in turn, each prefixed by its
-length (see shim.c for why not a stream each); a lost packet holds up only its own channel.
+arrives whole, as a view of the engine's buffer (not copied). Messages go to ``channels`` long-lived streams in
+turn, each prefixed by its length (see shim.c for why not a stream each); a lost packet holds up only its own
+channel. ``Ticket``: the listener gave the dialler a session ticket (``Config.ticket`` resumes with it).
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class Handshaken:
 
 @attrs.frozen
 class Message:
-    data: bytes
+    """A whole message, in the engine's own buffer (not copied; freed once nothing refers to ``data``)."""
+
+    data: memoryview
     stream: int = -1  # the QUIC stream it came on
 
 
@@ -249,9 +252,8 @@ class Connection:
         kind = ev.kind
         lib = self._lib
         if kind == lib.EQ_MESSAGE:
-            data = bytes(self._ffi.buffer(ev.data, ev.len))
-            lib.eq_free_message(ev.data)
-            return Message(data, int(ev.handle))
+            owned = self._ffi.gc(ev.data, lib.eq_free_message)  # the buffer keeps it, the view keeps the buffer
+            return Message(memoryview(self._ffi.buffer(owned, ev.len)), int(ev.handle))
         if kind == lib.EQ_ACKED:
             self._sending.pop(ev.handle, None)
             return Acked(int(ev.handle))
