@@ -4,7 +4,7 @@ rank 1 sends to rank 0's relayed address, rank 0 answers through its allocation)
 relay set (the same path as the first, on the relay-capable socket); the same job, alternated. Needs root,
 iproute2, nftables and coturn.
 
-    python benchmarks/relay.py --count 1048576 --iters 20 --repeats 3 [--engine ngtcp2]
+    python benchmarks/relay.py --count 1048576 --iters 20 --repeats 3 [--engine aioquic]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--datagram-size", type=int, default=0, help="transport.quic.datagram_size (0: path MTU less headers)")
-    ap.add_argument("--engine", default="aioquic", choices=("aioquic", "ngtcp2"), help="transport.quic.engine")
+    ap.add_argument("--engine", default="auto", choices=("auto", "ngtcp2", "aioquic"), help="transport.quic.engine")
     args = ap.parse_args()
     quic = {"ERDMA_TRANSPORT_QUIC_DATAGRAM_SIZE": str(args.datagram_size), "ERDMA_TRANSPORT_QUIC_ENGINE": args.engine}
     paths = {"direct": quic | {"ERDMA_TRAVERSAL": "stun"},
