@@ -66,8 +66,6 @@ class UdpPort:
         # unwraps each datagram itself)
         self._batch = shim.loaded() if isinstance(sock, socket.socket) else None
         self._rx: tuple[Any, Any, Any, Any] | None = None  # recvmmsg's buffers, made on first use
-        # the compiled engine's receive fast path: its connections' datagrams go to them in C
-        self._demux = getattr(mesh.connection, "demux", None) if self._batch is not None else None
 
     @property
     def now(self) -> float:
@@ -78,7 +76,7 @@ class UdpPort:
         """Hand the mesh what the socket holds (at most a batch), each datagram with the time it was read;
         returns how many datagrams that was."""
         if self._batch is not None and self.sock.family == socket.AF_INET:  # (recvmmsg's addresses: IPv4)
-            return self._read_demuxed() if self._demux is not None else self._read_batches()
+            return self._read_batches()
         n = 0
         for _ in range(_RECV_BATCH):
             try:
@@ -116,28 +114,6 @@ class UdpPort:
                 host = names.get(raw) or names.setdefault(raw, raw.decode())
                 at = i * _RX_STRIDE
                 self.mesh.receive(view[at:at + lens[i]], (host, ports[i]), now)
-            n += got
-            if got < _RX_BATCH:
-                break
-        return n
-
-    def _read_demuxed(self) -> int:
-        """``read`` through the compiled engine's ``Demux``: datagrams of its connections go to them in C, the
-        mesh hears which connections took some; the rest go to the mesh one by one."""
-        n = 0
-        for _ in range(_RECV_BATCH // _RX_BATCH + 4):  # a few more turns for errors in the way
-            if n >= _RECV_BATCH:
-                break
-            now = self.now
-            got, touched, others = self._demux.receive(self.sock.fileno(), now)
-            if got < 0:
-                if got != -errno.EINTR:
-                    self._read_errors()  # an ICMP error stood first in line (or the socket is closing)
-                continue
-            for token in touched:
-                self.mesh.heard(token, now)
-            for data, addr in others:
-                self.mesh.receive(data, addr, now)
             n += got
             if got < _RX_BATCH:
                 break

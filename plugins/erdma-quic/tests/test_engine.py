@@ -31,7 +31,6 @@ from erdma_quic.ngtcp2.connection import (  # noqa: E402
     Closed,
     Config,
     Connection,
-    Demux,
     Handshaken,
     Message,
     Ticket,
@@ -353,64 +352,3 @@ def test_the_listener_follows_a_new_address_of_the_dialler_only_as_ngtcp2_valida
             break
     assert got == [b"one", payload] and wire.a.queued == 0
     assert wire.b.remote == new
-
-
-def test_the_demux_hands_a_connections_datagrams_to_it_in_c_and_forgets_a_freed_one() -> None:
-    """The listener's socket read through a ``Demux``: its first flight comes back to the caller (a long
-    header opens a connection), then the connection's datagrams go into it in C and only its token comes
-    back; once the connection is freed its ids are gone from the table, and its datagrams come back to the
-    caller again (nothing reads into freed memory)."""
-    ca, demux = credentials.new_authority(), Demux()
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-            s.setblocking(False)
-        pa, pb = (s.getsockname() for s in socks)
-        a = Connection.dial(config(ca, 0), pa, pb, time.monotonic())
-        b: Connection | None = None
-        message = random.Random(4).randbytes(2 << 20)
-        got: list[bytes] = []
-        tokens: set[int] = set()
-        handed_back = 0
-        a.send(message)
-        deadline = time.monotonic() + 60  # a bound on a hang, not a speed check
-        while not (got and a.queued == 0) and time.monotonic() < deadline:
-            now = time.monotonic()
-            a.flush_to(socks[0], now)
-            select.select([socks[1]], [], [], 0.01)
-            n, touched, others = demux.receive(socks[1].fileno(), now)
-            tokens.update(touched)
-            for data, sender in others:
-                assert sender == pa
-                handed_back += 1
-                if b is None:
-                    b = Connection.accept(config(ca, 1, demux=demux, token=7), pb, pa, data, now)
-                else:
-                    b.receive_datagram(data, now, sender)
-            if b is not None:
-                while (ev := b.next_event()) is not None:
-                    if isinstance(ev, Message):
-                        got.append(bytes(ev.data))
-                b.flush_to(socks[1], now)
-            a.receive_from(socks[0], now)
-            for conn in (a, b):
-                due = conn.get_timer() if conn is not None else None
-                if due is not None and due <= now:
-                    conn.handle_timer(now)
-            while a.next_event() is not None:
-                pass
-        assert got == [message] and a.queued == 0
-        assert tokens == {7} and handed_back >= 1  # the handshake came back; the data went in, in C
-
-        assert b is not None
-        b.free()
-        a.send(b"after")
-        now = time.monotonic()
-        a.flush_to(socks[0], now)
-        select.select([socks[1]], [], [], 5)
-        n, touched, others = demux.receive(socks[1].fileno(), now)
-        assert n >= 1 and touched == [] and len(others) == n
-    finally:
-        for s in socks:
-            s.close()

@@ -26,7 +26,6 @@ INSTALL = ("the compiled QUIC engine is not built: install ngtcp2's and GnuTLS's
 CC = {"reno": 0, "cubic": 1, "bbr": 2, "bbr2": 3}
 BATCH = 64  # datagrams per call into the engine
 MAX_FLUSH = 1024  # datagrams written per datagrams_to_send / flush_to at most (the rest at the next)
-RX_STRIDE = 65536  # bytes a received datagram may take
 NS = 1_000_000_000
 _NEVER = 2**64 - 1
 
@@ -67,8 +66,6 @@ class Config:
     channels: int = 8  # streams this end sends messages on, in turn (1..64)
     tickets: Tickets | None = None  # listener: issue session tickets and take resumption and 0-RTT data
     ticket: bytes | None = None  # dialler: resume with this ticket (a ``Ticket`` event's) and send 0-RTT data
-    demux: Demux | None = None  # the endpoint's table the connection keeps its connection ids in
-    token: int = 0  # what ``Demux.receive`` reports for this connection
 
 
 class Tickets:
@@ -83,45 +80,6 @@ class Tickets:
         if handle == ffi.NULL:
             raise MemoryError("QUIC engine: no memory for session-ticket keys")
         self.handle = ffi.gc(handle, lib.eq_tickets_free)
-
-
-class Demux:
-    """An endpoint's table from connection ids to its connections (each keeps its own ids in it as ngtcp2
-    issues and retires them), and the receive fast path over it: ``receive`` reads a batch of datagrams
-    from the socket and hands each one to a known connection straight to it, in C; the caller routes the
-    rest (new connections, handshakes, unknown ids) and services the connections it is told were touched."""
-
-    def __init__(self) -> None:
-        ffi, lib = require()
-        handle = lib.eq_demux_new()
-        if handle == ffi.NULL:
-            raise MemoryError("QUIC engine: no memory for the connection-id table")
-        self.handle = ffi.gc(handle, lib.eq_demux_free)
-        self._ffi, self._lib = ffi, lib
-        self.buf = ffi.new("uint8_t[]", BATCH * RX_STRIDE)
-        self.view = ffi.buffer(self.buf)  # a slice of it is a copy, as bytes
-        self._lens, self._hosts, self._ports = ffi.new("size_t[]", BATCH), ffi.new("char[]", 46 * BATCH), \
-            ffi.new("int[]", BATCH)
-        self._touched, self._others = ffi.new("int64_t[]", BATCH), ffi.new("size_t[]", BATCH)
-        self._counts = ffi.new("size_t[2]")
-
-    def receive(self, fd: int, now: float) -> tuple[int, list[int], list[tuple[bytes, tuple[str, int]]]]:
-        """Read what waits on ``fd`` (one batch): returns how many datagrams (0: none waiting; -errno on an
-        error), the tokens of the connections that took some, and the others with their senders, as bytes
-        (handshakes, new connections, unknown ids: few)."""
-        lib, ffi = self._lib, self._ffi
-        got = lib.eq_demux_recv(self.handle, fd, self.buf, RX_STRIDE, self._lens, BATCH, self._hosts, self._ports,
-                                _ns(now), self._touched, self._counts, self._others, self._counts + 1)
-        if got <= 0:
-            return got, [], []
-        touched = [int(self._touched[i]) for i in range(self._counts[0])]
-        others = []
-        for k in range(self._counts[1]):
-            i = self._others[k]
-            at = i * RX_STRIDE
-            others.append((self.view[at:at + self._lens[i]],
-                           (ffi.string(self._hosts + 46 * k).decode(), int(self._ports[k]))))
-        return got, touched, others
 
 
 @attrs.frozen
@@ -190,9 +148,6 @@ class Connection:
         if config.tickets is not None:
             self._keep.append(config.tickets.handle)  # the keys outlive every connection that uses them
             cfg.tickets = config.tickets.handle
-        if config.demux is not None:
-            self._keep.append(config.demux.handle)  # the table outlives the connections in it
-            cfg.demux, cfg.token = config.demux.handle, config.token
         if config.ticket is not None:
             self._keep.append(ffi.from_buffer(config.ticket))
             cfg.ticket, cfg.ticket_len = self._keep[-1], len(config.ticket)
@@ -229,9 +184,8 @@ class Connection:
     def free(self) -> None:
         """Release the engine's memory now (the connection is unusable after)."""
         if self._c is not None:
-            c, self._c = self._c, None
-            self._ffi.gc(c, None)  # takes the destructor off c (in place; it returns None)
-            self._lib.eq_free(c)
+            self._lib.eq_free(self._ffi.gc(self._c, None))
+            self._c = None
             self._sending.clear()
 
     # ---- datagrams and time ----------------------------------------------------------------------------

@@ -11,7 +11,6 @@
 /* cdef-begin */
 typedef struct eq_conn eq_conn;
 typedef struct eq_tickets eq_tickets;
-typedef struct eq_demux eq_demux;
 
 enum { EQ_HANDSHAKE = 1, EQ_MESSAGE = 2, EQ_ACKED = 3, EQ_CLOSED = 4, EQ_TICKET = 5 };
 /* how a connection ended (EQ_CLOSED's origin) */
@@ -52,20 +51,7 @@ typedef struct {
                           * 0-RTT data from them; NULL: none */
   const uint8_t *ticket; /* dialler: resume with this ticket (an EQ_TICKET's data) and send 0-RTT; NULL: none */
   size_t ticket_len;
-  eq_demux *demux;       /* the endpoint's table the connection keeps its ids in (NULL: none) */
-  int64_t token;         /* what eq_demux_recv reports for it */
 } eq_config;
-
-/* An endpoint's table from connection ids to its connections, which keep it current; it must outlive them.
- * eq_demux_recv reads up to max datagrams waiting on fd (recvmmsg, not waiting) into buf (stride bytes
- * each, lens[i] long): each short-header datagram to one of the table's connections goes into it at once
- * (from its sender's address, as eq_read_from) and its token is put in touched (once per connection,
- * *ntouched of them); *nothers datagrams are left for the caller: others[k] is the k-th one's index in the
- * batch, hosts + 46 * k and ports[k] its sender. Returns datagrams read (0: none waiting) or -errno. */
-eq_demux *eq_demux_new(void);
-void eq_demux_free(eq_demux *d);
-int eq_demux_recv(eq_demux *d, int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts,
-                  int *ports, uint64_t now, int64_t *touched, size_t *ntouched, size_t *others, size_t *nothers);
 
 /* A listener's ticket keys and its record of 0-RTT first flights (each one's early data is accepted once,
  * for as long as a ticket lives): one per endpoint, shared by its connections, used from one thread at a
