@@ -614,13 +614,19 @@ class Mesh:
         if rank is None:
             if not self.s.verify:
                 return
-            try:
-                rank = self.identify(*s.conn.peer_identity(), self._diallers())
-            except CredentialError as exc:
-                self._refuse(s, str(exc))
+            rank = self._certified_rank(s)
+            if rank is None:
                 return
         s.resumed = True
         self._identified(s, rank)
+
+    def _certified_rank(self, s: Session) -> int | None:
+        """The rank the dialler's certificate proves; None once it was refused for it."""
+        try:
+            return self.identify(*s.conn.peer_identity(), self._diallers())
+        except CredentialError as exc:
+            self._refuse(s, str(exc))
+            return None
 
     def _handshake_done(self, s: Session, ev: events.HandshakeCompleted) -> None:
         if s.dialled:
@@ -635,12 +641,9 @@ class Mesh:
             return
         if s.link is not None or not self.s.verify:  # identified by its ticket, or (insecure) by HELLO
             return
-        try:
-            rank = self.identify(*s.conn.peer_identity(), self._diallers())
-        except CredentialError as exc:
-            self._refuse(s, str(exc))
-            return
-        self._identified(s, rank)
+        rank = self._certified_rank(s)
+        if rank is not None:
+            self._identified(s, rank)
 
     def _identified(self, s: Session, rank: int) -> None:
         """Listener: the peer proved it is ``rank``; a new link, or an existing one that it reconnects."""
