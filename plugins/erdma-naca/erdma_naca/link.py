@@ -14,12 +14,14 @@ A chunk the node has answered PENDING for is waiting for other ranks, not lost.
 Chunks go out in order, at most ``window`` unanswered, and chunk ``i`` only once chunk ``i - window`` is
 answered (they share a slot on the node). Each unanswered chunk has its own timer: SRTT + 4 RTTVAR (RFC 6298;
 Karn: only first transmissions are timed), at least ``rto_min``, doubling per retry up to ``rto_max``, which
-is also the first timer before any RTT was measured; only that chunk is sent again,
+is also the first timer before any RTT was measured, and never more than a quarter of ``node_timeout`` (so
+that silence is judged after at least three tries, not one lost datagram); only that chunk is sent again,
 flagged RETRY; and a chunk still unanswered when three chunks sent after it have been answered is sent
 again at once (the ranks send in the same order, so the node completes chunks nearly in order). The node
 answers a retried chunk still waiting for other ranks with PENDING, so a rank can tell a slow peer (keep
-waiting, probing every ``max(rto_max, node_timeout / 4)``) from a dead node (nothing at all for
-``node_timeout``: ``NodeGone``).
+waiting, probing every ``node_timeout / 4``) from a dead node (nothing at all for ``node_timeout``, judged
+only after the socket was read dry, so that a rank that was not scheduled for a while does not take answers
+waiting in its buffer for silence: ``NodeGone``).
 """
 
 from __future__ import annotations
@@ -102,18 +104,21 @@ class Link:
             pass  # the node's port is closed (ICMP) or the buffer is full: the timers retry
 
     def _recv(self, timeout: float) -> bytes | None:
+        """The next datagram within ``timeout``; None when there is none (one dropped by ``loss`` is not the
+        end: the buffer is read on)."""
         self.sock.settimeout(max(timeout, 0.0))
-        try:
-            data = self.sock.recv(1 << 16)
-        except (TimeoutError, BlockingIOError):
-            return None
-        except ConnectionRefusedError:  # ICMP port unreachable for an earlier send
-            return None
-        self.counters.datagrams_received += 1
-        self.counters.bytes_received += len(data)
-        if self.loss and self._rng.random() < self.loss:
-            return None
-        return data
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except (TimeoutError, BlockingIOError):
+                return None
+            except ConnectionRefusedError:  # ICMP port unreachable for an earlier send
+                return None
+            self.counters.datagrams_received += 1
+            self.counters.bytes_received += len(data)
+            if not (self.loss and self._rng.random() < self.loss):
+                return data
+            self.sock.settimeout(0.0)
 
     # ---- join and leave -------------------------------------------------------------------------------
     def join(self, slots: int, timeout: float) -> int:
@@ -128,13 +133,13 @@ class Link:
         resend = 0.0
         while True:
             now = time.monotonic()
-            if now >= end:
-                raise NodeGone(f"no answer to JOIN from {_addr(self.address)} in {timeout:.1f}s")
-            if now >= resend:
+            if now >= resend and now < end:
                 self._send(head, nonce + masked + cookie, self.admission)
                 resend = now + min(0.2, timeout / 4)
             data = self._recv(min(end, resend) - now)
             if data is None:
+                if time.monotonic() >= end:  # judged after the buffer was read dry
+                    raise NodeGone(f"no answer to JOIN from {_addr(self.address)} in {timeout:.1f}s")
                 continue
             try:
                 h = H.peek(data)
@@ -211,11 +216,11 @@ class Link:
                 heapq.heappush(timers, (now + self._rto(t + 1), i, t + 1))
             if now >= deadline:
                 raise TimeoutError(f"{left} of {n} chunks unanswered")
-            if now - heard > self.node_timeout:
-                raise NodeGone(f"{_addr(self.address)} sent nothing for {now - heard:.1f}s "
-                               f"({left} of {n} chunks unanswered)")
             wake = min(timers[0][0] if timers else deadline, deadline, heard + self.node_timeout + 1e-3)
             data = self._recv(wake - now)
+            if data is None and time.monotonic() - heard > self.node_timeout:
+                raise NodeGone(f"{_addr(self.address)} sent nothing for {time.monotonic() - heard:.1f}s "
+                               f"({left} of {n} chunks unanswered)")
             while data is not None:
                 got = self._answer(data, head, chunks, base, done, sent_at, tries, land, first)
                 if got is not None and got >= 0 and not self._queued():
@@ -226,7 +231,7 @@ class Link:
                         i = -2 - got
                         held[i] = 1
                         tries[i] += 1
-                        heapq.heappush(timers, (heard + max(self.rto_max, self.node_timeout / 4), i, tries[i]))
+                        heapq.heappush(timers, (heard + self.node_timeout / 4, i, tries[i]))
                     elif got >= 0:
                         left -= 1
                         inflight -= 1
@@ -255,9 +260,10 @@ class Link:
         self._send(h, b"" if c.payload is None else c.payload, self.node_key)
 
     def _rto(self, tries: int) -> float:
-        """RFC 6298's timer (SRTT + 4 RTTVAR, ``rto_max`` before the first sample), doubled per retry."""
+        """RFC 6298's timer (SRTT + 4 RTTVAR, ``rto_max`` before the first sample), doubled per retry; at most
+        a quarter of ``node_timeout``."""
         base = self.rto_max if self.srtt is None else max(self.rto_min, self.srtt + 4.0 * self.rttvar)
-        return min(self.rto_max, base * (1 << min(tries, 16)))
+        return min(self.rto_max, self.node_timeout / 4, base * (1 << min(tries, 16)))
 
     def _answer(self, data: bytes, head: H.Header, chunks: Sequence[Chunk], base: int, done: bytearray,
                 sent_at: list[float], tries: list[int], land: Callable[[int, memoryview], None],

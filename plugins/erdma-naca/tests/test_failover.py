@@ -8,6 +8,7 @@ import hashlib
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,29 @@ def test_rank_that_missed_results_gets_them_after_failover(op: str, start_node: 
             else:
                 want = sum((x * 100).astype(np.int64) for x in xs)[r * 75:(r + 1) * 75]
             assert v.tobytes() == want.tobytes(), (r, i)
+
+
+def late(pg: Any, delay: float) -> tuple[list[bool], dict[str, Any]]:
+    """Three allreduces; before each, the last rank comes ``delay`` seconds after the others."""
+    ok = []
+    for i in range(3):
+        if pg.rank() == pg.size() - 1:
+            time.sleep(delay)
+        x = np.full(50_000, pg.rank() + i, np.int64)
+        pg.allreduce(x)
+        ok.append(bool((x == sum(range(pg.size())) + pg.size() * i).all()))
+    return ok, pg.counters()
+
+
+def test_a_late_rank_is_waited_for_not_taken_for_a_dead_node(start_node: Any, secret_file: Path) -> None:
+    """The node holds the early ranks' chunks (PENDING) while the last rank is 3 node timeouts late: the
+    early ranks keep probing (every node_timeout / 4, also before any round trip was measured, below
+    rto_max) and the node answers, so nobody fails over."""
+    node = start_node()
+    cfg = naca_config([node], secret_file, node_timeout=0.5, join_timeout=0.3, rto_max_ms=2000.0)
+    with World(3, config=cfg, timeout=120) as world:
+        results = world.run(late, 1.5)
+    for ok, c in results:
+        assert ok == [True] * 3
+        assert c["naca.failovers"] == 0 and c["allreduce.naca.offloaded"] == 3, c
+    assert " 0 bad tags" in node.stop()

@@ -6,6 +6,7 @@ and a job that fell back to the hosts, go back to the node."""
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import signal
@@ -25,11 +26,15 @@ from erdma_core.testing.world import World
 class Tap:
     """A UDP relay in front of one node (ranks name ``address`` as the node): each rank's datagrams go on to
     the node from a socket of that rank's own and the node's answers come back, and every datagram from a
-    rank is also sent ``copies`` times, from the attacker's socket, to each of ``replay_to`` (host, port).
+    rank is also sent ``copies`` times, from the attacker's socket, to each of ``replay_to`` (host, port);
+    with ``keep``, the last ``keep`` datagrams are sent to them again every 50 ms, for as long as the tap runs.
     ``sent``/``received``: the attacker's bytes each way; ``kinds``: the NACA kinds it was answered with."""
 
-    def __init__(self, node: tuple[str, int], replay_to: list[tuple[str, int]], copies: int = 2) -> None:
+    def __init__(self, node: tuple[str, int], replay_to: list[tuple[str, int]], copies: int = 2,
+                 keep: int = 0) -> None:
         self.node, self.replay_to, self.copies = node, replay_to, copies
+        self.kept: collections.deque[bytes] = collections.deque(maxlen=keep or 1)
+        self.keep = keep
         self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.front.bind(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.front.getsockname()[1]}"
@@ -43,9 +48,20 @@ class Tap:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _replay(self, data: bytes, copies: int) -> None:
+        for target in self.replay_to:
+            for _ in range(copies):
+                self.sent += len(data)
+                self.attacker.sendto(data, target)
+
     def _run(self) -> None:
+        again = time.monotonic()
         while not self._stop:
             ready, _, _ = select.select([self.front, self.attacker, *self._back], [], [], 0.05)
+            if self.keep and time.monotonic() >= again:
+                again = time.monotonic() + 0.05
+                for data in list(self.kept):
+                    self._replay(data, 1)
             for sock in ready:
                 data, addr = sock.recvfrom(1 << 16)
                 if sock is self.front:
@@ -54,10 +70,9 @@ class Tap:
                         up = self._up[addr] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                         self._back[up] = addr
                     up.sendto(data, self.node)
-                    for target in self.replay_to:
-                        for _ in range(self.copies):
-                            self.sent += len(data)
-                            self.attacker.sendto(data, target)
+                    self._replay(data, self.copies)
+                    if self.keep:
+                        self.kept.append(data)
                 elif sock is self.attacker:
                     self.received += len(data)
                     self.kinds.append(H.peek(data).kind)
@@ -110,7 +125,8 @@ def test_replays_divert_nothing_and_amplify_nothing(start_node: Any, secret_file
 
 def test_replays_into_the_standby_do_not_break_a_failover(start_node: Any, secret_file: Path) -> None:
     active, standby = start_node(), start_node()
-    tap = Tap(node_addr(active), [node_addr(standby), node_addr(active)])
+    # the datagrams last sent to the killed node go on arriving at the standby while it serves the job
+    tap = Tap(node_addr(active), [node_addr(standby), node_addr(active)], keep=16)
     cfg = naca_config([tap.address, standby.address], secret_file, node_timeout=0.5, join_timeout=0.3)
     try:
         with World(3, config=cfg, timeout=120) as world:
