@@ -32,6 +32,8 @@ from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
 from . import records
 from .dht import DhtNode
 
+WRITE_TRIES = 3  # rounds of store RPCs a write gets before it fails
+
 
 def parse_url(url: str) -> tuple[list[tuple[str, int]], str]:
     """``(bootstrap addresses, job name)`` of a ``dht://`` URL; ConfigError naming the key otherwise."""
@@ -79,15 +81,21 @@ class DhtStore:
         return 4 * self.rpc_timeout + 1.0
 
     def _write(self, key: str, value: bytes, deleted: bool = False) -> int:
+        """Store ``key`` on the DHT; a write no node acknowledged is made again (``WRITE_TRIES`` in all: on a
+        busy host one round of RPCs can all time out) before it fails."""
         version = max(time.time_ns(), self._mine.get(key, (0, b""))[0] + 1)
         blob = self._keys.seal(key, value, version, time.time() + self.ttl, deleted)
-        try:
-            took = self.node.put(self._keys.dht_key(key), blob, self.budget)
-        except TimeoutError:
-            took = 0
+        took = 0
+        for _ in range(WRITE_TRIES):
+            try:
+                took = self.node.put(self._keys.dht_key(key), blob, self.budget)
+            except TimeoutError:
+                took = 0
+            if took:
+                break
         if not took:
-            raise ErdmaError(f"discovery: no DHT node stored key {key!r} of job {self.job!r} (are the bootstrap "
-                             "nodes up?)")
+            raise ErdmaError(f"discovery: no DHT node stored key {key!r} of job {self.job!r} in {WRITE_TRIES} "
+                             "tries (are the bootstrap nodes up?)")
         self._mine[key] = (version, value)
         return version
 
