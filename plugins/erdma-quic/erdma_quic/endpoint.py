@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures as cf
 import errno
 import logging
+import os
 import socket
 import struct
 import threading
@@ -26,6 +27,8 @@ _IP_RECVERR = 11
 _IP_MTU = 14
 _RECV_BATCH = 256  # datagrams read per wake-up before the mesh gets to answer
 _UDP_SEGMENT = 103  # linux/udp.h: GSO segment size for one sendmsg
+_GSO_REFUSED = {errno.EIO, errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP}
+_UDP_GRO = 104  # linux/udp.h: this socket takes datagrams the kernel coalesced (their size in a control message)
 _RX_BATCH, _RX_STRIDE = 64, 65536  # datagrams per recvmmsg, bytes each may take
 _GSO_MAX = 65000  # one GSO send is one IP packet before segmentation: at most 64 KiB
 
@@ -66,6 +69,15 @@ class UdpPort:
         # unwraps each datagram itself)
         self._batch = shim.loaded() if isinstance(sock, socket.socket) else None
         self._rx: tuple[Any, Any, Any, Any] | None = None  # recvmmsg's buffers, made on first use
+        # the compiled engine's receive fast path: its connections' datagrams go to them in C
+        self._demux = getattr(mesh.connection, "demux", None) if self._batch is not None else None
+        if self._batch is not None and hasattr(mesh.connection, "runs"):
+            mesh.connection.runs = True  # its connections hand this side whole batches (shim.Run) to send
+        if self._demux is not None and sock.family == socket.AF_INET:
+            try:  # the demux splits what the kernel coalesced (a GSO sender's runs arrive as one message)
+                sock.setsockopt(socket.SOL_UDP, _UDP_GRO, 1)
+            except OSError as exc:
+                log.debug("UDP GRO unavailable: %s", exc)
 
     @property
     def now(self) -> float:
@@ -76,7 +88,7 @@ class UdpPort:
         """Hand the mesh what the socket holds (at most a batch), each datagram with the time it was read;
         returns how many datagrams that was."""
         if self._batch is not None and self.sock.family == socket.AF_INET:  # (recvmmsg's addresses: IPv4)
-            return self._read_batches()
+            return self._read_demuxed() if self._demux is not None else self._read_batches()
         n = 0
         for _ in range(_RECV_BATCH):
             try:
@@ -119,6 +131,28 @@ class UdpPort:
                 break
         return n
 
+    def _read_demuxed(self) -> int:
+        """``read`` through the compiled engine's ``Demux``: datagrams of its connections go to them in C, the
+        mesh hears which connections took some; the rest go to the mesh one by one."""
+        n = 0
+        for _ in range(_RECV_BATCH // _RX_BATCH + 4):  # a few more turns for errors in the way
+            if n >= _RECV_BATCH:
+                break
+            now = self.now
+            got, touched, others = self._demux.receive(self.sock.fileno(), now)
+            if got < 0:
+                if got != -errno.EINTR:
+                    self._read_errors()  # an ICMP error stood first in line (or the socket is closing)
+                continue
+            for token in touched:
+                self.mesh.heard(token, now)
+            for data, addr in others:
+                self.mesh.receive(data, addr, now)
+            n += got
+            if got < _RX_BATCH:
+                break
+        return n
+
     def flush(self) -> None:
         """Send what the mesh has and hand its events on (which may give it more to send)."""
         mesh = self.mesh
@@ -142,7 +176,15 @@ class UdpPort:
                 return
             self.mesh.unreachable(addr, self.now)
 
-    def _transmit(self, out: list[tuple[bytes, Any]]) -> None:
+    def _transmit(self, out: list[tuple[Any, Any]]) -> None:
+        if self._demux is not None or any(isinstance(d, shim.Run) for d, _ in out[:1]):
+            rest = []
+            for data, addr in out:
+                if isinstance(data, shim.Run):
+                    self._send_run(data, addr)
+                else:
+                    rest.append((data, addr))
+            out = rest
         if not self.gso and self._batch is not None and len(out) > 2:
             self._send_runs(out)
             return
@@ -181,11 +223,32 @@ class UdpPort:
                 lens = ffi.new("size_t[]", [len(d) for d in run])
                 sent = lib.eq_sendmmsg_packed(self.sock.fileno(), b"".join(run), lens, len(run), addr[0].encode(),
                                               addr[1])
-                if sent == -errno.ECONNREFUSED:
-                    self._read_errors()
-                elif sent < len(run):
-                    self.send_drops += len(run) - max(sent, 0)  # QUIC's loss recovery resends them
+                if sent < len(run):
+                    self._read_errors()  # as in _send_run
+                    if sent != -errno.ECONNREFUSED:
+                        self.send_drops += len(run) - max(sent, 0)  # QUIC's loss recovery resends them
             i = j
+
+    def _send_run(self, run: shim.Run, addr: Any) -> None:
+        """One engine batch (datagrams for ``addr``) in one ``sendmmsg``; with ``gso``, its runs of full-size
+        datagrams as one message each (UDP GSO)."""
+        _, lib = self._batch
+        args = (self.sock.fileno(), run.blob, run.stride, run.lens, run.count, addr[0].encode(), addr[1])
+        if self.gso:
+            sent = lib.eq_sendmmsg_gso(*args)
+            if -sent in _GSO_REFUSED:  # the socket or the device cannot cut GSO messages
+                log.info("UDP GSO unavailable (%s); sending datagrams one by one", os.strerror(-sent))
+                self.gso = False
+                sent = lib.eq_sendmmsg(*args)
+        else:
+            sent = lib.eq_sendmmsg(*args)
+        run.release()
+        if sent < run.count:
+            # a port's 'unreachable' may have come back while the batch went (loopback answers at once):
+            # sendmmsg then stops and keeps only the count, so the error queue says whose
+            self._read_errors()
+            if sent != -errno.ECONNREFUSED:
+                self.send_drops += run.count - max(sent, 0)  # QUIC's loss recovery resends them
 
     def _send(self, data: bytes, addr: Any) -> None:
         try:

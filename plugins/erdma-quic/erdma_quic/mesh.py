@@ -129,6 +129,11 @@ class Connection(QuicConnection):
         """An accepted connection that could read nothing of its first datagram (no Initial)."""
         return self._state is QuicConnectionState.FIRSTFLIGHT
 
+    def demux_token(self) -> int | None:
+        """The token the endpoint's receive fast path reports for this connection (``heard``); None: it has
+        none (every datagram comes through ``receive``)."""
+        return None
+
     def live_streams(self) -> Container[int]:
         """Streams not yet done: a sent stream leaves once the peer acknowledged all of it."""
         return self._streams
@@ -242,6 +247,7 @@ class Mesh:
         self._now = 0.0
         self._sessions: set[Session] = set()
         self._by_cid: dict[bytes, Session] = {}
+        self._by_token: dict[int, Session] = {}  # sessions the receive fast path reports by token
         self._pending: list[Session] = []  # accepted, not yet identified and settled
         self._tickets: dict[bytes, tuple[SessionTicket, int]] = {}  # issued to diallers: label -> (ticket, rank)
         self._dirty: dict[int, Session] = {}
@@ -281,6 +287,15 @@ class Mesh:
             self._forget(s)
             return
         self._touch(s)
+
+    def heard(self, token: int, now: float) -> None:
+        """The endpoint's receive fast path handed the connection ``token`` names datagrams itself (as
+        ``receive`` would have)."""
+        s = self._by_token.get(token)
+        if s is not None:
+            self._now = now
+            s.last_rx = now
+            self._touch(s)
 
     def unreachable(self, addr: Any, now: float) -> None:
         """``addr``'s port answered ICMP 'unreachable'. Its process is gone unless it is heard from again
@@ -405,7 +420,9 @@ class Mesh:
             self._touch(s)
 
     # ---- outputs --------------------------------------------------------------------------------------
-    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
+    def datagrams_to_send(self, now: float) -> list[tuple[Any, Any]]:
+        """What is due, as ``(datagram, address)``: a datagram is ``bytes``, or a whole batch of them (the
+        compiled engine's ``Run``) where the socket side asked its connections for those."""
         self._now = now
         out: list[tuple[bytes, Any]] = []
         while self._dirty:
@@ -521,12 +538,18 @@ class Mesh:
 
     def _adopt(self, s: Session) -> None:
         self._sessions.add(s)
+        token = s.conn.demux_token()
+        if token is not None:
+            self._by_token[token] = s
         for cid in s.conn.host_cids():
             self._by_cid[cid] = s
         self._touch(s)
 
     def _forget(self, s: Session) -> None:
         self._sessions.discard(s)
+        token = s.conn.demux_token()
+        if token is not None:
+            self._by_token.pop(token, None)
         for cid in [c for c, x in self._by_cid.items() if x is s]:
             del self._by_cid[cid]
         if s in self._pending:

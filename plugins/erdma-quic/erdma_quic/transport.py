@@ -70,11 +70,11 @@ def connection_for(opts: dict[str, Any]) -> Callable[..., Any]:
     of that mesh's listener (PluginError, naming what to install, where it was chosen and not built)."""
     if engine_name(opts) == "aioquic":
         return Connection
-    from .ngtcp2.connection import Tickets, require
-    from .ngtcp2.mesh_connection import EngineConnection
+    from .ngtcp2.connection import require
+    from .ngtcp2.mesh_connection import EngineFactory
 
     require()
-    return functools.partial(EngineConnection, tickets=Tickets())  # this endpoint's ticket keys
+    return EngineFactory()  # this endpoint's ticket keys and connection-id table
 
 
 def secret_hint(why: str) -> str:

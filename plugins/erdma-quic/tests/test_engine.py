@@ -5,6 +5,7 @@ UDP sockets over loopback with the batch I/O. Mutual TLS with the job's CA as er
 from __future__ import annotations
 
 import importlib
+import os
 import random
 import select
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -31,8 +33,10 @@ from erdma_quic.ngtcp2.connection import (  # noqa: E402
     Closed,
     Config,
     Connection,
+    Demux,
     Handshaken,
     Message,
+    Run,
     Ticket,
     Tickets,
 )
@@ -352,3 +356,139 @@ def test_the_listener_follows_a_new_address_of_the_dialler_only_as_ngtcp2_valida
             break
     assert got == [b"one", payload] and wire.a.queued == 0
     assert wire.b.remote == new
+
+
+@pytest.mark.parametrize("gso", [False, True])
+def test_the_demux_hands_a_connections_datagrams_to_it_in_c_and_forgets_a_freed_one(gso: bool) -> None:
+    """The listener's socket read through a ``Demux``: its first flight comes back to the caller (a long
+    header opens a connection), then the connection's datagrams go into it in C and only its token comes
+    back; once the connection is freed its ids are gone from the table, and its datagrams come back to the
+    caller again (nothing reads into freed memory). ``gso``: the dialler sends its runs as UDP GSO messages
+    and the listener's socket takes them coalesced (UDP GRO), which the demux splits."""
+    ca, demux = credentials.new_authority(), Demux()
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+            s.setblocking(False)
+        if gso:
+            socks[1].setsockopt(socket.SOL_UDP, 104, 1)  # UDP_GRO
+        pa, pb = (s.getsockname() for s in socks)
+        a = Connection.dial(config(ca, 0), pa, pb, time.monotonic())
+        b: Connection | None = None
+        message = random.Random(4).randbytes(2 << 20)
+        got: list[bytes] = []
+        tokens: set[int] = set()
+        handed_back = 0
+        a.send(message)
+        deadline = time.monotonic() + 60  # a bound on a hang, not a speed check
+        while not (got and a.queued == 0) and time.monotonic() < deadline:
+            now = time.monotonic()
+            a.flush_to(socks[0], now, gso=gso)
+            select.select([socks[1]], [], [], 0.01)
+            n, touched, others = demux.receive(socks[1].fileno(), now)
+            tokens.update(touched)
+            for data, sender in others:
+                assert sender == pa
+                handed_back += 1
+                if b is None:
+                    b = Connection.accept(config(ca, 1, demux=demux, token=7), pb, pa, data, now)
+                else:
+                    b.receive_datagram(data, now, sender)
+            if b is not None:
+                while (ev := b.next_event()) is not None:
+                    if isinstance(ev, Message):
+                        got.append(bytes(ev.data))
+                b.flush_to(socks[1], now)
+            a.receive_from(socks[0], now)
+            for conn in (a, b):
+                due = conn.get_timer() if conn is not None else None
+                if due is not None and due <= now:
+                    conn.handle_timer(now)
+            while a.next_event() is not None:
+                pass
+        assert got == [message] and a.queued == 0
+        assert tokens == {7} and handed_back >= 1  # the handshake came back; the data went in, in C
+        assert (demux.coalesced > 100) if gso else demux.coalesced == 0  # 2 MiB: 1,400 full-size datagrams
+
+        assert b is not None
+        b.free()
+        a.send(b"after")
+        now = time.monotonic()
+        a.flush_to(socks[0], now)
+        select.select([socks[1]], [], [], 5)
+        n, touched, others = demux.receive(socks[1].fileno(), now)
+        assert n >= 1 and touched == [] and len(others) == n
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_runs_carry_the_same_datagrams_as_one_copy_per_batch() -> None:
+    """``runs``: what ``datagrams_to_send`` hands out, a batch at a time (one copy, no object per datagram),
+    each for the address it goes to; a connection driven by runs alone completes a 1 MiB message."""
+    ca = credentials.new_authority()
+    wire = Wire(config(ca, 1), config(ca, 0))
+    payload = random.Random(6).randbytes(1 << 20)
+    got: list[bytes] = []
+    for _ in range(5000):
+        wire.now += 0.001
+        for conn, peer, at in ((wire.a, wire.b, ("10.0.0.2", 2000)), (wire.b, wire.a, ("10.0.0.1", 1000))):
+            due = conn.get_timer()
+            if due is not None and due <= wire.now:
+                conn.handle_timer(wire.now)
+            for to, run in conn.runs(wire.now):
+                assert isinstance(run, Run) and to == at and 1 <= run.count <= 64
+                peer.receive(run.datagrams(), wire.now)
+        while (ev := wire.a.next_event()) is not None:
+            if isinstance(ev, Handshaken):
+                wire.a.send(payload)
+        while (ev := wire.b.next_event()) is not None:
+            if isinstance(ev, Message):
+                got.append(bytes(ev.data))
+        if got and wire.a.queued == 0:
+            break
+    assert got == [payload] and wire.a.queued == 0
+
+
+_OWNER_FIRST = """
+import gc, random, sys
+sys.path.insert(0, {tests!r})
+from test_engine import Wire, config, credentials
+from erdma_quic.ngtcp2.connection import Demux, Message
+ca, demux = credentials.new_authority(), Demux()
+wire = Wire(config(ca, 0), config(ca, 1, demux=demux, token=3))
+del demux
+gc.collect()  # the table's Python owner is gone first: the listener's connection still holds the table
+payload = random.Random(5).randbytes(1 << 20)
+wire.a.send(payload)
+got = []
+for _ in range(20000):
+    wire.turn()
+    got += [bytes(e.data) for e in wire.events["b"] if isinstance(e, Message)]
+    wire.events["b"].clear()
+    if got and wire.a.queued == 0:
+        break
+assert got == [payload], len(got)
+for _ in range(50):  # connections in cycles, freed by the collector in whatever order it picks
+    d = Demux()
+    w = Wire(config(ca, 0), config(ca, 1, demux=d, token=4))
+    w.cycle = w
+    w.b.cycle, w.d = w, d
+    del w, d
+gc.collect()
+del wire
+gc.collect()
+print("ok")
+"""
+
+
+def test_a_connection_keeps_the_demux_it_is_in_alive(tmp_path: Path) -> None:
+    """The endpoint's ``Demux`` may be freed (by Python's collector, in any order) before its connections:
+    each connection holds a reference to the table, which goes with the last of them. Run in a process of
+    its own with freed memory overwritten (MALLOC_PERTURB_), so that a use of a freed table shows."""
+    script = tmp_path / "owner_first.py"
+    script.write_text(_OWNER_FIRST.format(tests=str(Path(__file__).parent)))
+    env = {**os.environ, "MALLOC_PERTURB_": "165"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

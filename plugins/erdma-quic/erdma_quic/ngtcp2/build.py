@@ -13,7 +13,7 @@ from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
 PACKAGES = ("libngtcp2", "libngtcp2_crypto_gnutls", "gnutls")
-SOURCES = ("shim.c", "tickets.c")
+SOURCES = ("shim.c", "tickets.c", "demux.c")
 
 
 def flags() -> tuple[list[str], list[str]]:

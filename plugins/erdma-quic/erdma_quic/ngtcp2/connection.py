@@ -26,6 +26,9 @@ INSTALL = ("the compiled QUIC engine is not built: install ngtcp2's and GnuTLS's
 CC = {"reno": 0, "cubic": 1, "bbr": 2, "bbr2": 3}
 BATCH = 64  # datagrams per call into the engine
 MAX_FLUSH = 1024  # datagrams written per datagrams_to_send / flush_to at most (the rest at the next)
+RUN_POOL = 32  # released run buffers a connection keeps for its next batches
+RX_STRIDE = 65536  # bytes a received datagram may take (a message UDP GRO coalesced, too)
+GRO_SEGMENTS = 64  # the most datagrams the kernel coalesces into one message (UDP_MAX_SEGMENTS)
 NS = 1_000_000_000
 _NEVER = 2**64 - 1
 
@@ -66,6 +69,8 @@ class Config:
     channels: int = 8  # streams this end sends messages on, in turn (1..64)
     tickets: Tickets | None = None  # listener: issue session tickets and take resumption and 0-RTT data
     ticket: bytes | None = None  # dialler: resume with this ticket (a ``Ticket`` event's) and send 0-RTT data
+    demux: Demux | None = None  # the endpoint's table the connection keeps its connection ids in
+    token: int = 0  # what ``Demux.receive`` reports for this connection
 
 
 class Tickets:
@@ -80,6 +85,72 @@ class Tickets:
         if handle == ffi.NULL:
             raise MemoryError("QUIC engine: no memory for session-ticket keys")
         self.handle = ffi.gc(handle, lib.eq_tickets_free)
+
+
+class Demux:
+    """An endpoint's table from connection ids to its connections (each keeps its own ids in it as ngtcp2
+    issues and retires them), and the receive fast path over it: ``receive`` reads a batch of datagrams
+    from the socket and hands each one to a known connection straight to it, in C; the caller routes the
+    rest (new connections, handshakes, unknown ids) and services the connections it is told were touched."""
+
+    def __init__(self) -> None:
+        ffi, lib = require()
+        handle = lib.eq_demux_new()
+        if handle == ffi.NULL:
+            raise MemoryError("QUIC engine: no memory for the connection-id table")
+        self.handle = ffi.gc(handle, lib.eq_demux_free)
+        self._ffi, self._lib = ffi, lib
+        self.buf = ffi.new("uint8_t[]", BATCH * RX_STRIDE)
+        self.view = ffi.buffer(self.buf)  # a slice of it is a copy, as bytes
+        cap = BATCH * GRO_SEGMENTS
+        self._arrays = (ffi.new("int64_t[]", cap), ffi.new("size_t[]", cap), ffi.new("size_t[]", cap),
+                        ffi.new("char[]", 46 * cap), ffi.new("int[]", cap))
+        self._out = out = ffi.new("eq_recv_out *")
+        out.touched, out.others, out.olens, out.hosts, out.ports = self._arrays
+        out.cap = cap
+
+    @property
+    def coalesced(self) -> int:
+        """Datagrams read so far that came coalesced with others in one message (UDP GRO)."""
+        return int(self._out.coalesced)
+
+    def receive(self, fd: int, now: float) -> tuple[int, list[int], list[tuple[bytes, tuple[str, int]]]]:
+        """Read what waits on ``fd`` (one batch; where the socket asked for UDP GRO, a coalesced message is
+        split into its datagrams): returns how many datagrams (0: none waiting; -errno on an error), the
+        tokens of the connections that took some, and the others with their senders, as bytes (handshakes,
+        new connections, unknown ids: few)."""
+        out, ffi = self._out, self._ffi
+        got = self._lib.eq_demux_recv(self.handle, fd, self.buf, RX_STRIDE, BATCH, _ns(now), out)
+        if got <= 0:
+            return got, [], []
+        touched = [int(out.touched[i]) for i in range(out.ntouched)]
+        others = []
+        for k in range(out.nothers):
+            at = out.others[k]
+            others.append((self.view[at:at + out.olens[k]], (ffi.string(out.hosts + 46 * k).decode(), int(out.ports[k]))))
+        return got, touched, others
+
+
+class Run:
+    """Datagrams the engine wrote for one address, where it wrote them (no copy): ``count`` of them, the i-th
+    at ``i * stride`` in ``blob``, ``lens[i]`` bytes long (a socket sends them with one ``eq_sendmmsg``).
+    ``release`` gives the memory back to the connection for its next batch: call it once they are sent and
+    use the run no more (a run never released is freed by the collector)."""
+
+    __slots__ = ("_pool", "_view", "blob", "count", "lens", "stride")
+
+    def __init__(self, blob: Any, stride: int, lens: Any, count: int, pool: list[Any], view: Any) -> None:
+        self.blob, self.stride, self.lens, self.count = blob, stride, lens, count
+        self._pool, self._view = pool, view
+
+    def datagrams(self) -> list[bytes]:
+        view, step = self._view, self.stride
+        return [view[i * step:i * step + self.lens[i]] for i in range(self.count)]
+
+    def release(self) -> None:
+        if self._pool is not None and len(self._pool) < RUN_POOL:
+            self._pool.append((self.blob, self.lens, self._view))
+        self._pool = None
 
 
 @attrs.frozen
@@ -148,6 +219,9 @@ class Connection:
         if config.tickets is not None:
             self._keep.append(config.tickets.handle)  # the keys outlive every connection that uses them
             cfg.tickets = config.tickets.handle
+        if config.demux is not None:
+            # the engine counts the connection's reference to the table: Python's collector may free them in any order
+            cfg.demux, cfg.token = config.demux.handle, config.token
         if config.ticket is not None:
             self._keep.append(ffi.from_buffer(config.ticket))
             cfg.ticket, cfg.ticket_len = self._keep[-1], len(config.ticket)
@@ -160,6 +234,7 @@ class Connection:
         self._c = ffi.gc(handle, self._lib.eq_free)
         self.datagram = config.datagram
         self._out = ffi.new("uint8_t[]", BATCH * config.datagram)
+        self._runs: list[tuple[Any, Any, Any]] = []  # buffers of released runs (``runs``)
         self._lens = ffi.new("size_t[]", BATCH)
         self._event = ffi.new("eq_event *")
         self._sending: dict[int, Any] = {}  # handle -> the caller's buffer, alive until Acked
@@ -184,8 +259,9 @@ class Connection:
     def free(self) -> None:
         """Release the engine's memory now (the connection is unusable after)."""
         if self._c is not None:
-            self._lib.eq_free(self._ffi.gc(self._c, None))
-            self._c = None
+            c, self._c = self._c, None
+            self._ffi.gc(c, None)  # takes the destructor off c (in place; it returns None)
+            self._lib.eq_free(c)
             self._sending.clear()
 
     # ---- datagrams and time ----------------------------------------------------------------------------
@@ -220,6 +296,26 @@ class Connection:
                 out[-1][1].extend(run)
             else:
                 out.append((to, run))
+            total += n
+        return out
+
+    def runs(self, now: float) -> list[tuple[tuple[str, int], Run]]:
+        """``batches`` as ``Run`` objects: each batch where the engine wrote it (buffers the runs give back
+        with ``release`` are used again), no copy, no object per datagram."""
+        out: list[tuple[tuple[str, int], Run]] = []
+        ffi, lib, step, total, pool = self._ffi, self._lib, self.datagram, 0, self._runs
+        while total < MAX_FLUSH:
+            if pool:
+                blob, lens, view = pool.pop()
+            else:
+                blob, lens = ffi.new("uint8_t[]", BATCH * step), ffi.new("size_t[]", BATCH)
+                view = ffi.buffer(blob)
+            n = lib.eq_write(self._c, blob, step, lens, BATCH, _ns(now))
+            if not n:
+                pool.append((blob, lens, view))
+                break
+            lib.eq_destination(self._c, self._host, self._port)
+            out.append(((ffi.string(self._host).decode(), int(self._port[0])), Run(blob, step, lens, n, pool, view)))
             total += n
         return out
 
@@ -324,14 +420,15 @@ class Connection:
         return self._lib.eq_rtt(self._c) / NS
 
     # ---- batch I/O (a driver with one UDP socket per peer) ------------------------------------------------
-    def flush_to(self, sock: socket.socket, now: float) -> int:
-        """Write what is due and send it to ``remote`` with ``sendmmsg``; returns datagrams sent."""
+    def flush_to(self, sock: socket.socket, now: float, gso: bool = False) -> int:
+        """Write what is due and send it to ``remote`` with ``sendmmsg`` (``gso``: runs of full-size datagrams
+        as one message each, UDP GSO); returns datagrams sent."""
         sent = 0
+        send = self._lib.eq_sendmmsg_gso if gso else self._lib.eq_sendmmsg
         while sent < MAX_FLUSH and (n := self._lib.eq_write(self._c, self._out, self.datagram, self._lens, BATCH,
                                                              _ns(now))):
             self._lib.eq_destination(self._c, self._host, self._port)
-            done = self._lib.eq_sendmmsg(sock.fileno(), self._out, self.datagram, self._lens, n, self._host,
-                                         self._port[0])
+            done = send(sock.fileno(), self._out, self.datagram, self._lens, n, self._host, self._port[0])
             if done < 0:
                 raise OSError(-done, f"sendmmsg to {self._ffi.string(self._host).decode()}:{self._port[0]}")
             sent += n  # a full socket buffer drops the rest, as a wire would; QUIC sends them again

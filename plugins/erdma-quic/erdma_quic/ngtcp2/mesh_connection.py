@@ -19,6 +19,7 @@ What differs from aioquic's connection, said where it shows:
 from __future__ import annotations
 
 import functools
+import itertools
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ from aioquic.tls import CipherSuite
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from .connection import Acked, Closed, Config, Connection, Handshaken, Message, Ticket, Tickets
+from .connection import Acked, Closed, Config, Connection, Demux, Handshaken, Message, Run, Ticket, Tickets
 
 ALPN = "erdma/1"
 PRIORITY_BASE = "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL"
@@ -50,7 +51,24 @@ def _pem(cert: x509.Certificate, key: Any) -> tuple[bytes, bytes]:
                               serialization.NoEncryption()))
 
 
-def engine_config(c: QuicConfiguration, tickets: Tickets | None = None) -> Config:
+class EngineFactory:
+    """Makes one endpoint's connections (``mesh.Mesh(connection=...)``): they share its listener's ticket keys
+    and its connection-id table ``demux``, whose ``receive`` the endpoint's socket side reads with. ``runs``:
+    the socket side sends ``Run`` objects itself (a plain socket), so connections hand out runs of datagrams
+    rather than one ``bytes`` each."""
+
+    def __init__(self) -> None:
+        self.tickets, self.demux = Tickets(), Demux()
+        self.runs = False
+        self._tokens = itertools.count(1)
+
+    def __call__(self, **kw: Any) -> EngineConnection:
+        return EngineConnection(tickets=self.tickets, demux=self.demux, token=next(self._tokens), runs=self.runs,
+                                **kw)
+
+
+def engine_config(c: QuicConfiguration, tickets: Tickets | None = None, demux: Demux | None = None,
+                  token: int = 0) -> Config:
     """The engine's settings from the aioquic configuration ``tls.Tls.configure`` makes for each connection
     (its ``session_ticket``: a ticket this engine gave, or None); ``tickets``: the listener's ticket keys."""
     pem = _pem(c.certificate, c.private_key)
@@ -64,7 +82,8 @@ def engine_config(c: QuicConfiguration, tickets: Tickets | None = None) -> Confi
                   server_name=c.server_name if verify and c.is_client else None,
                   priority=f"{PRIORITY_BASE}:{ciphers}", idle_timeout=c.idle_timeout, check_client=False,
                   handshake_timeout=c.idle_timeout, tickets=None if c.is_client else tickets,
-                  ticket=c.session_ticket if c.is_client and isinstance(c.session_ticket, bytes) else None)
+                  ticket=c.session_ticket if c.is_client and isinstance(c.session_ticket, bytes) else None,
+                  demux=demux, token=token)
 
 
 def _local_for(addr: Any) -> tuple[str, int]:
@@ -76,10 +95,15 @@ class EngineConnection:
 
     def __init__(self, *, configuration: QuicConfiguration, original_destination_connection_id: bytes | None = None,
                  session_ticket_fetcher: Any = None, session_ticket_handler: Callable[[bytes], None] | None = None,
-                 tickets: Tickets | None = None) -> None:
+                 tickets: Tickets | None = None, demux: Demux | None = None, token: int = 0,
+                 runs: bool = False) -> None:
         """``session_ticket_handler(ticket)``: the dialler got a ticket (bytes) for its next connection;
-        ``tickets``: the listener's keys (its endpoint's, shared by every connection it accepts)."""
-        self._config = engine_config(configuration, tickets)
+        ``tickets``: the listener's keys (its endpoint's, shared by every connection it accepts); ``demux``
+        the endpoint's connection-id table, where ``token`` names this connection; ``runs``: hand out
+        ``Run`` objects (whole batches) from ``datagrams_to_send``, not one ``bytes`` per datagram."""
+        self._config = engine_config(configuration, tickets, demux, token)
+        self.token = token if demux is not None else None
+        self._runs = runs
         self._on_ticket = session_ticket_handler
         self._client = configuration.is_client
         self._engine: Connection | None = None
@@ -111,10 +135,16 @@ class EngineConnection:
     def took_nothing(self) -> bool:
         return self._engine is None
 
-    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
+    def demux_token(self) -> int | None:
+        """What the endpoint's ``Demux.receive`` reports when it handed this connection datagrams itself."""
+        return self.token
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes | Run, Any]]:
         self._now = now
         if self._engine is None:
             return []
+        if self._runs:
+            return [(run, to) for to, run in self._engine.runs(now)]
         return [(d, to) for to, run in self._engine.batches(now) for d in run]
 
     def get_timer(self) -> float | None:

@@ -3,6 +3,7 @@
  * not handed out yet. */
 #define _GNU_SOURCE
 #include "shim.h"
+#include "demux.h"
 #include "tickets.h"
 
 #include <arpa/inet.h>
@@ -86,6 +87,8 @@ struct eq_conn {
   int issue;          /* listener: send a session ticket once the handshake is done */
   int heard;          /* a handshake message of the peer's was decrypted */
   int early;          /* dialler: resuming, with 0-RTT data allowed by early_tp */
+  eq_demux *demux;    /* the endpoint's table of connection ids, kept current (NULL: none) */
+  int64_t token;      /* what eq_demux_recv reports for this connection */
   ngtcp2_transport_params early_tp;
 };
 
@@ -233,10 +236,19 @@ static void rand_cb(uint8_t *dest, size_t len, const ngtcp2_rand_ctx *ctx) {
 }
 
 static int new_cid(ngtcp2_conn *conn, ngtcp2_cid *cid, uint8_t *token, size_t cidlen, void *ud) {
-  (void)conn, (void)ud;
+  (void)conn;
+  eq_conn *c = ud;
   if (gnutls_rnd(GNUTLS_RND_RANDOM, cid->data, cidlen) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   cid->datalen = cidlen;
   if (gnutls_rnd(GNUTLS_RND_RANDOM, token, NGTCP2_STATELESS_RESET_TOKENLEN) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
+  if (c->demux && cidlen == CID_LEN && demux_add(c->demux, cid->data, c) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
+  return 0;
+}
+
+static int retire_cid(ngtcp2_conn *conn, const ngtcp2_cid *cid, void *ud) {
+  (void)conn;
+  eq_conn *c = ud;
+  if (c->demux && cid->datalen == CID_LEN) demux_remove(c->demux, cid->data);
   return 0;
 }
 
@@ -393,6 +405,7 @@ static void callbacks(ngtcp2_callbacks *cb, int server) {
   cb->version_negotiation = ngtcp2_crypto_version_negotiation_cb;
   cb->rand = rand_cb;
   cb->get_new_connection_id = new_cid;
+  cb->remove_connection_id = retire_cid;
   cb->recv_stream_data = on_stream_data;
   cb->acked_stream_data_offset = on_acked;
   cb->handshake_completed = on_handshake;
@@ -501,6 +514,7 @@ static eq_conn *new_conn(const eq_config *cfg, const char *lh, int lp, const cha
     free(c);
     return NULL;
   }
+  c->demux = cfg->demux ? demux_ref(cfg->demux) : NULL, c->token = cfg->token; /* eq_free lets go of it */
   set_path(c);
   if (tls_init(c, cfg, server, err, errlen) != 0) {
     eq_free(c);
@@ -530,6 +544,11 @@ eq_conn *eq_connect(const eq_config *cfg, const char *local_host, int local_port
   }
   ngtcp2_conn_set_tls_native_handle(c->conn, c->tls);
   if (c->early) ngtcp2_conn_set_early_remote_transport_params(c->conn, &c->early_tp);
+  if (c->demux && demux_add(c->demux, scid.data, c) != 0) {
+    say(err, errlen, "connection ids", "out of memory");
+    eq_free(c);
+    return NULL;
+  }
   return c;
 }
 
@@ -559,6 +578,11 @@ eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port,
     return NULL;
   }
   ngtcp2_conn_set_tls_native_handle(c->conn, c->tls);
+  if (c->demux && demux_add(c->demux, scid.data, c) != 0) {
+    say(err, errlen, "connection ids", "out of memory");
+    eq_free(c);
+    return NULL;
+  }
   size_t one = len;
   if (eq_read(c, pkt, len, &one, 1, now) != 0 && c->ended && !c->close_pkt) {
     say(err, errlen, "first datagram", c->elen ? c->events[c->ehead].reason : "refused");
@@ -575,6 +599,10 @@ eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port,
 
 void eq_free(eq_conn *c) {
   if (!c) return;
+  if (c->demux) { /* first: a batch being read on another thread may hold c */
+    demux_forget(c->demux, c);
+    demux_unref(c->demux); /* the table goes with its last holder, whichever Python's collector frees last */
+  }
   if (c->conn) ngtcp2_conn_del(c->conn);
   for (int k = 0; k < MAX_CHANNELS; k++)
     for (outgoing_t *m = c->channels[k].first, *next; m; m = next) next = m->next, free(m);
@@ -607,19 +635,30 @@ int eq_read(eq_conn *c, const uint8_t *buf, size_t stride, const size_t *lens, s
   return 0;
 }
 
-int eq_read_from(eq_conn *c, const uint8_t *data, size_t len, const char *host, int port, uint64_t now) {
+static int read_from(eq_conn *c, const uint8_t *data, size_t len, const struct sockaddr_storage *from,
+                     uint64_t now) {
   if (c->ended) return -1;
-  struct sockaddr_storage from;
-  if (to_addr(&from, host, port)) return 0;
   ngtcp2_path path = c->path;
-  path.remote.addr = (ngtcp2_sockaddr *)&from;
-  path.remote.addrlen = addr_len(&from);
+  path.remote.addr = (ngtcp2_sockaddr *)from;
+  path.remote.addrlen = addr_len(from);
   /* ngtcp2 decides whether a new address is the peer's (it validates the path before it moves there) */
   int rv = ngtcp2_conn_read_pkt(c->conn, &path, NULL, data, len, now);
   if (rv == NGTCP2_ERR_DISCARD_PKT || rv == NGTCP2_ERR_DROP_CONN) return 0;
   if (rv != 0) return fail(c, rv, now);
   follow_path(c);
   return 0;
+}
+
+int eq_read_from(eq_conn *c, const uint8_t *data, size_t len, const char *host, int port, uint64_t now) {
+  struct sockaddr_storage from;
+  if (to_addr(&from, host, port)) return 0;
+  return read_from(c, data, len, &from, now);
+}
+
+int64_t eq_conn_read_one(eq_conn *c, const uint8_t *data, size_t len, const struct sockaddr_storage *from,
+                         uint64_t now) {
+  read_from(c, data, len, from, now);
+  return c->token;
 }
 
 /* the next message to write from position *at of the queue: not done, and on a channel that is not blocked
@@ -800,7 +839,7 @@ void eq_close(eq_conn *c, uint64_t code, const char *reason, uint64_t now) {
   ended(c, EQ_BY_US, code, reason, n);
 }
 
-static int say_addr(const struct sockaddr_storage *ss, char *host, int *port) {
+void eq_address(const struct sockaddr_storage *ss, char *host, int *port) {
   if (ss->ss_family == AF_INET6) {
     const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
     inet_ntop(AF_INET6, &a->sin6_addr, host, 46);
@@ -810,12 +849,17 @@ static int say_addr(const struct sockaddr_storage *ss, char *host, int *port) {
     inet_ntop(AF_INET, &a->sin_addr, host, 46);
     *port = ntohs(a->sin_port);
   }
+}
+
+int eq_destination(eq_conn *c, char *host, int *port) {
+  eq_address(&c->dest, host, port);
   return 0;
 }
 
-int eq_destination(eq_conn *c, char *host, int *port) { return say_addr(&c->dest, host, port); }
-
-int eq_remote(eq_conn *c, char *host, int *port) { return say_addr(&c->remote, host, port); }
+int eq_remote(eq_conn *c, char *host, int *port) {
+  eq_address(&c->remote, host, port);
+  return 0;
+}
 
 size_t eq_peer_certificate(eq_conn *c, const uint8_t **der) {
   unsigned n = 0;
@@ -901,6 +945,59 @@ int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, s
   return send_batch(fd, buf, stride, lens, count, host, port);
 }
 
+#define GSO_SEGMENTS 64   /* UDP_MAX_SEGMENTS */
+#define GSO_BYTES 65000   /* one GSO send is one IP packet before it is cut: under 64 KiB */
+
+int eq_sendmmsg_gso(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
+                    int port) {
+  struct sockaddr_storage to;
+  if (to_addr(&to, host, port)) return -EINVAL;
+  struct mmsghdr msgs[MAX_BATCH];
+  struct iovec iov[MAX_BATCH];
+  size_t first[MAX_BATCH + 1]; /* message m carries datagrams first[m] .. first[m + 1] - 1 */
+  union {
+    char buf[CMSG_SPACE(sizeof(uint16_t))];
+    struct cmsghdr align;
+  } ctrl[MAX_BATCH];
+  size_t done = 0;
+  while (done < count) {
+    size_t n = 0, i = done;
+    memset(msgs, 0, sizeof(msgs[0]) * (count - done < MAX_BATCH ? count - done : MAX_BATCH));
+    while (i < count && n < MAX_BATCH) { /* datagrams are contiguous while each before the last fills its stride */
+      size_t seg = lens[i], j = i + 1, total = seg;
+      while (j < count && j - i < GSO_SEGMENTS && lens[j - 1] == seg && seg == stride && lens[j] <= seg &&
+             total + lens[j] <= GSO_BYTES)
+        total += lens[j++];
+      first[n] = i;
+      iov[n].iov_base = (void *)(buf + i * stride);
+      iov[n].iov_len = total;
+      struct msghdr *h = &msgs[n].msg_hdr;
+      h->msg_name = &to;
+      h->msg_namelen = addr_len(&to);
+      h->msg_iov = &iov[n];
+      h->msg_iovlen = 1;
+      if (j - i > 1) {
+        h->msg_control = ctrl[n].buf;
+        h->msg_controllen = sizeof(ctrl[n].buf);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(h);
+        cm->cmsg_level = SOL_UDP, cm->cmsg_type = UDP_SEGMENT, cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t size = (uint16_t)seg;
+        memcpy(CMSG_DATA(cm), &size, sizeof(size));
+      }
+      n++, i = j;
+    }
+    first[n] = i;
+    int sent = sendmmsg(fd, msgs, (unsigned)n, MSG_DONTWAIT);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      return done ? (int)done : -errno;
+    }
+    done = first[sent];
+    if ((size_t)sent < n) break; /* the socket's buffer is full: the rest is lost, as on a wire */
+  }
+  return (int)done;
+}
+
 int eq_sendmmsg_packed(int fd, const uint8_t *buf, const size_t *lens, size_t count, const char *host, int port) {
   return send_batch(fd, buf, 0, lens, count, host, port);
 }
@@ -923,7 +1020,7 @@ int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, c
   if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
   for (int i = 0; i < got; i++) {
     lens[i] = msgs[i].msg_len;
-    say_addr(&from[i], hosts + (size_t)i * 46, &ports[i]);
+    eq_address(&from[i], hosts + (size_t)i * 46, &ports[i]);
   }
   return got;
 }
