@@ -1,7 +1,8 @@
 """Behind NATs against in the open: two ranks allreduce on the test bed of ``tests/natlab.py``, once both
 behind masquerade NATs (``traversal = "stun"``: the built-in TCP meets from its mapped ports, erdma-quic
 punches) and once both on the public segment (the built-in TCP listening and dialling, no traversal); the
-same job, the cases alternated within each repeat. The ratio that matters is NAT-ed busbw / public busbw of
+same job, the cases alternated within each repeat; erdma-quic likewise, punched behind the NATs and dialling
+directly on the public segment. The ratio that matters is NAT-ed busbw / public busbw of
 the same transport, and of either against public TCP. Needs root, iproute2, nftables and coturn.
 
     python benchmarks/nat_paths.py --count 4194304 --iters 20 --repeats 3
@@ -24,6 +25,8 @@ CASES = {  # name: (public sites, environment)
     "tcp-public": (frozenset({0, 1}), {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRAVERSAL": "direct",
                                     "ERDMA_TRANSPORT_TCP_INTERFACE": "eth0"}),
     "tcp-nat": (frozenset(), {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRAVERSAL": "stun"}),
+    "quic-public": (frozenset({0, 1}), {"ERDMA_TRANSPORT": "quic", "ERDMA_TRAVERSAL": "direct",
+                                     "ERDMA_TRANSPORT_QUIC_INTERFACE": "eth0"}),
     "quic-nat": (frozenset(), {"ERDMA_TRANSPORT": "quic", "ERDMA_TRAVERSAL": "stun"}),
 }
 
@@ -34,8 +37,11 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an ERDMA_ setting for every case's ranks (e.g. ERDMA_TRANSPORT_QUIC_GSO=true); repeatable")
     args = ap.parse_args()
-    cases = {name: CASES[name] for name in args.cases.split(",")}
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    cases = {name: (CASES[name][0], CASES[name][1] | extra) for name in args.cases.split(",")}
     times: dict[str, list[float]] = {k: [] for k in cases}
     for rep in range(args.repeats):
         for name, (public, env) in (list(cases.items()) if rep % 2 == 0 else list(cases.items())[::-1]):
@@ -54,6 +60,10 @@ def main() -> int:
         t = statistics.median(ts)
         vs = f", {base / t:.2f}x public TCP's busbw" if base else ""
         print(f"  {name:>18}: {t * 1e3:8.1f} ms per allreduce, {nbytes / t / 1e6:8.1f} MB/s{vs}")
+    for transport in ("tcp", "quic"):
+        if f"{transport}-public" in times and f"{transport}-nat" in times:
+            ratio = statistics.median(times[f"{transport}-public"]) / statistics.median(times[f"{transport}-nat"])
+            print(f"  {transport} behind NATs / {transport} public, busbw: {ratio:.2f}")
     return 0
 
 
