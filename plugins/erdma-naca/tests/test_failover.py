@@ -145,9 +145,9 @@ def test_a_late_rank_is_waited_for_not_taken_for_a_dead_node(start_node: Any, se
     early ranks keep probing (every node_timeout / 4, also before any round trip was measured, below
     rto_max) and the node answers, so nobody fails over."""
     node = start_node()
-    cfg = naca_config([node], secret_file, node_timeout=0.5, join_timeout=0.3, rto_max_ms=2000.0)
+    cfg = naca_config([node], secret_file, node_timeout=1.0, join_timeout=0.3, rto_max_ms=2000.0)
     with World(3, config=cfg, timeout=120) as world:
-        results = world.run(late, 1.5)
+        results = world.run(late, 3.0)
     for ok, c in results:
         assert ok == [True] * 3
         assert c["naca.failovers"] == 0 and c["allreduce.naca.offloaded"] == 3, c

@@ -168,20 +168,9 @@ int eq_demux_recv(eq_demux *d, int fd, uint8_t *buf, size_t stride, size_t max, 
     char buf[CMSG_SPACE(sizeof(int))];
     struct cmsghdr align;
   } ctrl[MAX_BATCH];
-  memset(msgs, 0, max * sizeof(msgs[0]));
-  for (size_t i = 0; i < max; i++) {
-    iov[i].iov_base = buf + i * stride;
-    iov[i].iov_len = stride;
-    msgs[i].msg_hdr.msg_name = &from[i];
-    msgs[i].msg_hdr.msg_namelen = sizeof(from[i]);
-    msgs[i].msg_hdr.msg_iov = &iov[i];
-    msgs[i].msg_hdr.msg_iovlen = 1;
-    msgs[i].msg_hdr.msg_control = ctrl[i].buf;
-    msgs[i].msg_hdr.msg_controllen = sizeof(ctrl[i].buf);
-  }
   o->ntouched = o->nothers = 0;
-  int got = recvmmsg(fd, msgs, (unsigned)max, MSG_DONTWAIT, NULL);
-  if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+  int got = recv_batch(fd, buf, stride, max, msgs, iov, from, ctrl[0].buf, sizeof(ctrl[0]));
+  if (got <= 0) return got;
   int datagrams = 0;
   pthread_mutex_lock(&d->lock);
   for (int i = 0; i < got; i++) {

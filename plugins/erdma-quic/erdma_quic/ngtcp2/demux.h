@@ -19,6 +19,10 @@ void demux_unref(eq_demux *d);
 /* shim.c: one datagram from `from` into c (as eq_read_from); returns c's token */
 int64_t eq_conn_read_one(eq_conn *c, const uint8_t *data, size_t len, const struct sockaddr_storage *from,
                          uint64_t now);
+/* shim.c: recvmmsg of up to max datagrams (not waiting) into buf, stride bytes each, with ctrl_len bytes of
+ * control space each at ctrl (NULL: none); returns how many (0: none waiting) or -errno */
+int recv_batch(int fd, uint8_t *buf, size_t stride, size_t max, struct mmsghdr *msgs, struct iovec *iov,
+               struct sockaddr_storage *from, char *ctrl, size_t ctrl_len);
 /* shim.c: host (46 bytes) and port of an address */
 void eq_address(const struct sockaddr_storage *ss, char *host, int *port);
 #endif

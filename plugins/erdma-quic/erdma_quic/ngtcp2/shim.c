@@ -1002,11 +1002,8 @@ int eq_sendmmsg_packed(int fd, const uint8_t *buf, const size_t *lens, size_t co
   return send_batch(fd, buf, 0, lens, count, host, port);
 }
 
-int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts, int *ports) {
-  if (max > MAX_BATCH) max = MAX_BATCH;
-  struct mmsghdr msgs[MAX_BATCH];
-  struct iovec iov[MAX_BATCH];
-  struct sockaddr_storage from[MAX_BATCH];
+int recv_batch(int fd, uint8_t *buf, size_t stride, size_t max, struct mmsghdr *msgs, struct iovec *iov,
+               struct sockaddr_storage *from, char *ctrl, size_t ctrl_len) {
   memset(msgs, 0, max * sizeof(msgs[0]));
   for (size_t i = 0; i < max; i++) {
     iov[i].iov_base = buf + i * stride;
@@ -1015,9 +1012,19 @@ int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, c
     msgs[i].msg_hdr.msg_namelen = sizeof(from[i]);
     msgs[i].msg_hdr.msg_iov = &iov[i];
     msgs[i].msg_hdr.msg_iovlen = 1;
+    if (ctrl) msgs[i].msg_hdr.msg_control = ctrl + i * ctrl_len, msgs[i].msg_hdr.msg_controllen = ctrl_len;
   }
   int got = recvmmsg(fd, msgs, (unsigned)max, MSG_DONTWAIT, NULL);
   if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+  return got;
+}
+
+int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts, int *ports) {
+  if (max > MAX_BATCH) max = MAX_BATCH;
+  struct mmsghdr msgs[MAX_BATCH];
+  struct iovec iov[MAX_BATCH];
+  struct sockaddr_storage from[MAX_BATCH];
+  int got = recv_batch(fd, buf, stride, max, msgs, iov, from, NULL, 0);
   for (int i = 0; i < got; i++) {
     lens[i] = msgs[i].msg_len;
     eq_address(&from[i], hosts + (size_t)i * 46, &ports[i]);
