@@ -71,7 +71,8 @@ class UdpPort:
         self._rx: tuple[Any, Any, Any, Any] | None = None  # recvmmsg's buffers, made on first use
         # the compiled engine's receive fast path: its connections' datagrams go to them in C
         self._demux = getattr(mesh.connection, "demux", None) if self._batch is not None else None
-        if self._batch is not None and hasattr(mesh.connection, "runs"):
+        self._runs = self._batch is not None and hasattr(mesh.connection, "runs")
+        if self._runs:
             mesh.connection.runs = True  # its connections hand this side whole batches (shim.Run) to send
         if self._demux is not None and sock.family == socket.AF_INET:
             try:  # the demux splits what the kernel coalesced (a GSO sender's runs arrive as one message)
@@ -177,7 +178,7 @@ class UdpPort:
             self.mesh.unreachable(addr, self.now)
 
     def _transmit(self, out: list[tuple[Any, Any]]) -> None:
-        if self._demux is not None or any(isinstance(d, shim.Run) for d, _ in out[:1]):
+        if self._runs:
             rest = []
             for data, addr in out:
                 if isinstance(data, shim.Run):
