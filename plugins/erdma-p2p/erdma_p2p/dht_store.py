@@ -116,7 +116,13 @@ class DhtStore:
             found = self._read(key)
             if found is not None and not found.deleted:
                 continue  # claimed by another process
-            self._write(key, token)
+            try:
+                self._write(key, token)
+            except ErdmaError:
+                found = self._read(key)
+                if found is None or found.deleted or found.value == token:
+                    raise
+                continue  # the nodes hold another process's newer claim and refuse this one: it lost the race
             if all(self._held(key, token, settle) for _ in range(2)):
                 return rank
             self._mine.pop(key, None)  # lost the race: the winner's claim stays
