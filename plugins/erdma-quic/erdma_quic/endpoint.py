@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .gso import GsoPaths
 from .mesh import Event, Mesh
 from .ngtcp2 import connection as shim
 
@@ -54,7 +55,8 @@ def datagram_size(addr: tuple[str, int], configured: int) -> int:
 
 
 class UdpPort:
-    """The socket side of a mesh's adapter: non-blocking, ICMP errors queued, large buffers, optional UDP GSO."""
+    """The socket side of a mesh's adapter: non-blocking, ICMP errors queued, large buffers, UDP GSO on the
+    paths a probe proved (``gso``), answers to other ports' probes (always)."""
 
     def __init__(self, sock: socket.socket, mesh: Mesh, on_event: Callable[[Event], None], gso: bool) -> None:
         """``on_event(event)`` runs for every event the mesh reports, wherever the mesh is being driven."""
@@ -65,6 +67,7 @@ class UdpPort:
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
         self.send_drops = 0
         self.gso = gso and hasattr(socket, "SOL_UDP")
+        self.gso_paths = GsoPaths(self._gso_verdict)
         # batches go straight to the socket's descriptor: only for a plain UDP socket (a relayed one wraps and
         # unwraps each datagram itself)
         self._batch = shim.loaded() if isinstance(sock, socket.socket) else None
@@ -99,7 +102,10 @@ class UdpPort:
             except OSError:
                 self._read_errors()
                 continue
-            self.mesh.receive(data, addr, self.now)
+            if data[:1] == b"\x00":
+                self._not_quic(data, addr)
+            else:
+                self.mesh.receive(data, addr, self.now)
             n += 1
         return n
 
@@ -126,7 +132,10 @@ class UdpPort:
                 raw = ffi.string(hosts + 46 * i)
                 host = names.get(raw) or names.setdefault(raw, raw.decode())
                 at = i * _RX_STRIDE
-                self.mesh.receive(view[at:at + lens[i]], (host, ports[i]), now)
+                if buf[at]:
+                    self.mesh.receive(view[at:at + lens[i]], (host, ports[i]), now)
+                else:
+                    self._not_quic(view[at:at + lens[i]], (host, ports[i]))
             n += got
             if got < _RX_BATCH:
                 break
@@ -148,7 +157,10 @@ class UdpPort:
             for token in touched:
                 self.mesh.heard(token, now)
             for data, addr in others:
-                self.mesh.receive(data, addr, now)
+                if data[:1] == b"\x00":
+                    self._not_quic(data, addr)
+                else:
+                    self.mesh.receive(data, addr, now)
             n += got
             if got < _RX_BATCH:
                 break
@@ -186,14 +198,18 @@ class UdpPort:
                 else:
                     rest.append((data, addr))
             out = rest
-        if not self.gso and self._batch is not None and len(out) > 2:
+        if self.gso and len(out) > 1:
+            out = self._send_gso_runs(out)
+        if self._batch is not None and len(out) > 2:
             self._send_runs(out)
             return
-        if not self.gso or len(out) < 2:
-            for data, addr in out:
-                self._send(data, addr)
-            return
-        # UDP GSO: runs of equal-size datagrams to one address (the last may be shorter) in one sendmsg
+        for data, addr in out:
+            self._send(data, addr)
+
+    def _send_gso_runs(self, out: list[tuple[bytes, Any]]) -> list[tuple[bytes, Any]]:
+        """UDP GSO: runs of equal-size datagrams to one address (the last may be shorter) in one sendmsg each,
+        where the path is proven; returns the datagrams left to send one by one."""
+        rest = []
         i = 0
         while i < len(out):
             data, addr = out[i]
@@ -202,11 +218,12 @@ class UdpPort:
                    and len(out[j - 1][0]) == size):
                 total += len(out[j][0])
                 j += 1
-            if j - i == 1:
-                self._send(data, addr)
-            else:
+            if j - i > 1 and self._gso_to(addr, size):
                 self._send_gso(b"".join(d for d, _ in out[i:j]), size, addr, out[i:j])
+            else:
+                rest.extend(out[i:j])
             i = j
+        return rest
 
     def _send_runs(self, out: list[tuple[bytes, Any]]) -> None:
         """Runs of datagrams to one address in one ``sendmmsg`` each (erdma_quic.ngtcp2's C helper)."""
@@ -235,7 +252,7 @@ class UdpPort:
         datagrams as one message each (UDP GSO)."""
         _, lib = self._batch
         args = (self.sock.fileno(), run.blob, run.stride, run.lens, run.count, addr[0].encode(), addr[1])
-        if self.gso:
+        if self.gso and self._gso_to(addr, run.stride):
             sent = lib.eq_sendmmsg_gso(*args)
             if -sent in _GSO_REFUSED:  # the socket or the device cannot cut GSO messages
                 log.info("UDP GSO unavailable (%s); sending datagrams one by one", os.strerror(-sent))
@@ -250,6 +267,27 @@ class UdpPort:
             self._read_errors()
             if sent != -errno.ECONNREFUSED:
                 self.send_drops += run.count - max(sent, 0)  # QUIC's loss recovery resends them
+
+    def _gso_to(self, addr: Any, size: int) -> bool:
+        """Whether a run of ``size``-byte datagrams to ``addr`` goes as GSO messages (a probe goes first where
+        one is due)."""
+        use, probe = self.gso_paths.use(addr, size, self.now)
+        if probe is not None:
+            self._send_gso(probe, size, addr, [])
+        return use and self.gso
+
+    def _gso_verdict(self, addr: Any, proven: bool) -> None:
+        if proven:
+            log.debug("UDP GSO to %s:%s: the probe came back whole", *addr[:2])
+        else:
+            log.info("UDP GSO to %s:%s: no probe came back whole; datagrams go one by one on this path (tried "
+                     "again in a minute)", *addr[:2])
+
+    def _not_quic(self, data: bytes, addr: Any) -> None:
+        """A datagram whose first byte is 0 (no QUIC packet): a GSO probe gets its answer, an answer counts."""
+        answer = self.gso_paths.on_datagram(data, self.now)
+        if answer is not None:
+            self._send(answer, addr)
 
     def _send(self, data: bytes, addr: Any) -> None:
         try:

@@ -29,9 +29,8 @@ OPTIONS = {
                                  "reno", choices=CONGESTION),
     "datagram_size": Option(int, 0, "UDP payload per QUIC packet; 0: path MTU less headers, at most 16000",
                             minimum=0),
-    "gso": Option(bool, False, "batch equal-size datagrams into one sendmsg (Linux UDP GSO). Off by default: a "
-                  "NAT in the sending host's own stack (nftables SNAT on a veth without checksum offload, seen "
-                  "in the lab) corrupts GSO datagrams' checksums and the peer drops them silently"),
+    "gso": Option(bool, True, "send runs of equal-size datagrams as one sendmsg each (Linux UDP GSO) on every "
+                  "path where a probe the peer answers came back whole (erdma_quic.gso); false: never"),
     "part_bytes": Option(int, 4 << 20, "a message larger than this is split across several streams",
                          minimum=4096),
     "send_window_bytes": Option(int, 16 << 20, "bytes handed to QUIC per peer and not yet acknowledged",

@@ -315,8 +315,18 @@ class QuicTransport(MessageTransport):
 
     # ---- what tests and the lab read ------------------------------------------------------------------
     def link_stats(self) -> dict[int, dict[str, int]]:
-        assert self.endpoint is not None and self.mesh is not None
-        return self.endpoint.run_sync(self.mesh.link_stats)  # type: ignore[no-any-return]
+        """Per peer: the mesh's counters (``Mesh.link_stats``) and ``gso``: 1 where runs to it go as UDP GSO
+        messages now (its path answered a probe whole)."""
+        endpoint, mesh = self.endpoint, self.mesh
+        assert endpoint is not None and mesh is not None
+
+        def collect() -> dict[int, dict[str, int]]:
+            stats, proven = mesh.link_stats(), set(endpoint.gso_paths.proven()) if endpoint.gso else set()
+            for r, addr in mesh.paths().items():
+                stats[r]["gso"] = int(addr in proven)
+            return stats
+
+        return endpoint.run_sync(collect)  # type: ignore[no-any-return]
 
     def pending_accepts(self) -> int:
         assert self.endpoint is not None and self.mesh is not None
