@@ -2,6 +2,10 @@
 eRDMA's ratios to each peer, every run's tables and plots (copied next to the page), the alpha-beta check.
 
     python -m benchmarks.docs bench-results/docs docs/benchmarks.md
+    python -m benchmarks.docs --update bench-results/docs/wan docs/benchmarks.md
+
+``--update RUN``: one run was made again by itself (the command reproduce.sh gives for it, with the same
+``--out`` name); its section, plots, summary rows and command line in the page are replaced, the rest stays.
 """
 
 from __future__ import annotations
@@ -154,22 +158,69 @@ def build(src: Path, dest: Path) -> str:
     if elastic.exists():
         md += elastic_section(elastic.read_text())
     for run in runs:
-        text = (run / "report.md").read_text()
-        for png in sorted((run / "plots").glob("*.png")):
-            target = images / f"{run.name}-{png.name}"
-            shutil.copy(png, target)
-            text = text.replace(f"(plots/{png.name})", f"(benchmarks/{target.name})")
-        made = metas[run].get("time", "?") + (f", commit {metas[run]['commit']}" if metas[run].get("commit") else "")
-        md += [f"## Run `{run.name}`", "", f"Run on {made}.", "", text]
+        md += _run_section(run, images, metas[run])
     out = "\n".join(md) + "\n"
+    dest.write_text(out)
+    return out
+
+
+def _run_section(run: Path, images: Path, meta: dict[str, Any]) -> list[str]:
+    text = (run / "report.md").read_text()
+    for png in sorted((run / "plots").glob("*.png")):
+        target = images / f"{run.name}-{png.name}"
+        shutil.copy(png, target)
+        text = text.replace(f"(plots/{png.name})", f"(benchmarks/{target.name})")
+    made = meta.get("time", "?") + (f", commit {meta['commit']}" if meta.get("commit") else "")
+    return [f"## Run `{run.name}`", "", f"Run on {made}.", "", text]
+
+
+def update(run: Path, dest: Path) -> str:
+    """Replace run ``run.name``'s section, plots, summary rows and command line in the page ``dest``."""
+    data = json.loads((run / "results.json").read_text())
+    argv = data["meta"].get("argv", [])[1:]
+    if "--out" in argv:
+        argv[argv.index("--out") + 1] = f"bench-results/docs/{run.name}"
+    command = " ".join(["python -m benchmarks.run", *argv])
+    lines = dest.read_text().split("\n")
+    head = f"## Run `{run.name}`"
+    if head not in lines:
+        raise ValueError(f"{dest} has no section {head!r} to replace")
+    start = lines.index(head)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    images = dest.parent / "benchmarks"
+    for old in images.glob(f"{run.name}-*.png"):
+        old.unlink()
+    section = "\n".join(_run_section(run, images, data["meta"])).split("\n")
+    lines[start:end] = section + ([""] if end < len(lines) else [])
+    # the summary: this run's (scenario, cc, ranks, op) rows out, its new rows in where the first old one stood
+    keys = {(c["scenario"], c["cc"], str(c["ranks"]), c["op"]) for c in data["cells"]}
+    rows = [i for i, line in enumerate(lines) if line.startswith("| ") and tuple(
+        cell.strip() for cell in line.split("|")[1:5]) in keys]
+    new_rows = _summary(data["cells"])[2:]
+    if rows:
+        at, gone = rows[0], set(rows)
+        lines = [line for i, line in enumerate(lines) if i not in gone]
+        lines[at:at] = new_rows
+    header = next((i for i, line in enumerate(lines) if line.startswith("| scenario | cc | ranks | op | size |")),
+                  None)
+    if header is not None:  # the peers' columns as they are now (rows of older runs leave new columns empty)
+        lines[header:header + 2] = _summary([])
+    out_flag = f"--out bench-results/docs/{run.name}"
+    lines = [command if line.startswith("python -m benchmarks.run") and line.endswith(out_flag) else line
+             for line in lines]
+    out = "\n".join(lines)
     dest.write_text(out)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "--update":
+        update(Path(args[1]), Path(args[2]))
+        return 0
     if len(args) != 2:
-        print("usage: python -m benchmarks.docs RESULTS_FOLDER docs/benchmarks.md", file=sys.stderr)
+        print("usage: python -m benchmarks.docs RESULTS_FOLDER docs/benchmarks.md\n"
+              "       python -m benchmarks.docs --update RESULTS_FOLDER/RUN docs/benchmarks.md", file=sys.stderr)
         return 2
     build(Path(args[0]), Path(args[1]))
     return 0
