@@ -29,6 +29,7 @@ from .api.join import init_with_store, load_config
 from .errors import CollectiveTimeoutError
 
 BACKEND = "erdma"
+_SHORTEST_WAIT = 0.005  # seconds: a get with less (failed_elsewhere: 1 ms) is a look (check), never a wait
 DEVICES = ("cpu", "cuda")  # cuda tensors are staged through host memory when the transport cannot move them
 _REDUCE = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg", "BAND": "band",
            "BOR": "bor", "BXOR": "bxor"}
@@ -53,6 +54,12 @@ class TorchStore:
         self._store.set(key, value)
 
     def get(self, key: str, timeout: float) -> bytes:
+        # a key that is there, or a look that may not wait (failed_elsewhere's), goes through check(), which
+        # answers at once: c10d's wait() logs a 'waitForInput ... timed out' line whenever its time runs out
+        if self._store.check([key]):
+            return bytes(self._store.get(key))
+        if timeout < _SHORTEST_WAIT:
+            raise CollectiveTimeoutError(f"discovery: key {key!r} is not in torch's store")
         try:
             self._store.wait([key], datetime.timedelta(seconds=timeout))
         except RuntimeError as exc:
@@ -333,14 +340,15 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         self.pg.destroy()
 
 
-def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ErdmaProcessGroup:
+def create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ErdmaProcessGroup:
+    """torch.distributed's creator for "erdma" (also what the ``torch.backends`` entry point calls)."""
     return ErdmaProcessGroup(store, rank, size, timeout)
 
 
 def register() -> None:
     """Register the "erdma" backend with torch.distributed (idempotent)."""
-    if BACKEND not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND, _create, devices=list(DEVICES))
+    if BACKEND not in dist.Backend.backend_list:  # (where torch loaded the entry point, it is registered)
+        dist.Backend.register_backend(BACKEND, create, devices=list(DEVICES))
 
 
 register()

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ERDMA = [sys.executable, "-m", "erdma_core.cli"]
 
 
@@ -57,6 +59,26 @@ def test_run_rejects_bad_config_before_starting(tmp_path):
     assert "invalid value 'quik'" in r.stderr and "pip install erdma-quic" in r.stderr
 
 
+def test_an_algorithm_a_plugin_brings_names_the_plugin_when_it_is_missing(tmp_path):
+    conf = tmp_path / "erdma.toml"
+    conf.write_text('[collectives]\nallreduce = "naca"\n')
+    r = erdma("run", "-n", "2", "--config", str(conf), "--", sys.executable, "-c", "pass",
+              env_extra={"ERDMA_DISABLE_PLUGINS": "naca"})
+    assert r.returncode == 2
+    assert "config key 'collectives.allreduce': invalid value 'naca'" in r.stderr, r.stderr
+    assert "erdma-naca" in r.stderr and "left out by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("command", "value", "says"), [("run", "0", "at least 1, got 0"),
+                                                        ("run", "-2", "at least 1, got -2"),
+                                                        ("bench", "two", "a whole number, got 'two'")])
+def test_a_bad_rank_count_is_a_usage_error_not_a_traceback(command, value, says):
+    r = erdma(command, "-n", value, *(["--", sys.executable, "-c", "pass"] if command == "run" else []))
+    assert r.returncode == 2
+    assert f"erdma {command}: error: argument -n/--nprocs: ranks to start: {says}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_bench_prints_validated_table():
     r = erdma("bench", "-n", "2", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1")
     assert r.returncode == 0, r.stderr
@@ -66,6 +88,15 @@ def test_bench_prints_validated_table():
     head = next(line for line in r.stdout.splitlines() if "size(B)" in line).split()
     assert head == ["#", "size(B)", "count", "type", "op", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
     assert "[bench] erdma allreduce" in r.stderr
+    assert "# backend: erdma  ranks: 2  transport: tcp  algorithm: auto  compression: none" in r.stdout, r.stdout
+
+
+def test_bench_names_the_compressor_it_ran_with():
+    pytest.importorskip("erdma_gpucomp", reason="the compressor comes from erdma-gpucomp")
+    r = erdma("bench", "-n", "2", "--sizes", "64K", "--iters", "1", "--warmup", "0", "--small-warmup", "0",
+              "--algorithm", "ring", env_extra={"ERDMA_COMPRESSION_NAME": "fp16", "ERDMA_DISABLE_PLUGINS": ""})
+    assert r.returncode == 0, r.stderr
+    assert "transport: tcp  algorithm: ring  compression: fp16 (from 65536 bytes, ops auto)" in r.stdout, r.stdout
 
 
 def test_bench_other_ops():

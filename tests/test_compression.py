@@ -69,6 +69,34 @@ def test_messages_below_min_bytes_go_raw(codec_plugin):
         assert w.run(below_threshold) == [(210000.0, 0)] * 3
 
 
+def counted(pg):
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("erdma.compression").addHandler(handler)
+    logging.getLogger("erdma.compression").setLevel(logging.INFO)
+    pg.allreduce(np.ones(100, np.float32))  # 400 bytes: under min_bytes, raw
+    before = {k: v for k, v in pg.counters().items() if k.startswith("compression.")}
+    pg.allreduce(np.ones(30000, np.float32), algorithm="ring")  # 40,000-byte messages: encoded
+    return before, pg.counters(), [line for line in seen if line.startswith(f"rank {pg.rank()}: ")]
+
+
+def test_counters_and_a_log_line_say_what_the_compressor_did(codec_plugin):
+    """Before: pg.counters() was {} with a compressor configured, and nothing said that it ever applied."""
+    with World(3, {"compression.name": "fp16", "compression.min_bytes": 4096}) as w:
+        results = w.run(counted)
+    for rank, (before, after, seen) in enumerate(results):
+        assert set(before) == {"compression.fp16.small.messages", "compression.fp16.small.raw_bytes"}, before
+        assert before["compression.fp16.small.messages"] >= 1
+        assert 0 < before["compression.fp16.small.raw_bytes"] <= 400 * before["compression.fp16.small.messages"]
+        assert after["compression.fp16.encoded.messages"] >= 2
+        assert after["compression.fp16.encoded.raw_bytes"] == 40000 * after["compression.fp16.encoded.messages"]
+        assert after["compression.fp16.encoded.wire_bytes"] == after["compression.fp16.encoded.raw_bytes"] // 2
+        assert seen == [f"rank {rank}: compression 'fp16' applies: a message of 40000 bytes went out as 20000"], seen
+
+
 def by_role(pg):
     """70000 does not fit float16: a collective that was compressed with fp16 says so with an inf."""
     out = {}

@@ -17,6 +17,7 @@ from erdma_core import (
     AbortedError,
     AuthenticationError,
     CollectiveTimeoutError,
+    ErdmaError,
     MismatchError,
     PeerLostError,
 )
@@ -133,6 +134,32 @@ def test_a_fault_on_one_rank_aborts_its_peers_at_once(erdma_world):
     for err in outcomes[1:]:
         assert isinstance(err, AbortedError), err
         assert "rank 0: allreduce (group 0, seq 1) failed there: ValueError: injected fault" in str(err), str(err)
+
+
+def use_after_destroy(pg):
+    sub = pg.new_group()
+    sub.allreduce(np.ones(4, np.float32))
+    sub.destroy()
+    errors = []
+    for call in (lambda: sub.allreduce(np.ones(4, np.float32)), lambda: sub.barrier(),
+                 lambda: sub.send(np.ones(4, np.float32), 1 - pg.rank())):
+        try:
+            call()
+            errors.append(None)
+        except ErdmaError as exc:
+            errors.append(str(exc))
+    arr = np.ones(4, np.float32)
+    pg.allreduce(arr)  # the default group goes on
+    return errors, arr.tolist()
+
+
+def test_an_op_on_a_destroyed_group_raises_on_every_rank(erdma_world):
+    """Before: an allreduce after destroy() went through on one rank and failed on others blaming a peer."""
+    for rank, (errors, arr) in enumerate(erdma_world(2).run(use_after_destroy)):
+        assert arr == [2.0] * 4
+        for op, err in zip(("allreduce", "barrier", "send"), errors, strict=True):
+            assert err is not None and err.startswith(f"rank {rank}: {op} on group ") and \
+                "after this group was destroyed" in err, err
 
 
 def one_rank_late(pg):

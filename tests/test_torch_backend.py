@@ -102,6 +102,39 @@ def test_rank_killed_mid_training_fails_the_others_with_the_cause():
             p.wait()
 
 
+_BY_NAME = """
+import sys
+import torch
+import torch.distributed as dist
+before = "erdma_core" in sys.modules
+dist.init_process_group("erdma")
+t = torch.full((4,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+sub = dist.new_group([0, 1])
+dist.all_reduce(t, group=sub)
+print(before, dist.get_backend(), t.tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_backend_is_chosen_by_name_in_a_process_that_never_imports_erdma():
+    """torch loads erdma-core's ``torch.backends`` entry point at import: "erdma" works as a plain string (as
+    Lightning, accelerate or a torchtitan config pass it), and ``import torch`` imports nothing of eRDMA.
+    Making the groups logs nothing from c10d's store (a look for another rank's failure used to wait 1 ms and
+    leave a 'waitForInput ... timed out' line per look)."""
+    from erdma_core.cli.launcher import free_port
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "ERDMA_TIMEOUT": "60"}
+    procs = [subprocess.Popen([sys.executable, "-c", _BY_NAME], env={**base, "RANK": str(r)}, cwd="/",
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+        assert out.strip() == "False erdma [6.0, 6.0, 6.0, 6.0]", out + err[-2000:]
+        assert "waitForInput" not in err, err[-3000:]
+
+
 def test_torchrun_launches_the_backend():
     r = torchrun(2, str(ROOT / "tests" / "torch_ops_script.py"))
     assert r.returncode == 0, r.stderr[-3000:]

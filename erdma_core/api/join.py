@@ -37,6 +37,9 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config 
                              {k: comps.names(k) for k in comps.by_kind})
     for kind, key in (("transport", "transport"), ("traversal", "traversal"), ("compressor", "compression")):
         schema[key]["name"] = attrs.evolve(schema[key]["name"], hint=comps.hint(kind))
+    for op in comps.algorithms:  # [collectives] allreduce = "naca": which distribution brings an algorithm
+        if op in schema["collectives"]:
+            schema["collectives"][op] = attrs.evolve(schema["collectives"][op], hint=comps.hint("algorithm"))
     schema |= comps.option_sections()
     declared = {name: doc for name, (_, doc) in comps.environment.items()}
     if isinstance(config, Mapping):
@@ -96,7 +99,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
             f"traversal.{conf['traversal.name']}"))
         name = conf["transport.name"]
         transport = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
-        codecs = _codecs(comps, conf, getattr(transport, "link_rate", None))
+        codecs = _codecs(comps, conf, getattr(transport, "link_rate", None), rank)
         udp = getattr(traversal, "udp_socket", None)
         stream = isinstance(transport, SocketTransport)  # a TCP socket from the traversal, not a UDP one
         transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
@@ -124,7 +127,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     return pg
 
 
-def _codecs(comps: Components, conf: cfg.Config, link_rate: Any = None) -> Codecs:
+def _codecs(comps: Components, conf: cfg.Config, link_rate: Any = None, rank: int = 0) -> Codecs:
     """The configured compressor for sending; any installed one, made on first use, for receiving."""
     made: dict[int, Any] = {}
 
@@ -144,7 +147,7 @@ def _codecs(comps: Components, conf: cfg.Config, link_rate: Any = None) -> Codec
     ops = parse_ops(conf["compression.ops"], bool(sender is not None and sender.lossy))
     auto = conf["compression.policy"] == "auto"
     return Codecs(sender, conf["compression.min_bytes"], lookup, ops, link_rate if auto else None,
-                  conf["compression.pipeline"])
+                  conf["compression.pipeline"], rank)
 
 
 def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: float) -> int:

@@ -55,6 +55,7 @@ class ProcessGroup:
         self._rank = self.ranks.index(rt.rank)
         self._seq = itertools.count(1)
         self._p2p: dict[tuple[str, int, int], int] = {}
+        self._destroyed = False  # destroy() was called: every op raises
         self._serial = Serial(f"erdma-pg{group_id}")
         # point-to-point: receives are posted at call time and waited for here; sends keep their order
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
@@ -110,10 +111,18 @@ class ProcessGroup:
                 op=op, nbytes=nbytes, world_size=self.size(), config=self.rt.config)
         return name
 
+    def _usable(self, name: str) -> None:
+        """Raise if this group (or the job's transport, with the default group) was destroyed."""
+        if self._destroyed or self.rt.closed:
+            what = "this group" if self._destroyed else "the default group (and with it the job's transport)"
+            raise ErdmaError(f"rank {self.rt.rank}: {name} on group {self.group_id} after {what} was destroyed "
+                             "(destroy() / destroy_process_group()); make a new group to go on")
+
     def _collective(self, name: str, count: int, buffers: dict[str, np.ndarray], dtype: str,
                     reduce_op: ReduceOp | None, after: Callable[[], None] | None, async_op: bool,
                     algorithm: str | None = None, key: Hashable | None = None, **spec_fields: Any) -> Work | None:
         """Plan one collective in the caller's thread (bad input raises here), then run it in issue order."""
+        self._usable(name)
         seq = next(self._seq)
         ckey = (name, count, dtype, reduce_op, algorithm, *spec_fields.values())
         compiled = self._compiled(ckey, name, count, dtype, buffers["out"].itemsize, reduce_op, algorithm, spec_fields)
@@ -208,8 +217,15 @@ class ProcessGroup:
     def counters(self) -> dict[str, int]:
         """How this group's collectives ran through offloaded algorithms: ``<op>.<algorithm>.offloaded``,
         ``<op>.<algorithm>.fallback`` and ``<op>.<algorithm>.fallback.<host algorithm>``, and what an offload's
-        own ``counters()`` (optional) reports, as ``<algorithm>.<name>``."""
+        own ``counters()`` (optional) reports, as ``<algorithm>.<name>``. With a compressor configured, what it
+        did with this rank's messages (every group's): ``compression.<name>.encoded.messages``,
+        ``.encoded.raw_bytes`` and ``.encoded.wire_bytes``, and, for messages sent raw, ``.small.*`` (under
+        ``compression.min_bytes``), ``.skipped.*`` (``compression.policy = "auto"``), ``.declined.*`` (by the
+        codec), each as ``messages`` and ``raw_bytes``."""
         out = dict(self._counters)
+        sender = self.rt.codecs.sender
+        if sender is not None:
+            out.update({f"compression.{sender.name}.{k}": v for k, v in self.rt.codecs.stats().items()})
         for name, offload in self._offloads.values():
             own = getattr(offload, "counters", None)
             if own is not None:
@@ -406,6 +422,7 @@ class ProcessGroup:
         return self.recv(tensor, src, tag, async_op=True)  # type: ignore[return-value]
 
     def _p2p_op(self, kind: str, buf: Buffer, peer: int, tag: int, async_op: bool) -> Work | None:
+        self._usable(kind)
         if peer == self._rank:
             raise ValueError(f"{kind}: rank {peer} is this rank; send/recv need another rank")
         if not 0 <= tag < 2**63:
@@ -453,7 +470,9 @@ class ProcessGroup:
         return ProcessGroup(self.rt, members, gid) if self.rt.rank in members else None
 
     def destroy(self) -> None:
-        """Finish queued work and release the group; destroying the default group ends the job's transport."""
+        """Finish queued work and release the group; destroying the default group ends the job's transport.
+        Any op on the group afterwards raises ``ErdmaError``."""
+        self._destroyed = True
         self._serial.shutdown()
         self._sender.shutdown()
         self._recv_waiters.shutdown(wait=True)

@@ -49,6 +49,15 @@ class _Erdma:
     def wrap(self, a: np.ndarray) -> Any:
         return a
 
+    def describe(self, op: str) -> str:
+        """What the job's config chose for ``op``: transport, algorithm, compressor."""
+        conf = self.pg.rt.config
+        comp = conf["compression.name"]
+        if comp != "none":
+            comp += f" (from {conf['compression.min_bytes']} bytes, ops {conf['compression.ops']})"
+        return (f"transport: {conf['transport.name']}  algorithm: {self.algorithm or conf[f'collectives.{op}']}  "
+                f"compression: {comp}")
+
     def op(self, name: str, out: Any, inp: Any) -> None:
         if name == "allreduce":
             self.pg.allreduce(out, algorithm=self.algorithm)
@@ -240,7 +249,8 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
         rows.append({"backend": backend.name, "size": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                      "op": op, "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * BUS_FACTOR[op](p),
                      "wrong": int(backend.max_over_ranks(wrong)), "ranks": p,
-                     "cpu_s_per_gb": cpu_per_gb})  # CPU seconds of all ranks per GB of the op's buffer
+                     "cpu_s_per_gb": cpu_per_gb,  # CPU seconds of all ranks per GB of the op's buffer
+                     "setup": backend.describe(op) if hasattr(backend, "describe") else ""})
     if backend.rank == 0:
         sys.stderr.write("\r" + " " * 60 + "\r")
     return rows
@@ -251,7 +261,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     microseconds (slowest rank), algorithm and bus bandwidth in GB/s, wrong elements (0: every result checked)."""
     head = f"# {'size(B)':>12} {'count':>12} {'type':>8} {'op':>14} {'redop':>6} {'time(us)':>10} " \
            f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
-    lines = [f"# backend: {rows[0]['backend']}  ranks: {rows[0]['ranks']}", head] if rows else []
+    setup = f"  {rows[0]['setup']}" if rows and rows[0].get("setup") else ""
+    lines = [f"# backend: {rows[0]['backend']}  ranks: {rows[0]['ranks']}{setup}", head] if rows else []
     for r in rows:
         redop = "sum" if OPS[r["op"]].reduces else "-"
         lines.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>8} {r['op']:>14} {redop:>6} "

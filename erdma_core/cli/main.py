@@ -12,6 +12,17 @@ from ..errors import ErdmaError
 from . import launcher
 
 
+def _ranks(text: str) -> int:
+    """argparse type of ``-n``: a whole number of ranks, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ranks to start: a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"ranks to start: at least 1, got {n}")
+    return n
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..api.join import load_config
 
@@ -122,7 +133,7 @@ def add_core_commands(sub: Any) -> None:
     from . import bench
 
     run = sub.add_parser("run", help="start N local ranks of a command")
-    run.add_argument("-n", "--nprocs", type=int, required=True)
+    run.add_argument("-n", "--nprocs", type=_ranks, required=True)
     run.add_argument("--config", default=None)
     run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank N]")
     run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
@@ -138,7 +149,7 @@ def add_core_commands(sub: Any) -> None:
     run.add_argument("cmd", nargs=argparse.REMAINDER)
     run.set_defaults(handler=_run)
     b = sub.add_parser("bench", help="benchmark collectives on N local ranks: an nccl-tests style table")
-    b.add_argument("-n", "--nprocs", type=int, default=2, help="ranks to start (default 2)")
+    b.add_argument("-n", "--nprocs", type=_ranks, default=2, help="ranks to start (default 2)")
     b.add_argument("--config", default=None, help="erdma.toml for the ranks")
     bench.add_arguments(b)
     b.set_defaults(handler=_bench)

@@ -5,8 +5,10 @@ rank's result bit-identical (``Forwarding``). The executor calls these per messa
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -17,6 +19,8 @@ from ..compression import Compressor, Site
 from ..errors import ConfigError, ProtocolError
 from ..transport.mailbox import encoded_limit
 from ..transport.wire import RAW, Header, codec_id
+
+log = logging.getLogger("erdma.compression")
 
 Outgoing = tuple[int, int, memoryview]  # (codec id, metadata bytes, payload)
 MIXED = object()  # Forwarding.lookup: the range is partly a peer's
@@ -57,13 +61,14 @@ class Codecs:
 
     def __init__(self, sender: Compressor | None, min_bytes: int, lookup: Any,
                  ops: frozenset[str] | None = None, link_rate: Callable[[int], float | None] | None = None,
-                 pipeline: bool = False) -> None:
+                 pipeline: bool = False, rank: int = 0) -> None:
         """``lookup(codec_id) -> Compressor | None`` makes the receiving side's instance of a codec; ``ops``:
         the collectives whose messages ``sender`` encodes (None: all); ``link_rate(peer)``: bytes per second
         the transport measured towards a global rank (given: ``compression.policy = "auto"``, see ``worth``);
         ``pipeline``: a step's next message is encoded on a helper thread while the current one is sent
-        (``ahead``)."""
+        (``ahead``); ``rank``: this rank (log lines name it)."""
         self.sender = sender
+        self.rank = rank
         self.pipeline = pipeline and sender is not None
         self._helper: ThreadPoolExecutor | None = None
         self._helper_lock = threading.Lock()
@@ -80,6 +85,29 @@ class Codecs:
         self._lookup = lookup
         self._decoders: dict[int, Compressor] = {self.sender_id: sender} if sender is not None else {}
         self._receiving: Codecs | None = None
+        # what the sending compressor did with the messages offered to it (``counted``, ``stats``)
+        self._stats: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()
+
+    def counted(self, what: str, raw_bytes: int, wire_bytes: int = 0) -> None:
+        """Count one message: ``encoded`` (``wire_bytes`` went out for ``raw_bytes``), or sent raw because it was
+        ``small`` (under ``min_bytes``), ``skipped`` by ``compression.policy = "auto"`` or ``declined`` by the
+        codec (a dtype it does not take, or no smaller)."""
+        with self._stats_lock:
+            first = what == "encoded" and not self._stats["encoded.messages"]
+            self._stats[f"{what}.messages"] += 1
+            self._stats[f"{what}.raw_bytes"] += raw_bytes
+            if what == "encoded":
+                self._stats["encoded.wire_bytes"] += wire_bytes
+        if first and self.sender is not None:
+            log.info("rank %d: compression %r applies: a message of %d bytes went out as %d", self.rank,
+                     self.sender.name, raw_bytes, wire_bytes)
+
+    def stats(self) -> dict[str, int]:
+        """The counts of ``counted``, as ``<what>.messages`` and ``<what>.raw_bytes`` (and
+        ``encoded.wire_bytes``); empty when nothing is compressed."""
+        with self._stats_lock:
+            return dict(self._stats)
 
     def worth(self, peer: int, nbytes: int) -> bool:
         """Whether to encode ``nbytes`` for global rank ``peer``: always, unless ``link_rate`` was given; then
@@ -135,6 +163,7 @@ class Codecs:
         enc = self.sender.encode(data, dtype, site)
         took = time.perf_counter() - start
         if enc is None:
+            self.counted("declined", data.nbytes)
             return None  # the codec sends these raw (a dtype it does not handle, say): nothing measured
         body = memoryview(enc.payload).cast("B")
         meta = bytes(enc.meta)
@@ -142,7 +171,9 @@ class Codecs:
             self.encode_s = _average(self.encode_s, took / data.nbytes)
             self.ratio = _average(self.ratio, min(1.0, (len(meta) + len(body)) / data.nbytes))
         if len(meta) + len(body) > encoded_limit(data.nbytes):
+            self.counted("declined", data.nbytes)
             return None  # larger than the raw bytes allow: raw instead
+        self.counted("encoded", data.nbytes, len(meta) + len(body))
         if not meta:
             return self.sender_id, 0, body
         joined = bytearray(len(meta) + len(body))

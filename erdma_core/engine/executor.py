@@ -189,6 +189,8 @@ def _choose(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg, a
     buf, off, cnt = m.buf, m.offset, m.count
     view = arr[off:off + cnt]
     if codecs.sender is None or view.nbytes < codecs.min_bytes or not codecs.worth(m.to, view.nbytes):
+        if codecs.sender is not None:
+            codecs.counted("small" if view.nbytes < codecs.min_bytes else "skipped", view.nbytes)
         if fwd is not None and buf != "in":
             fwd.record(buf, off, off + cnt, None)  # a peer now holds these exact values
         return RAW, 0, as_bytes(view)

@@ -39,6 +39,11 @@ class Runtime:
             found = self._algorithms[(op, name)] = (comp, Options.of(self.config.section(f"algorithm.{op}.{name}")))
         return found
 
+    @property
+    def closed(self) -> bool:
+        """The job's transport and store are released (the default group was destroyed)."""
+        return self._closed
+
     def close(self) -> None:
         with self._lock:
             if self._closed:

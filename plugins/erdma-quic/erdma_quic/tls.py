@@ -98,6 +98,7 @@ def _ca_files(opts: dict[str, Any]) -> tuple[Path, Path]:
     raise ConfigError(
         "transport 'quic' needs credentials and found none: run `erdma keys init` (writes "
         f"{d}/ca.pem and ca.key; share them with every host of the cluster), or set "
-        "transport.quic.ca_cert and transport.quic.ca_key, or transport.quic.secret (a shared secret; "
-        "credentials are derived per job). transport.quic.insecure_dev_mode = true turns authentication "
-        "off (development only)")
+        "transport.quic.ca_cert and transport.quic.ca_key, or a shared secret on every rank: the job's "
+        "(security.secret, or ERDMA_SECRET in the environment; `erdma run` makes one per job) or QUIC's own "
+        "(transport.quic.secret / ERDMA_TRANSPORT_QUIC_SECRET); credentials are then derived per job. "
+        "transport.quic.insecure_dev_mode = true turns authentication off (development only)")

@@ -190,7 +190,8 @@ def test_no_credentials_is_a_config_error_naming_the_keys(tmp_path, monkeypatch)
     th.join(10)
     assert len(errors) == 1 and isinstance(errors[0], ConfigError)
     msg = str(errors[0])
-    for needle in ("erdma keys init", "transport.quic.ca_cert", "transport.quic.secret", "insecure_dev_mode"):
+    for needle in ("erdma keys init", "transport.quic.ca_cert", "transport.quic.secret", "insecure_dev_mode",
+                   "security.secret", "ERDMA_SECRET", "ERDMA_TRANSPORT_QUIC_SECRET"):
         assert needle in msg
 
 
