@@ -102,10 +102,7 @@ class UdpPort:
             except OSError:
                 self._read_errors()
                 continue
-            if data[:1] == b"\x00":
-                self._not_quic(data, addr)
-            else:
-                self.mesh.receive(data, addr, self.now)
+            self._deliver(data, addr, self.now)
             n += 1
         return n
 
@@ -132,10 +129,7 @@ class UdpPort:
                 raw = ffi.string(hosts + 46 * i)
                 host = names.get(raw) or names.setdefault(raw, raw.decode())
                 at = i * _RX_STRIDE
-                if buf[at]:
-                    self.mesh.receive(view[at:at + lens[i]], (host, ports[i]), now)
-                else:
-                    self._not_quic(view[at:at + lens[i]], (host, ports[i]))
+                self._deliver(view[at:at + lens[i]], (host, ports[i]), now)
             n += got
             if got < _RX_BATCH:
                 break
@@ -157,10 +151,7 @@ class UdpPort:
             for token in touched:
                 self.mesh.heard(token, now)
             for data, addr in others:
-                if data[:1] == b"\x00":
-                    self._not_quic(data, addr)
-                else:
-                    self.mesh.receive(data, addr, now)
+                self._deliver(data, addr, now)
             n += got
             if got < _RX_BATCH:
                 break
@@ -283,9 +274,13 @@ class UdpPort:
             log.info("UDP GSO to %s:%s: no probe came back whole; datagrams go one by one on this path (tried "
                      "again in a minute)", *addr[:2])
 
-    def _not_quic(self, data: bytes, addr: Any) -> None:
-        """A datagram whose first byte is 0 (no QUIC packet): a GSO probe gets its answer, an answer counts."""
-        answer = self.gso_paths.on_datagram(data, self.now)
+    def _deliver(self, data: bytes, addr: Any, now: float) -> None:
+        """A datagram the socket side reads itself: to the mesh, unless its first byte is 0 (no QUIC packet):
+        then a GSO probe gets its answer and an answer counts for its round."""
+        if data[:1] != b"\x00":
+            self.mesh.receive(data, addr, now)
+            return
+        answer = self.gso_paths.on_datagram(data, now)
         if answer is not None:
             self._send(answer, addr)
 

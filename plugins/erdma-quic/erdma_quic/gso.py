@@ -102,11 +102,6 @@ class GsoPaths:
                 p.heard.add(rest[NONCE])
         return None
 
-    def forget(self, addr: Any) -> None:
-        p = self._paths.pop(addr, None)
-        if p is not None:
-            self._rounds.pop(p.nonce, None)
-
     def _end(self, addr: Any, p: _Path, ok: bool, now: float) -> None:
         self._rounds.pop(p.nonce, None)
         changed = ok != p.proven or (not ok and not p.failed)
