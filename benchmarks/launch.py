@@ -44,8 +44,10 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-# what a lossy system's results are checked against: int8 of the benchmark's constant blocks is within 1%
-BENCH_ARGS: dict[str, list[str]] = {"erdma-int8": ["--rtol", "0.01"], "erdma-int8-pipelined": ["--rtol", "0.01"],
+# what a lossy system's results are checked against (relative to the largest expected value, on the bench's
+# random data): int8 re-quantizes each partial sum, within 1/254 of its block's largest value each time, so a
+# ring of 4 ranks measured up to 1.6% (erdma bench -n 4 --sizes 1M,16M); 5% holds up to 8 ranks
+BENCH_ARGS: dict[str, list[str]] = {"erdma-int8": ["--rtol", "0.05"], "erdma-int8-pipelined": ["--rtol", "0.05"],
                                     "hivemind": ["--rtol", "1e-6"]}  # a mean times the ranks may round
 
 

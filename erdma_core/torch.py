@@ -143,9 +143,12 @@ class ErdmaWork(dist.Work):
     Futures cost a ``then()`` in torch's C++: they are made on the first ``get_future()`` (DDP asks; a plain
     ``dist.all_reduce`` only waits)."""
 
-    def __init__(self, works: Sequence[Any], result: Any, staging: _Staging | None = None) -> None:
+    def __init__(self, works: Sequence[Any], result: Any, staging: _Staging | None = None,
+                 parts: Sequence[ErdmaWork] = ()) -> None:
+        """``parts``: torch Works this one stands for (the ops of a coalesced block), finished with it."""
         super().__init__()
-        self._works = list(works)
+        self._parts = list(parts)
+        self._works = [w for p in self._parts for w in p._works] + list(works)
         self._result = result
         self._staging = staging
         self._restoring = threading.Lock()  # the copies back to the device run once, on whichever thread
@@ -158,6 +161,8 @@ class ErdmaWork(dist.Work):
         error = next((w.exception() for w in self._works if w.exception() is not None), None)
         if error is not None:
             raise error
+        for part in self._parts:
+            part._finish()
         with self._restoring:
             if self._staging is not None:
                 self._result = self._staging.restore(self._result)
@@ -234,6 +239,16 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     # the name torch gives it lives here (``destroy_process_group(subgroup)`` reads it back).
     def _set_group_name(self, name: str) -> None:
         self._erdma_group_name = name
+        self._name_group()
+
+    def _set_group_desc(self, desc: str) -> None:
+        super()._set_group_desc(desc)
+        self._name_group()
+
+    def _name_group(self) -> None:
+        """eRDMA's errors name the group as torch does (each torch group is group 0 of its own eRDMA job)."""
+        desc = self.group_desc if self.group_desc not in ("", "undefined") else ""
+        self.pg.name = f"{self.group_name} ({desc})" if desc else self.group_name
 
     @property
     def group_name(self) -> str:
@@ -242,7 +257,27 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     # ---- Work plumbing ----------------------------------------------------------------------------------
     def _work(self, works: Sequence[Any], result: Any) -> ErdmaWork:
         """A torch Work over ``works`` (None: a call that ran blocking, already done)."""
-        return ErdmaWork([w for w in works if w is not None], result, getattr(self._local, "staging", None))
+        work = ErdmaWork([w for w in works if w is not None], result, getattr(self._local, "staging", None))
+        block = getattr(self._local, "coalesced", None)
+        if block is not None:
+            block.append(work)
+        return work
+
+    # ---- coalescing: torch's _coalescing_manager(group, device) -----------------------------------------
+    def _start_coalescing(self, device: torch.device) -> None:
+        """Ops issued on this thread until ``_end_coalescing`` start at once, as always (eRDMA queues each
+        on the group in order); ``_end_coalescing`` returns one Work that waits for all of them."""
+        self._get_backend(device)  # a device erdma does not serve: the error names the ones it does
+        if getattr(self._local, "coalesced", None) is not None:
+            raise RuntimeError("erdma: _start_coalescing inside a coalesced block on this group (blocks do not nest)")
+        self._local.coalesced = []
+
+    def _end_coalescing(self, device: torch.device) -> ErdmaWork:
+        block = getattr(self._local, "coalesced", None)
+        if block is None:
+            raise RuntimeError("erdma: _end_coalescing without _start_coalescing on this thread")
+        self._local.coalesced = None
+        return ErdmaWork([], [w._result for w in block], parts=block)
 
     # ---- collectives ----------------------------------------------------------------------------------
     @_staged
@@ -283,6 +318,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     allgather_into_tensor_coalesced = allgather  # same body: outputs[j] gathers inputs[j]
+    all_gather_single_coalesced = allgather  # (the name _coalescing_manager calls)
 
     @_staged
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> Any:
@@ -298,6 +334,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     reduce_scatter_single = _reduce_scatter_base
 
     reduce_scatter_tensor_coalesced = reduce_scatter  # same body: outputs[j] from inputs[j]
+    reduce_scatter_single_coalesced = reduce_scatter
 
     @_staged
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
@@ -338,6 +375,11 @@ class ErdmaProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         self.pg.destroy()
+
+    def abort(self) -> None:
+        """torch's abort (``_abort_process_group``; torchft's reconfiguration): ops in flight fail with
+        ``AbortedError`` here and on the peers, and threads and connections are released at once."""
+        self.pg.abort()
 
 
 def create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ErdmaProcessGroup:

@@ -18,6 +18,7 @@ import testcodecs
 
 import erdma_core
 from erdma_core.compression import Encoded
+from erdma_core.engine.codecs import QUIET_AFTER
 from erdma_core.testing import World
 
 HERE = Path(__file__).resolve().parent
@@ -95,6 +96,30 @@ def test_counters_and_a_log_line_say_what_the_compressor_did(codec_plugin):
         assert after["compression.fp16.encoded.raw_bytes"] == 40000 * after["compression.fp16.encoded.messages"]
         assert after["compression.fp16.encoded.wire_bytes"] == after["compression.fp16.encoded.raw_bytes"] // 2
         assert seen == [f"rank {rank}: compression 'fp16' applies: a message of 40000 bytes went out as 20000"], seen
+
+
+def never_compressed(pg):
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(f"{record.levelname} {record.getMessage()}")  # type: ignore[method-assign]
+    logging.getLogger("erdma.compression").addHandler(handler)
+    for _ in range(QUIET_AFTER + 5):
+        pg.allreduce(np.ones(100, np.float32))  # 400 bytes: under min_bytes, raw
+    return [line for line in seen if f"rank {pg.rank()}: " in line]
+
+
+def test_a_compressor_that_never_applies_is_warned_about_once(codec_plugin):
+    """Before: int8 configured with the default min_bytes never applied to a small DDP model, silently."""
+    with World(2, {"compression.name": "fp16", "compression.min_bytes": 4096, "compression.ops": "allreduce"}) as w:
+        results = w.run(never_compressed)
+    for rank, seen in enumerate(results):
+        assert len(seen) == 1, seen
+        assert seen[0].startswith(f"WARNING rank {rank}: compression 'fp16' has encoded nothing in the first "
+                                  f"{QUIET_AFTER} collectives: "), seen
+        assert "messages under compression.min_bytes (4096 bytes)" in seen[0], seen
+        assert "Lower compression.min_bytes or widen compression.ops" in seen[0], seen
 
 
 def by_role(pg):

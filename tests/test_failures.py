@@ -162,11 +162,69 @@ def test_an_op_on_a_destroyed_group_raises_on_every_rank(erdma_world):
                 "after this group was destroyed" in err, err
 
 
+def abort_while_the_peer_waits(pg):
+    """Rank 0 aborts the job's group while rank 1 waits in an allreduce rank 0 never joins."""
+    before = threading.active_count()
+    if pg.rank() == 0:
+        time.sleep(0.5)  # rank 1 is waiting by now
+        start = time.monotonic()
+        pg.abort()
+        took = time.monotonic() - start
+        try:
+            pg.allreduce(np.ones(4, np.float32))
+            after = None
+        except ErdmaError as exc:
+            after = str(exc)
+        return took, after, threading.active_count() - before
+    start = time.monotonic()
+    try:
+        pg.allreduce(np.ones(4, np.float32))
+        return None
+    except ErdmaError as exc:
+        return time.monotonic() - start, exc
+
+
+def test_abort_fails_the_peers_op_at_once_and_releases_the_group(erdma_world):
+    """``abort()`` (before: there was none; torch's abort left the group's threads and sockets behind) fails
+    a peer's pending op within seconds, naming the rank, without waiting for the collective timeout."""
+    (took, after, threads), (waited, err) = erdma_world(2, SLOW_TIMEOUT, timeout=30).run(abort_while_the_peer_waits)
+    assert took < 5.0, took
+    assert after == "rank 0: allreduce on group 0 after this group was aborted (abort()); make a new group to go on"
+    assert threads <= 0, threads
+    assert waited < 10.0, waited
+    assert isinstance(err, (AbortedError, PeerLostError)) and err.op == "allreduce", err
+    assert "rank 0 aborted the job: rank 0: group 0 was aborted by the caller" in str(err) or \
+        "lost rank 0" in str(err), err
+
+
 def one_rank_late(pg):
     if pg.rank() == 1:
         time.sleep(3)
         return "late"
     pg.allreduce(np.ones(4, np.float32))
+
+
+def one_rank_absent(pg, algorithm):
+    """Rank 1 skips the allreduce that the others run; rank 2 enters it a little later than rank 0."""
+    if pg.rank() == 1:
+        time.sleep(6)
+        return "absent"
+    if pg.rank() == 2:
+        time.sleep(0.3)
+    pg.allreduce(np.ones(1 << 16, np.float32), algorithm=algorithm)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling"])
+def test_a_timeout_names_the_rank_that_never_called_the_collective(erdma_world, algorithm):
+    """Before: the first rank to time out blamed whichever neighbour it waited on (rank 0 waits on rank 2 in
+    a ring of 3), and its ABORT carried that to every rank; nobody named rank 1, which never came."""
+    world = erdma_world(3, {"timeouts.collective": 2.0}, timeout=30)
+    outcomes = world.outcomes(one_rank_absent, algorithm)
+    assert outcomes[1] == "absent"
+    for rank in (0, 2):
+        err = outcomes[rank]
+        assert isinstance(err, CollectiveTimeoutError) and err.op == "allreduce", err
+        assert "waiting for rank 1, which sent nothing of it: rank 1 has not called it" in str(err), err
 
 
 def test_timeout_names_op_and_peer(erdma_world):

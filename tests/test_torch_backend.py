@@ -41,6 +41,32 @@ def test_a_call_torch_waits_for_at_once_runs_on_the_callers_thread():
     assert sorted(r.stdout.splitlines()) == ["[rank 0] OK", "[rank 1] OK"]
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_abort_releases_the_group_at_once_and_fails_the_peers_op(n):
+    """torch's abort (torchft's reconfiguration): twelve groups aborted leave the threads and descriptors
+    constant (before: 2 threads and 3 descriptors more each); a peer's op on the aborted group fails within
+    seconds, naming the rank that aborted (before: it waited for the collective timeout)."""
+    r = erdma_run(n, str(ROOT / "tests" / "torch_abort_script.py"), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == [f"[rank {i}] OK" for i in range(n)]
+
+
+def test_a_subgroup_timeout_names_torchs_group_and_the_absent_rank():
+    """Before: every group was "group 0" in eRDMA's errors (each torch group is eRDMA group 0 of its own
+    job), and with rank 1 absent the first rank to time out could name a neighbour instead."""
+    r = erdma_run(3, str(ROOT / "tests" / "torch_blame_script.py"), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == [f"[rank {i}] OK" for i in range(3)]
+
+
+def test_coalescing_manager_runs_blocks_with_and_without_a_device():
+    """Before: ``_coalescing_manager(device=cpu)`` failed with "Could not retrieve or create the backend  for
+    device type cpu" (an empty name)."""
+    r = erdma_run(3, str(ROOT / "tests" / "torch_coalescing_script.py"), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == [f"[rank {i}] OK" for i in range(3)]
+
+
 def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
     """Two ranks: each gradient element is the sum of two floats, which is the same in any order, so
     eRDMA and Gloo must give identical parameters."""

@@ -39,6 +39,9 @@ _EMPTY = np.empty(0, np.uint8)
 log = logging.getLogger("erdma.collectives")
 
 
+_CALLS = {"destroyed": "destroy() / destroy_process_group()", "aborted": "abort()"}
+
+
 class _Compiled(NamedTuple):
     program: Program
     op: executor.Op | None  # the op's fields every call shares (None: no steps to run, as in most ops of a group of one)
@@ -55,7 +58,8 @@ class ProcessGroup:
         self._rank = self.ranks.index(rt.rank)
         self._seq = itertools.count(1)
         self._p2p: dict[tuple[str, int, int], int] = {}
-        self._destroyed = False  # destroy() was called: every op raises
+        self._ended: str | None = None  # "destroyed" or "aborted": every op raises
+        self._name = ""
         self._serial = Serial(f"erdma-pg{group_id}")
         # point-to-point: receives are posted at call time and waited for here; sends keep their order
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
@@ -111,18 +115,38 @@ class ProcessGroup:
                 op=op, nbytes=nbytes, world_size=self.size(), config=self.rt.config)
         return name
 
+    @property
+    def name(self) -> str:
+        """The group's name in error messages ("" by default: they say "group <id>"). torch's backend gives
+        each group torch's own name and description, so that subgroups are told apart."""
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        with self._lock:
+            self._name = value
+            self._plans.clear()  # their ops carry the label
+
+    @property
+    def label(self) -> str:
+        """How errors name this group: "group 2", or "group <name>" once it has a name."""
+        return f"group {self._name}" if self._name else f"group {self.group_id}"
+
     def _usable(self, name: str) -> None:
         """Raise if this group (or the job's transport, with the default group) was destroyed."""
-        if self._destroyed or self.rt.closed:
-            what = "this group" if self._destroyed else "the default group (and with it the job's transport)"
-            raise ErdmaError(f"rank {self.rt.rank}: {name} on group {self.group_id} after {what} was destroyed "
-                             "(destroy() / destroy_process_group()); make a new group to go on")
+        if self._ended is not None:
+            raise ErdmaError(f"rank {self.rt.rank}: {name} on {self.label} after this group was "
+                             f"{self._ended} ({_CALLS[self._ended]}); make a new group to go on")
+        if self.rt.closed:
+            raise ErdmaError(f"rank {self.rt.rank}: {name} on {self.label} after the job's transport was "
+                             "closed (the default group was destroyed or a group aborted); make a new group to go on")
 
     def _collective(self, name: str, count: int, buffers: dict[str, np.ndarray], dtype: str,
                     reduce_op: ReduceOp | None, after: Callable[[], None] | None, async_op: bool,
                     algorithm: str | None = None, key: Hashable | None = None, **spec_fields: Any) -> Work | None:
         """Plan one collective in the caller's thread (bad input raises here), then run it in issue order."""
         self._usable(name)
+        self.rt.codecs.issued(name)
         seq = next(self._seq)
         ckey = (name, count, dtype, reduce_op, algorithm, *spec_fields.values())
         compiled = self._compiled(ckey, name, count, dtype, buffers["out"].itemsize, reduce_op, algorithm, spec_fields)
@@ -180,7 +204,7 @@ class ProcessGroup:
             raise
         except Exception as exc:
             self.rt.transport.abort(AbortedError(
-                f"rank {self.rt.rank}: {call.op} (group {self.group_id}, seq {call.seq}) failed there in "
+                f"rank {self.rt.rank}: {call.op} ({self.label}, seq {call.seq}) failed there in "
                 f"{component.name}: {type(exc).__name__}: {exc}", rank=self.rt.rank, op=call.op))
             raise
         if got is None:
@@ -261,7 +285,7 @@ class ProcessGroup:
             op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
                              dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
                              seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=ranks,
-                             rank=self.rt.rank, root=spec_fields.get("root", NO_ROOT))
+                             rank=self.rt.rank, root=spec_fields.get("root", NO_ROOT), label=self.label)
         return _Compiled(program, op, buffer_sizes(spec)["work"] if program.uses_work else None,
                          self.rt.codecs.for_op(name))
 
@@ -439,7 +463,7 @@ class ProcessGroup:
         t = self.rt.transport
         op = executor.Op(name=kind, opcode=code, dtype=buf.dtype, dtype_code=header.dtype, numel=buf.array.size,
                          job=self.rt.job, group=self.group_id, seq=tag, reduce_op=None, timeout=self.rt.timeout,
-                         ranks=self.ranks, rank=self.rt.rank)
+                         ranks=self.ranks, rank=self.rt.rank, label=self.label)
         if kind == "recv":
             req = t.irecv(g, header, as_bytes(buf.array))  # posted now: matches sends in any order
 
@@ -472,7 +496,26 @@ class ProcessGroup:
     def destroy(self) -> None:
         """Finish queued work and release the group; destroying the default group ends the job's transport.
         Any op on the group afterwards raises ``ErdmaError``."""
-        self._destroyed = True
+        self._ended = self._ended or "destroyed"
+        self._release()
+        if self.group_id == 0:
+            self.rt.close()
+
+    def abort(self) -> None:
+        """Tear the group down now, without waiting on peers (torch's ``abort()``; torchft reconfigures this
+        way). Every op queued or running on the job's transport fails with ``AbortedError``, the peers are told
+        (their ops fail naming this rank: AbortedError, or PeerLostError where the closed connection overtakes
+        the word), and the threads and connections are released before this returns.
+        As a failure does, it ends the job's transport: every group on it, subgroups included."""
+        if self._ended is not None and self.rt.closed:
+            return
+        self._ended = "aborted"
+        self.rt.abort(AbortedError(f"rank {self.rt.rank}: {self.label} was aborted by the caller "
+                                   "(ProcessGroup.abort())", rank=self.rt.rank))
+        self._release()
+
+    def _release(self) -> None:
+        """Finish (or, after an abort, fail at once) what is queued; stop the group's threads and offloads."""
         self._serial.shutdown()
         self._sender.shutdown()
         self._recv_waiters.shutdown(wait=True)
@@ -482,8 +525,6 @@ class ProcessGroup:
             except Exception:  # a plugin's close must not keep the transport open
                 log.exception("rank %d: closing an offloaded algorithm failed", self.rt.rank)
         self._offloads.clear()
-        if self.group_id == 0:
-            self.rt.close()
 
     def __enter__(self) -> ProcessGroup:
         return self

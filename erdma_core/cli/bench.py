@@ -176,21 +176,32 @@ def _hivemind(algorithm: str | None) -> Any:
 BACKENDS: dict[str, Callable[[str | None], Any]] = {"erdma": _Erdma, "gloo": _Gloo, "mpi": _Mpi, "hivemind": _hivemind}
 
 
+def _values(rank: int, count: int, dtype: np.dtype) -> np.ndarray:
+    """Rank ``rank``'s data, random (any rank can make any other's): eighths in [-1000, 1000] (integers for an
+    integer dtype), whose sums over the ranks are exact in every dtype offered, so a result is checked exactly,
+    and which a lossy compressor does not carry exactly (constants it would), so its error shows."""
+    values = np.random.default_rng([rank, count]).integers(-8000, 8001, count)
+    return (values if dtype.kind in "iu" else values / 8).astype(dtype)
+
+
 def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(template for out, input, expected out) with values whose results are exact in any order."""
+    """(template for out, input, expected out) for ``op`` on random data (``_values``)."""
     if op == "allreduce":
-        return np.full(count, rank + 1, dtype), np.empty(0, dtype), np.full(count, p * (p + 1) // 2, dtype)
-    if op == "broadcast":
-        return np.full(count, rank + 7, dtype), np.empty(0, dtype), np.full(count, 7, dtype)
+        return _values(rank, count, dtype), np.empty(0, dtype), sum(_values(r, count, dtype) for r in range(p))
+    if op == "broadcast":  # from rank 0
+        return _values(rank, count, dtype), np.empty(0, dtype), _values(0, count, dtype)
     if op == "allgather":
-        return (np.zeros(count * p, dtype), np.full(count, rank + 1, dtype),
-                np.repeat(np.arange(1, p + 1, dtype=dtype), count))
+        return np.zeros(count * p, dtype), _values(rank, count, dtype), \
+            np.concatenate([_values(r, count, dtype) for r in range(p)])
     if op == "reduce_scatter":
-        return np.zeros(count, dtype), np.full(count * p, rank + 1, dtype), np.full(count, p * (p + 1) // 2, dtype)
+        mine = slice(rank * count, (rank + 1) * count)
+        return np.zeros(count, dtype), _values(rank, count * p, dtype), \
+            sum(_values(r, count * p, dtype)[mine] for r in range(p))
     if op == "alltoall":
         per = max(1, count // p)
-        inp = (np.repeat(np.arange(p, dtype=dtype), per) + rank * 100).astype(dtype)
-        return np.zeros(per * p, dtype), inp, (np.repeat(np.arange(p, dtype=dtype) * 100, per) + rank).astype(dtype)
+        mine = slice(rank * per, (rank + 1) * per)  # block j of the output is block ``rank`` of rank j's input
+        return np.zeros(per * p, dtype), _values(rank, per * p, dtype), \
+            np.concatenate([_values(r, per * p, dtype)[mine] for r in range(p)])
     raise ValueError(f"--op {op!r}; valid choices: {', '.join(BUS_FACTOR)}")
 
 
@@ -215,7 +226,8 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
     """Time ``op`` at each size (``small_iters`` iterations up to 64 KiB when given, like OSU's
     micro-benchmarks, else ``iters``); with ``max_seconds``, stop before a size whose loop would take
     longer than that, predicted from the sizes before (from the max over ranks: every rank stops alike).
-    An element is wrong when it differs from the expected value (by more than ``rtol`` times it)."""
+    Data are random (``_values``). An element is wrong when it differs from its expected value (by more than
+    ``rtol`` times the largest expected value); ``max_err`` is the largest such difference, relative."""
     rows = []
     p = backend.size
     shown = 0.0
@@ -228,14 +240,17 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
         template, inp, expected = _buffers(op, count, backend.rank, p, dtype)
         out = template.copy()
         t_out, t_in = backend.wrap(out), backend.wrap(inp)
-        wrong, elapsed, cpu = 0, 0.0, 0.0
+        scale = float(np.max(np.abs(expected.astype(np.float64)))) or 1.0
+        wrong, elapsed, cpu, err = 0, 0.0, 0.0, 0.0
         for i in range(n_warm + n_iters):
             np.copyto(out, template)
             cpu_start, start = time.process_time(), time.perf_counter()
             backend.op(op, t_out, t_in)
             took, cpu_took = time.perf_counter() - start, time.process_time() - cpu_start  # every thread's CPU
-            wrong += int(np.count_nonzero(np.abs(out - expected) > rtol * np.abs(expected)) if rtol
-                         else np.count_nonzero(out != expected))
+            if not np.array_equal(out, expected):
+                off = np.abs(out.astype(np.float64) - expected)
+                err = max(err, float(off.max()) / scale)
+                wrong += int(np.count_nonzero(off > rtol * scale))
             if i >= n_warm:
                 elapsed += took
                 cpu += cpu_took
@@ -249,6 +264,7 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
         rows.append({"backend": backend.name, "size": count * dtype.itemsize, "count": count, "dtype": dtype.name,
                      "op": op, "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * BUS_FACTOR[op](p),
                      "wrong": int(backend.max_over_ranks(wrong)), "ranks": p,
+                     "max_err": float(backend.max_over_ranks(err)),  # largest |error| / largest |expected value|
                      "cpu_s_per_gb": cpu_per_gb,  # CPU seconds of all ranks per GB of the op's buffer
                      "setup": backend.describe(op) if hasattr(backend, "describe") else ""})
     if backend.rank == 0:
@@ -258,15 +274,17 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """nccl-tests' table: size in bytes, element count, dtype, op and reduce op, time per op in
-    microseconds (slowest rank), algorithm and bus bandwidth in GB/s, wrong elements (0: every result checked)."""
+    microseconds (slowest rank), algorithm and bus bandwidth in GB/s, wrong elements (0: every result checked),
+    then the largest error relative to the largest expected value (a lossy compressor's; 0 when exact)."""
     head = f"# {'size(B)':>12} {'count':>12} {'type':>8} {'op':>14} {'redop':>6} {'time(us)':>10} " \
-           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}"
+           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7} {'maxerr':>8}"
     setup = f"  {rows[0]['setup']}" if rows and rows[0].get("setup") else ""
     lines = [f"# backend: {rows[0]['backend']}  ranks: {rows[0]['ranks']}{setup}", head] if rows else []
     for r in rows:
         redop = "sum" if OPS[r["op"]].reduces else "-"
         lines.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>8} {r['op']:>14} {redop:>6} "
-                     f"{r['time_us']:>10.1f} {r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7}")
+                     f"{r['time_us']:>10.1f} {r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7} "
+                     f"{r.get('max_err', 0.0):>8.2g}")
     return "\n".join(lines)
 
 
@@ -301,8 +319,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="skip the remaining (larger) sizes once one's loop is predicted to take longer than this")
     ap.add_argument("--rtol", type=float, default=None,
-                    help="count an element wrong only when it is further than RTOL x |expected| from the expected "
-                         "value (default: exact; a lossy compressor needs its error bound)")
+                    help="count an element wrong only when it is further than RTOL x the largest |expected value| "
+                         "from its expected value (default: exact; a lossy compressor needs its error bound)")
     ap.add_argument("--json", default=None, help="write all rows to this file (rank 0)")
 
 

@@ -55,6 +55,9 @@ def parse_ops(value: str, lossy: bool) -> frozenset[str] | None:
     return frozenset(names)
 
 
+QUIET_AFTER = 20  # collectives with a compressor configured and nothing encoded before ``Codecs.issued`` warns
+
+
 class Codecs:
     """This rank's compressors: the configured one for sending (None: everything goes raw) and, for
     receiving, any installed one, found by the codec id a frame carries."""
@@ -88,6 +91,7 @@ class Codecs:
         # what the sending compressor did with the messages offered to it (``counted``, ``stats``)
         self._stats: Counter[str] = Counter()
         self._stats_lock = threading.Lock()
+        self._issued = 0  # collectives issued with this sender configured (``issued``)
 
     def counted(self, what: str, raw_bytes: int, wire_bytes: int = 0) -> None:
         """Count one message: ``encoded`` (``wire_bytes`` went out for ``raw_bytes``), or sent raw because it was
@@ -102,6 +106,27 @@ class Codecs:
         if first and self.sender is not None:
             log.info("rank %d: compression %r applies: a message of %d bytes went out as %d", self.rank,
                      self.sender.name, raw_bytes, wire_bytes)
+
+    def issued(self, op: str) -> None:
+        """One more collective was issued (on the caller's thread). After the first ``QUIET_AFTER`` with
+        nothing encoded, one WARNING says why: a configured compressor that never applies is a setting that
+        silently does nothing (a small model's messages under ``compression.min_bytes``, say)."""
+        if self.sender is None:
+            return
+        with self._stats_lock:
+            self._issued += 1
+            if self.ops is not None and op not in self.ops:
+                self._stats["uncovered.collectives"] += 1
+            if self._issued != QUIET_AFTER or self._stats["encoded.messages"]:
+                return
+            got = dict(self._stats)
+        why = ", ".join(f"{got.get(f'{what}.messages', 0)} messages {how}" for what, how in (
+            ("small", f"under compression.min_bytes ({self.min_bytes} bytes)"),
+            ("skipped", "skipped by compression.policy"), ("declined", "declined by the codec")))
+        ops = "all" if self.ops is None else ",".join(sorted(self.ops))
+        log.warning("rank %d: compression %r has encoded nothing in the first %d collectives: %s; %d collectives "
+                    "not in compression.ops (%s). Lower compression.min_bytes or widen compression.ops for it to "
+                    "apply.", self.rank, self.sender.name, QUIET_AFTER, why, got.get("uncovered.collectives", 0), ops)
 
     def stats(self) -> dict[str, int]:
         """The counts of ``counted``, as ``<what>.messages`` and ``<what>.raw_bytes`` (and

@@ -44,6 +44,7 @@ class _OpFields(NamedTuple):
     numel: int
     job: int
     group: int
+    label: str  # how errors name the group: "group 3", "group 1 (tp)"
     reduce_op: ReduceOp | None
     root: int  # the root's rank in the group (rooted ops), else wire.NO_ROOT
     timeout: float
@@ -64,10 +65,11 @@ class Op(_OpFields):
 
     def __new__(cls, *, name: str, opcode: int, dtype: str, dtype_code: int, numel: int, job: int, group: int,
                 seq: int, reduce_op: ReduceOp | None, timeout: float, ranks: Sequence[int],
-                rank: int, algorithm: str = "", key: Hashable | None = None, root: int = NO_ROOT) -> Op:
+                rank: int, algorithm: str = "", key: Hashable | None = None, root: int = NO_ROOT,
+                label: str = "") -> Op:
         head = (DATA, job, dtype_code, opcode, reduce_op.code if reduce_op else 0, root, group)
-        return _new(cls, (name, algorithm, opcode, dtype, dtype_code, numel, job, group, reduce_op, root, timeout,
-                          ranks, rank, head, seq, key, time.monotonic() + timeout))
+        return _new(cls, (name, algorithm, opcode, dtype, dtype_code, numel, job, group, label or f"group {group}",
+                          reduce_op, root, timeout, ranks, rank, head, seq, key, time.monotonic() + timeout))
 
     def again(self, seq: int, key: Hashable | None) -> Op:
         return _new(Op, (*self[:_PER_CALL], seq, key, time.monotonic() + self.timeout))
@@ -92,7 +94,7 @@ def run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpor
     except ErdmaError:
         raise  # aborted where it was raised
     except Exception as exc:  # a fault on this rank: its peers must not wait for it until their timeout
-        transport.abort(AbortedError(f"rank {op.rank}: {op.name} (group {op.group}, seq {op.seq}) failed there: "
+        transport.abort(AbortedError(f"rank {op.rank}: {op.name} ({op.label}, seq {op.seq}) failed there: "
                                      f"{type(exc).__name__}: {exc}", rank=op.rank, op=op.name))
         raise
 
@@ -247,7 +249,7 @@ def _collect(got: Outgoing | _Running, fwd: Forwarding | None, op: Op, m: Msg, t
         out = got.future.result(timeout=max(0.0, op.deadline - time.monotonic()))
     except FutureTimeout:
         err = CollectiveTimeoutError(
-            f"rank {op.rank}: {op.name} (group {op.group}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
+            f"rank {op.rank}: {op.name} ({op.label}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
             f"encoding a message for rank {op.ranks[m.peer]}", rank=op.rank, op=op.name)
         transport.abort(err)
         raise err from None
@@ -332,7 +334,7 @@ def decode(codecs: Codecs, header: Header, payload: memoryview, out: np.ndarray,
     try:
         codecs.decode(header, payload, op.dtype, out, op.rank, op.ranks[peer])
     except ProtocolError as exc:
-        err = ProtocolError(f"{op.name} (group {op.group}, seq {op.seq}) failed on rank {op.rank}: {exc}")
+        err = ProtocolError(f"{op.name} ({op.label}, seq {op.seq}) failed on rank {op.rank}: {exc}")
         transport.abort(err)
         raise err from exc
 
@@ -340,19 +342,45 @@ def decode(codecs: Codecs, header: Header, payload: memoryview, out: np.ndarray,
 def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) -> None:
     try:
         ok = (req.finished and req.error is None) or transport.wait(req, op.deadline)
+        heard = not ok and _heard(peer, op, transport, doing)
+        if heard:  # that rank waits on another: give the rank waiting on the one that never came time to speak
+            ok = transport.wait(req, time.monotonic() + _grace(op.timeout))
     except CollectiveError as exc:
         transport.abort(exc)
-        raise type(exc)(f"{op.name} (group {op.group}, seq {op.seq}) failed on rank {op.rank}: {exc}",
+        raise type(exc)(f"{op.name} ({op.label}, seq {op.seq}) failed on rank {op.rank}: {exc}",
                         **_fields(exc, op)) from exc
     except ErdmaError as exc:  # a peer broke the protocol, or this rank could not send
         transport.abort(exc)
         raise
     if not ok:
+        who = op.ranks[peer]
+        why = ""
+        if heard:
+            why = ", which called it and sent part of it, then stopped (it waits on another rank, or hangs)"
+        elif doing == "waiting for" and op.name not in _P2P:
+            why = f", which sent nothing of it: rank {who} has not called it (or waits on another rank first)"
         err = CollectiveTimeoutError(
-            f"rank {op.rank}: {op.name} (group {op.group}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
-            f"{doing} rank {op.ranks[peer]}", rank=op.rank, op=op.name)
+            f"rank {op.rank}: {op.name} ({op.label}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
+            f"{doing} rank {who}{why}", rank=op.rank, op=op.name)
         transport.abort(err)
         raise err
+
+
+_P2P = ("send", "recv")
+
+
+def _heard(peer: int, op: Op, transport: Transport, doing: str) -> bool:
+    """Whether the rank this rank waited on until the deadline has sent it part of this collective: it
+    called it, and waits on another rank (or hangs). The wait on it then goes on for a grace period, so
+    that the rank waiting on the one that never called the collective times out first and its ABORT, which
+    names that rank, reaches everyone."""
+    return doing == "waiting for" and op.name not in _P2P and transport.heard(op.ranks[peer], op.group, op.seq)
+
+
+def _grace(timeout: float) -> float:
+    """Seconds a timed-out wait on a rank that called the collective goes on: a tenth of the timeout, within
+    1-10 s (ranks enter a collective at different times)."""
+    return min(10.0, max(1.0, timeout / 10))
 
 
 def _fields(exc: CollectiveError, op: Op) -> dict[str, object]:

@@ -45,11 +45,25 @@ class Runtime:
         return self._closed
 
     def close(self) -> None:
+        """Release the transport (after the peers acknowledged what was sent), the codecs and the store."""
+        if self._end():
+            self._release()
+
+    def abort(self, error: BaseException) -> None:
+        """Fail everything queued or in flight on the transport with ``error``, tell the peers why (bounded,
+        as any abort), then release as ``close`` does, without waiting for acknowledgements."""
+        if self._end():
+            self.transport.abort(error)
+            self._release()
+
+    def _end(self) -> bool:
+        """Mark the runtime closed: True for the one caller that does it."""
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self.transport.close()
+            first, self._closed = not self._closed, True
+        return first
+
+    def _release(self) -> None:
+        self.transport.close()  # after an abort: no linger for acknowledgements (MessageTransport.settling)
         self.codecs.close()
         if self.rank == 0 and hasattr(self.store, "cleanup"):
             self.store.cleanup()  # a folder store must not hand this job's keys to the next one

@@ -123,6 +123,11 @@ class Transport(Protocol):
 
     def abort(self, error: BaseException) -> None: ...
 
+    def heard(self, peer: int, group: int, seq: int) -> bool:
+        """Whether a message of collective ``seq`` of ``group`` (or a later one) came from ``peer`` (a
+        timeout's error says whether the rank it waited on had called the collective at all)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -225,6 +230,9 @@ class MessageTransport:
             self.closing = True
             self.shutdown()
             raise
+
+    def heard(self, peer: int, group: int, seq: int) -> bool:
+        return self.mailbox.heard(peer, group, seq)
 
     def begin(self, group: int, seq: int) -> None:
         err = self.mailbox.begin(group, seq)

@@ -169,8 +169,15 @@ class Mailbox:
         self._lent: dict[tuple[int, int], tuple[Request, memoryview]] = {}  # (peer, ticket): our sends it reads
         self._tickets = 0
         self._spares = Spares()  # memory of delivered early frames, for the next ones
+        self._heard: dict[tuple[int, int], int] = {}  # (peer, group) -> latest sequence a frame came for
         self.aborted: BaseException | None = None
         self.rejected = 0
+
+    def heard(self, peer: int, group: int, seq: int) -> bool:
+        """Whether a frame of collective ``seq`` of ``group`` (or of a later one) came from ``peer``: it has
+        called that collective. Nothing from a peer that this rank waits on says less: it has not called it,
+        or it waits on another rank before it sends."""
+        return self._heard.get((peer, group), 0) >= seq
 
     def begin(self, group: int, seq: int) -> MismatchError | None:
         """A collective ``seq`` starts in ``group``. A frame of an older sequence that no receive took means
@@ -268,6 +275,8 @@ class Mailbox:
         clash: _Posted | None = None
         with self._lock:
             key = (peer, (h.group, h.seq, h.tag))
+            if h.seq > self._heard.get((peer, h.group), 0):
+                self._heard[(peer, h.group)] = h.seq
             collective = not h.group & P2P_GROUP_BIT
             floor = self._floor.get(h.group, 0)
             stale = collective and h.seq < floor
@@ -312,6 +321,8 @@ class Mailbox:
         if h.codec == RAW and h.job & 0xFFFFFFFF == self.job32:
             key = (peer, (h.group, h.seq, h.tag))
             with self._lock:
+                if h.seq > self._heard.get(pg := (peer, h.group), 0):
+                    self._heard[pg] = h.seq
                 posted = self._posted.get(key)
                 if posted is None:
                     if self._keep_early(peer, h, key, payload):
