@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from erdma_core import CollectiveTimeoutError, ConfigError, PluginError
+from erdma_core import CollectiveTimeoutError, ConfigError, ErdmaError, PluginError
 from erdma_core.cli.launcher import free_port
 from erdma_core.discovery import FileStore, TCPStore
 from erdma_core.testing import World
@@ -75,6 +77,26 @@ def test_tcp_store_set_get_add_and_timeout():
     assert time.monotonic() - start < 5
     client.close()
     server.close()
+
+
+def test_a_store_that_goes_away_names_who_served_it():
+    """Before: a rank still in set-up when rank 0 (the store's server) failed said only "discovery store at
+    ... failed: Connection reset by peer", which reads as a network fault."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", "import sys, time; from erdma_core.discovery import TCPStore; "
+                               f"TCPStore('127.0.0.1', {port}, is_server=True, timeout=5); print(flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE)
+    assert server.stdout is not None and server.stdout.readline() == b"\n"
+    client = TCPStore("127.0.0.1", port, is_server=False, timeout=5, served_by="rank 0")
+    threading.Timer(0.3, server.kill).start()  # the serving process dies
+    with pytest.raises(ErdmaError) as info:
+        client.get("never", 10)
+    server.wait()
+    assert not isinstance(info.value, TimeoutError)
+    assert f"discovery: the store at 127.0.0.1:{port} is gone (" in str(info.value)
+    assert str(info.value).endswith("): rank 0 has exited or failed, and this rank cannot go on without it (the "
+                                    "cause is rank 0's own error)")
+    client.close()
 
 
 def test_tcp_store_unreachable_times_out():

@@ -204,6 +204,30 @@ def one_rank_late(pg):
     pg.allreduce(np.ones(4, np.float32))
 
 
+def frames_of_a_peers_death(pg):
+    import traceback
+
+    if pg.rank() == 1:
+        os._exit(3)  # rank 1 dies; the others' next allreduce fails
+    try:
+        pg.allreduce(np.ones(1 << 16, np.float32))
+    except PeerLostError as exc:
+        files = [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+        return type(exc).__name__, exc.__cause__, exc.__suppress_context__, files
+    return None
+
+
+def test_a_survivors_error_comes_without_the_librarys_frames_and_chains(erdma_world):
+    """Before: each survivor of a failed rank printed ~80 lines: the error chained to its cause, each with
+    eRDMA's internal frames (executor, transport, mailbox). The message names rank, op and cause already."""
+    outcomes = erdma_world(3, SLOW_TIMEOUT, timeout=60).outcomes(frames_of_a_peers_death)
+    for rank in (0, 2):
+        name, cause, suppressed, files = outcomes[rank]
+        assert (name, cause, suppressed) == ("PeerLostError", None, True), outcomes[rank]
+        inside = [f for f in files if "/erdma_core/" in f and not f.endswith("process_group.py")]
+        assert not inside, files
+
+
 def one_rank_absent(pg, algorithm):
     """Rank 1 skips the allreduce that the others run; rank 2 enters it a little later than rank 0."""
     if pg.rank() == 1:

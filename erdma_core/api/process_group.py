@@ -33,7 +33,7 @@ from ..errors import AbortedError, ConfigError, ErdmaError, PluginError
 from ..transport.mailbox import as_bytes
 from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from .serial import Serial
-from .work import Work
+from .work import Work, bare
 
 _EMPTY = np.empty(0, np.uint8)
 log = logging.getLogger("erdma.collectives")
@@ -105,7 +105,10 @@ class ProcessGroup:
         serial = serial or self._serial
         if async_op:
             return Work(serial.submit(fn), name, self.rt.rank, serial.help)
-        serial.call(fn)  # raises the op's own error
+        try:
+            serial.call(fn)  # raises the op's own error
+        except ErdmaError as exc:
+            raise bare(exc) from None
         return None
 
     def _algorithm(self, op: str, nbytes: int, chosen: str | None) -> str:
@@ -178,9 +181,6 @@ class ProcessGroup:
             if after is not None:
                 after()
 
-        if not async_op:
-            self._serial.call(run)  # raises the op's own error
-            return None
         return self._submit(name, run, async_op)
 
     def _compiled(self, ckey: tuple[Any, ...], name: str, count: int, dtype: str, itemsize: int,
@@ -474,7 +474,10 @@ class ProcessGroup:
                 buf.commit()
 
             if not async_op:
-                wait_recv()
+                try:
+                    wait_recv()
+                except ErdmaError as exc:
+                    raise bare(exc) from None
                 return None
             return Work(self._recv_waiters.submit(wait_recv), kind, self.rt.rank)
 

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import CollectiveTimeoutError
+from ..errors import CollectiveTimeoutError, ErdmaError
 from .serial import blocking
+
+log = logging.getLogger("erdma")
+
+
+def bare(exc: ErdmaError) -> ErdmaError:
+    """``exc``, to raise again where the API returns to its caller without the library's own frames and
+    chained causes (its message names the rank, the op, the peer and the cause already): a rank that fails
+    because another did prints one error, not pages of eRDMA's internals. The whole traceback is logged
+    at DEBUG (logger "erdma")."""
+    log.debug("%s", exc, exc_info=exc)
+    exc.__cause__ = None
+    exc.__suppress_context__ = True
+    return exc.with_traceback(None)
 
 
 class Work:
@@ -30,7 +44,10 @@ class Work:
                 except cf.TimeoutError:
                     raise CollectiveTimeoutError(f"rank {self._rank}: Work.wait({timeout}) for {self.op} timed out",
                                                  rank=self._rank, op=self.op) from None
-        self._future.result()
+        try:
+            self._future.result()
+        except ErdmaError as exc:
+            raise bare(exc) from None
         return True
 
     def is_completed(self) -> bool:

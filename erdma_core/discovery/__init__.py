@@ -21,7 +21,9 @@ def tcp_store(url: str, rank: int, world_size: int, timeout: float, config: Any)
     if not parsed.hostname or not parsed.port:
         raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a host and a port: tcp://HOST:PORT")
     secret = config["security.secret"].encode() if config is not None else b""
-    return TCPStore(parsed.hostname, parsed.port, is_server=rank == 0, timeout=timeout, secret=secret)
+    return TCPStore(parsed.hostname, parsed.port, is_server=rank == 0, timeout=timeout, secret=secret,
+                    served_by="rank 0" if rank >= 0 else "the process serving the elastic job's store (erdma run "
+                    "--elastic)")
 
 
 def env_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:

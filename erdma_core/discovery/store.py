@@ -168,8 +168,11 @@ class TCPStore:
     an answer up to a request's own wait plus ``timeout`` (at least 5 s: a lossy link retransmits slowly).
     Every connection proves it knows ``secret`` (both ways: ``auth.StoreClient``) before any request."""
 
-    def __init__(self, host: str, port: int, *, is_server: bool, timeout: float, secret: bytes = b"") -> None:
+    def __init__(self, host: str, port: int, *, is_server: bool, timeout: float, secret: bytes = b"",
+                 served_by: str = "the process that serves it") -> None:
+        """``served_by``: who serves the store, as a client's error names it when the store goes away."""
         self.host, self.port = host, port
+        self.served_by = served_by
         self._key = auth.store_key(secret)
         self._server: _Server | None = None
         if is_server:
@@ -227,8 +230,14 @@ class TCPStore:
                 self._sock.sendall(_REQ.pack(op, timeout, len(k), len(value)) + k + value)
                 status, n = _RESP.unpack(recv_exact(self._sock, _RESP.size))
                 out = recv_exact(self._sock, n)
-            except (OSError, ConnectionError) as exc:
-                raise ErdmaError(f"discovery store at {self.host}:{self.port} failed: {exc}") from exc
+            except TimeoutError:  # (not a CollectiveTimeoutError: a wait for a key did not end, the store hangs)
+                raise ErdmaError(f"discovery: the store at {self.host}:{self.port} did not answer within "
+                                 f"{timeout + self._grace:.1f}s; {self.served_by} hangs or the path to it is "
+                                 "down") from None
+            except (OSError, ConnectionError) as exc:  # closed or reset: whoever serves it is gone
+                raise ErdmaError(f"discovery: the store at {self.host}:{self.port} is gone ({exc}): {self.served_by} "
+                                 f"has exited or failed, and this rank cannot go on without it (the cause is "
+                                 f"{self.served_by}'s own error)") from None
         if status == 2:
             raise ErdmaError(f"discovery: the store refused {key!r}: it does not hold a number")
         return status, out

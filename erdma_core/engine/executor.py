@@ -348,7 +348,7 @@ def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) ->
     except CollectiveError as exc:
         transport.abort(exc)
         raise type(exc)(f"{op.name} ({op.label}, seq {op.seq}) failed on rank {op.rank}: {exc}",
-                        **_fields(exc, op)) from exc
+                        **_fields(exc, op)) from None  # (the message carries exc's)
     except ErdmaError as exc:  # a peer broke the protocol, or this rank could not send
         transport.abort(exc)
         raise
