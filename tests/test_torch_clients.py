@@ -56,6 +56,21 @@ def test_lightning_sync_dist_matches_gloo():
     assert metrics["erdma-run"] == metrics["gloo"] and metrics["erdma-torchrun"] == metrics["gloo"]
 
 
+def test_accelerate_trains_on_erdma_as_on_gloo():
+    """accelerate on CPU picks Gloo for the group it makes and refuses another name; with the default group
+    made first by name (README), it trains on eRDMA: losses, gather, reduce and parameters equal Gloo's."""
+    pytest.importorskip("accelerate")
+    script = str(ROOT / "tests" / "accelerate_script.py")
+    results = {}
+    for name, r in (("gloo", gloo_reference(2, script, "gloo", done=JSON)), ("erdma", erdma_run(2, script, "erdma")),
+                    ("erdma-torchrun", torchrun(2, script, "erdma"))):
+        assert r.returncode == 0, (name, r.stderr[-3000:])
+        results[name] = _json(r.stdout)
+    assert [results[n].pop("backend") for n in results] == ["gloo", "erdma", "erdma"]
+    assert results["gloo"]["gathered"] == [1, 11] and len(results["gloo"]["losses"]) == 20
+    assert results["erdma"] == results["gloo"] and results["erdma-torchrun"] == results["gloo"]
+
+
 def _wrapped(values: list[int], dtype: torch.dtype) -> int:
     """The sum of ``values`` as ``dtype`` holds it (integer sums wrap)."""
     return torch.tensor(sum(values), dtype=torch.int64).to(dtype).item()

@@ -197,7 +197,10 @@ def test_peer_that_stays_dark_is_lost_after_the_reconnect_timeout(tmp_path):
                 if p.poll() is None:
                     p.kill()
     assert [p.returncode for p in procs] == [1, 1], errs
-    assert "PeerLostError: rank 0: lost rank 1 over QUIC: connection ended (Idle timeout); " \
-           "no new connection within 3.0 s" in errs[0], errs[0][-2000:]
-    assert "PeerLostError: rank 1: lost rank 0 over QUIC" in errs[1], errs[1][-2000:]
+    # (one error per rank: the op's, which carries the transport's text; no chained traceback of the cause)
+    assert re.search(r"PeerLostError: allreduce \(group 0, seq \d+\) failed on rank 0: rank 0: lost rank 1 over "
+                     r"QUIC: connection ended \(Idle timeout\); no new connection within 3\.0 s", errs[0]), \
+        errs[0][-2000:]
+    assert re.search(r"PeerLostError: allreduce \(group 0, seq \d+\) failed on rank 1: rank 1: lost rank 0 over "
+                     r"QUIC", errs[1]), errs[1][-2000:]
     assert took < 30, took  # idle timeout + reconnect timeout (+ one idle timeout for the listener), not a hang
