@@ -340,10 +340,15 @@ def decode(codecs: Codecs, header: Header, payload: memoryview, out: np.ndarray,
 
 
 def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) -> None:
+    who = op.ranks[peer]
+    waiting = doing == "waiting for" and op.name not in _P2P  # a receive of a collective
     try:
         ok = (req.finished and req.error is None) or transport.wait(req, op.deadline)
-        heard = not ok and _heard(peer, op, transport, doing)
-        if heard:  # that rank waits on another: give the rank waiting on the one that never came time to speak
+        # a rank that sent part of this collective called it and waits on another (or hangs): the wait on it
+        # goes on for a grace period, so that the rank waiting on the one that never called the collective
+        # times out first and its ABORT, which names that rank, reaches everyone
+        heard = not ok and waiting and transport.heard(who, op.group, op.seq)
+        if heard:
             ok = transport.wait(req, time.monotonic() + _grace(op.timeout))
     except CollectiveError as exc:
         transport.abort(exc)
@@ -353,11 +358,10 @@ def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) ->
         transport.abort(exc)
         raise
     if not ok:
-        who = op.ranks[peer]
         why = ""
         if heard:
             why = ", which called it and sent part of it, then stopped (it waits on another rank, or hangs)"
-        elif doing == "waiting for" and op.name not in _P2P:
+        elif waiting:
             why = f", which sent nothing of it: rank {who} has not called it (or waits on another rank first)"
         err = CollectiveTimeoutError(
             f"rank {op.rank}: {op.name} ({op.label}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
@@ -367,14 +371,6 @@ def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) ->
 
 
 _P2P = ("send", "recv")
-
-
-def _heard(peer: int, op: Op, transport: Transport, doing: str) -> bool:
-    """Whether the rank this rank waited on until the deadline has sent it part of this collective: it
-    called it, and waits on another rank (or hangs). The wait on it then goes on for a grace period, so
-    that the rank waiting on the one that never called the collective times out first and its ABORT, which
-    names that rank, reaches everyone."""
-    return doing == "waiting for" and op.name not in _P2P and transport.heard(op.ranks[peer], op.group, op.seq)
 
 
 def _grace(timeout: float) -> float:
