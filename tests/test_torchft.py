@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="torchft is not installed (pip install torchft-nightly)")
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = 40
+STEPS = 150  # 15 s of steps: time for a killed replica to start again and rejoin on a busy host
 
 
 class Replica:

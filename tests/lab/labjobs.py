@@ -8,15 +8,16 @@ import subprocess
 
 def results(procs: list[subprocess.Popen[str]], timeout: float) -> list[dict]:
     """Each rank's last stdout line (JSON), once all exited 0 within ``timeout`` (those still running are
-    killed)."""
-    outs = []
+    killed); else an AssertionError with every failed rank's error."""
+    done: list[tuple[int, str, str]] = []
     try:
         for p in procs:
             out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, err[-3000:]
-            outs.append(json.loads(out.strip().splitlines()[-1]))
+            done.append((p.returncode, out, err))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    return outs
+    failed = [f"rank {i} exited with {rc}: {err[-2500:]}" for i, (rc, _, err) in enumerate(done) if rc != 0]
+    assert not failed, "\n".join(failed)  # every rank's error: the first to fail is not always rank 0
+    return [json.loads(out.strip().splitlines()[-1]) for _, out, _ in done]

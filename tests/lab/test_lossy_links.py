@@ -1,4 +1,4 @@
-"""Lossy but live links are not cut, and what a rank sent last arrives after it closes: 10% and 30% loss
+"""Lossy but live links are not cut, and what a rank sent last arrives after it closes: 10% and 20% loss
 each way on TCP; a TCP link that goes dark, both ways, between two collectives for longer than keepalive
 used to allow (27 s: at b06b16e it gave up after 10 s idle and three unanswered probes 5 s apart); and
 everything one rank sends blocked for 6 s from just before its last allreduce, over TCP and over QUIC
@@ -53,8 +53,12 @@ def _wait_for(path: Path, procs: list[subprocess.Popen[str]]) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("loss", [0.1, 0.3])
+@pytest.mark.parametrize("loss", [0.1, 0.2])
 def test_tcp_through_heavy_loss_delivers_every_result(loss: float) -> None:
+    """Not 30%: there a try and its ACK both get through only half the time (0.7 x 0.7), so a segment whose
+    first 10 tries fail (0.51**10, about 1 in 1,000 segments) is still in TCP's back-off after 120 s and the
+    kernel gives the connection up at TCP_USER_TIMEOUT (the collective timeout), as it should: a core run here
+    failed so after 136 s (ECONNRESET). At 20% that takes 0.36**10, about 4 in 100,000."""
     with Lab(2, LinkSpec(rtt_ms=10, loss=loss)) as lab:
         res = results(_start(lab, "tcp", ["12", "1024"]), 400)
         lost = lab.relay_counters()["lost"]
