@@ -6,7 +6,7 @@
 # across a worker, and over DPDK's memif (erdma-dpdk). Each suite's test files run on pytest-xdist workers
 # (TEST_WORKERS, 3 by default; a file's tests stay on one worker, in order): most tests wait on their ranks,
 # their sockets and their timeouts, so on two cores one file's waiting is another's running. Ends with each
-# step's outcome and time and the 20 slowest tests of the whole run; exits 1 when any step failed.
+# step's outcome, wall and CPU seconds, and the 20 slowest tests of the whole run; exits 1 when any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=$(pwd)/${VENV:-.venv}/bin/python
@@ -36,11 +36,12 @@ step() {  # step NAME DIR COMMAND...: run COMMAND in DIR; pytest commands write 
 
 record() {  # record NAME RC SECONDS CPU_SECONDS
     names+=("$1")
-    results+=("$(printf '%-6s %5ds wall %10s' "$([[ $2 == 0 ]] && echo ok || echo FAILED)" "$3" "${4:+$4s CPU}")")
+    results+=("$(printf '%-6s %5ds wall %6ds CPU' "$([[ $2 == 0 ]] && echo ok || echo FAILED)" "$3" "$4")")
 }
 
 pytest_cmd() {  # pytest_cmd JUNIT ARGS...: pytest, quiet, in file order, its files spread over the workers
-    # (a later --dist in ARGS wins: the core's tests, which share no module-wide fixtures, go one by one)
+    # (a later --dist in ARGS wins: the core's tests go one by one; a worker makes its own shared worlds, which
+    # costs little over TCP, and much in the re-runs over QUIC, which run by file)
     local xml=$1
     shift
     "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadfile --junitxml="$xml" "$@"
@@ -52,36 +53,19 @@ pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest
     step "$name" "$dir" pytest_cmd "$junit/${#names[@]}.xml" -o junit_suite_name="$name" "$@"
 }
 
-# erdma-verbs' suite is a qemu guest's (minutes of emulated CPU that waits on nothing here): it runs beside
-# the other steps from the start, and its output is shown when it ends
-beside=plugins/erdma-verbs
-if [[ -f $beside/pyproject.toml ]]; then
-    (start=$(date +%s); (cd "$beside" && pytest_cmd "$junit/beside.xml" -o junit_suite_name="$(basename "$beside")")
-     echo "$? $(($(date +%s) - start))" > "$junit/beside.rc") > "$junit/beside.log" 2>&1 &
-    beside_pid=$!
-fi
-
 step "lint (ruff)" . "$(dirname "$PY")/ruff" check .
 pytest_in "core" . --dist worksteal --ignore=tests/torch_suite
 pytest_in "PyTorch's distributed tests" tests/torch_suite -p no:cacheprovider --dist load test_pytorch_distributed.py
 for p in plugins/*/ examples/erdma-example/; do
-    [[ -f $p/pyproject.toml && ${p%/} != "$beside" ]] && pytest_in "$(basename "$p")" "$p"
+    [[ -f $p/pyproject.toml ]] && pytest_in "$(basename "$p")" "$p"
 done
-core_again=(--dist worksteal tests/test_collectives.py tests/test_failures.py tests/test_progress.py)
+core_again=(tests/test_collectives.py tests/test_failures.py tests/test_progress.py)  # by file: shared worlds
 ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_ENGINE=aioquic \
     pytest_in "core over QUIC (aioquic)" . "${core_again[@]}"
 ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_ENGINE=ngtcp2 \
     ERDMA_TRANSPORT_QUIC_WORKERS=1 ERDMA_TRANSPORT_QUIC_PART_BYTES=65536 \
     pytest_in "core over QUIC (ngtcp2, a worker)" . "${core_again[@]}"
 ERDMA_TRANSPORT=dpdk pytest_in "core over DPDK (memif)" . "${core_again[@]}"
-
-if [[ -n ${beside_pid:-} ]]; then
-    echo "=== $(basename "$beside") (ran beside the steps above)"
-    wait "$beside_pid"
-    cat "$junit/beside.log"
-    read -r rc seconds < "$junit/beside.rc" || { rc=1; seconds=0; }
-    record "$(basename "$beside") (beside)" "$rc" "$seconds" ""
-fi
 
 echo
 echo "=== summary"
@@ -91,6 +75,6 @@ for i in "${!names[@]}"; do
     [[ ${results[$i]} == ok* ]] || failed=1
 done
 cpu
-echo "  $CPU CPU seconds in all (user and system, every step's processes, $(basename "$beside")'s guest included)"
+echo "  $CPU CPU seconds in all (user and system, every step's processes)"
 "$PY" scripts/slowest.py 20 "$junit"/*.xml
 exit $failed

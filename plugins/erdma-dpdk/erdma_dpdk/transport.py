@@ -63,6 +63,9 @@ class _Link:
         self.sink: Any = None  # the buffer the shim writes arriving bytes into (kept alive while it does)
 
 
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last a NUL
+
+
 def run_dir(option: str) -> pathlib.Path:
     if option:
         return pathlib.Path(option)
@@ -209,6 +212,10 @@ class DpdkTransport(MessageTransport):
             if peer <= self.rank:
                 continue
             path = self._job_dir / f"memif-{self.rank}-{peer}.{os.getpid()}.sock"
+            if len(os.fsencode(path)) > MAX_SOCKET_PATH:  # DPDK's memif said only "No such file or directory"
+                raise eal.DpdkError(f"rank {self.rank}: the memif socket path {path} is {len(os.fsencode(path))} "
+                                    f"bytes, over the {MAX_SOCKET_PATH} a Unix socket's address holds: set "
+                                    f"transport.dpdk.run_dir (now {str(root)!r}) to a shorter folder")
             path.unlink(missing_ok=True)
             self._sockets.append(path)
             args = backends.memif_args(server=True, socket=str(path), frame=frame, o=o, secret=secret)

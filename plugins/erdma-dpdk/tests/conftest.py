@@ -4,7 +4,11 @@ machine without DPDK skips the tests that run it."""
 from __future__ import annotations
 
 import importlib
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +29,12 @@ def shim_built() -> None:
     """Where DPDK is installed, a shim that does not import is a failed build, not a skip."""
     if HAVE_DPDK:
         importlib.import_module("erdma_dpdk._shim")
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A run_dir whose memif socket paths fit a Unix socket's 107 bytes: pytest's tmp_path under a
+    pytest-xdist worker (``/tmp/pytest-of-root/pytest-N/popen-gwK/<test name>/``) does not."""
+    path = Path(tempfile.mkdtemp(prefix="edp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

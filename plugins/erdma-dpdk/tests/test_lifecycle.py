@@ -4,6 +4,7 @@ from the start); a killed rank's sockets are removed by the next rank that start
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from erdma_dpdk import eal
+
+from erdma_core.testing.world import RankFailure
 
 from .conftest import needs_dpdk
 
@@ -30,27 +33,42 @@ def _die_after_one(pg):
 
 
 @needs_dpdk
-def test_a_closed_job_leaves_nothing(erdma_world, tmp_path):
-    world = erdma_world(3, {"transport.name": "dpdk", "transport.dpdk.run_dir": str(tmp_path)})
+def test_a_closed_job_leaves_nothing(erdma_world, short_dir):
+    world = erdma_world(3, {"transport.name": "dpdk", "transport.dpdk.run_dir": str(short_dir)})
     pids = world.run(_pid)
-    sockets = sorted(p.name for p in tmp_path.rglob("*.sock"))
+    sockets = sorted(p.name for p in short_dir.rglob("*.sock"))
     assert len(sockets) == 3 and all(any(f".{pid}." in s for s in sockets) for pid in pids[:2]), sockets
     world.close()
-    assert not list(tmp_path.rglob("*.sock"))
+    assert not list(short_dir.rglob("*.sock"))
     assert not [p for p in eal.runtime_root().glob("erdma-*") if eal._pid_in(p.name) in pids]
 
 
 @needs_dpdk
-def test_a_killed_ranks_sockets_are_removed_by_the_next_rank_that_starts(erdma_world, tmp_path):
-    config = {"transport.name": "dpdk", "transport.dpdk.run_dir": str(tmp_path), "timeouts.collective": 30.0}
+def test_a_killed_ranks_sockets_are_removed_by_the_next_rank_that_starts(erdma_world, short_dir):
+    config = {"transport.name": "dpdk", "transport.dpdk.run_dir": str(short_dir), "timeouts.collective": 30.0}
     world = erdma_world(3, config, timeout=20)
     outcomes = world.outcomes(_die_after_one)
     assert "died" in outcomes[0], outcomes
     world.close()
-    left = sorted(p.name for p in tmp_path.rglob("*.sock"))
+    left = sorted(p.name for p in short_dir.rglob("*.sock"))
     assert len(left) == 2 and all(name.startswith("memif-0-") for name in left), left  # rank 0 served both
     erdma_world(2, config).run(_pid)
-    assert not [p for p in tmp_path.rglob("memif-0-*.sock") if p.name in left]
+    assert not [p for p in short_dir.rglob("memif-0-*.sock") if p.name in left]
+
+
+@needs_dpdk
+def test_a_run_dir_too_deep_for_a_socket_address_is_named(erdma_world, tmp_path):
+    """A memif socket path over 107 bytes: DPDK said only "No such file or directory" (a pytest-xdist worker's
+    tmp_path did it); the error names the path, the limit and the option. Rank 1, which waits for rank 0's
+    ports, is told at once (it waited for them until its connect timeout)."""
+    deep = tmp_path / ("d" * 100)
+    with pytest.raises(RankFailure) as failed:
+        erdma_world(2, {"transport.name": "dpdk", "transport.dpdk.run_dir": str(deep)})  # set-up fails
+    errors = {rank: str(e) for rank, e in failed.value.errors.items()}
+    said = r"rank 0: the memif socket path .* bytes, over the 107 a Unix socket's address holds: set " \
+           r"transport\.dpdk\.run_dir \(now '.*d{100}'\)"
+    assert re.match(said, errors[0]), errors
+    assert re.search("another rank gave up: " + said, errors[1]), errors
 
 
 @needs_dpdk
