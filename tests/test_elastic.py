@@ -280,9 +280,14 @@ def test_erdma_run_elastic_prints_how_to_join_and_a_joined_peer_becomes_a_member
     assert refused.wait(30) == 2
     assert "give the job's secret" in refused.stdout.read()
     joined = _erdma("--join", join_cmd[0], "--secret-file", join_cmd[1], "-n", "1", "--", sys.executable, *PEER)
+    assert joined.stdout is not None
+    theirs: list[str] = []
+    joined_reader = threading.Thread(target=lambda: theirs.extend(joined.stdout), daemon=True)
+    joined_reader.start()
     try:
         _until(lambda: any("epoch 2: 3 members" in line for line in lines), "the joined peer's epoch")
-        out = joined.stdout
+        # a member may be admitted and told to stop before its first step: stop only after that step
+        _until(lambda: any("[joined peer 0] step" in line for line in theirs), "the joined peer's first step")
         stop.touch()
         assert joined.wait(60) == 0 and first.wait(60) == 0
     finally:
@@ -290,10 +295,11 @@ def test_erdma_run_elastic_prints_how_to_join_and_a_joined_peer_becomes_a_member
             if p.poll() is None:
                 p.kill()
     reader.join(5)
+    joined_reader.join(5)
     assert not os.path.exists(join_cmd[1])  # the secret written for the job went with it
     text = "".join(lines)
     assert "erdma elastic: epoch 1: 2 members" in text and "epoch 2: 3 members" in text and "joined:" in text
-    assert "[peer 0] step" in text and "[joined peer 0] step" in out.read()
+    assert "[peer 0] step" in text and "[joined peer 0] step" in "".join(theirs)
 
 
 def test_erdma_run_elastic_keeps_the_others_going_when_one_exits(tmp_path, monkeypatch):
