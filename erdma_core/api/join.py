@@ -20,7 +20,7 @@ from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
 from ..transport import auth
-from ..transport.base import TransportContext, failed_elsewhere, failure_key
+from ..transport.base import TransportContext, failure_key
 from ..transport.stream import SocketTransport
 from .process_group import ProcessGroup
 
@@ -102,17 +102,16 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         codecs = _codecs(comps, conf, getattr(transport, "link_rate", None), rank)
         udp = getattr(traversal, "udp_socket", None)
         stream = isinstance(transport, SocketTransport)  # a TCP socket from the traversal, not a UDP one
-        ctx = TransportContext(rank=rank, world_size=world_size, store=store, job=job,
-                               connect_timeout=connect_timeout, advertise=traversal.advertise,
-                               udp_socket=udp() if callable(udp) and not stream else None,
-                               tcp_socket=getattr(traversal, "tcp_socket", None) if stream else None,
-                               secret=secret, punch=getattr(traversal, "punch", None),
-                               udp_sockets=getattr(traversal, "udp_sockets", None),
-                               candidates=getattr(traversal, "candidates", None),
-                               dial_plan=getattr(traversal, "dial_plan", None),
-                               max_early_bytes=conf["security.max_early_bytes"],
-                               collective_timeout=conf["timeouts.collective"])
-        _connect(transport, store, job, ctx)
+        transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
+                                           connect_timeout=connect_timeout, advertise=traversal.advertise,
+                                           udp_socket=udp() if callable(udp) and not stream else None,
+                                           tcp_socket=getattr(traversal, "tcp_socket", None) if stream else None,
+                                           secret=secret, punch=getattr(traversal, "punch", None),
+                                           udp_sockets=getattr(traversal, "udp_sockets", None),
+                                           candidates=getattr(traversal, "candidates", None),
+                                           dial_plan=getattr(traversal, "dial_plan", None),
+                                           max_early_bytes=conf["security.max_early_bytes"],
+                                           collective_timeout=conf["timeouts.collective"]))
         _check_unique(store, job, rank)
         slow_peers = getattr(transport, "slow_peers", None)
         mine = slow_peers() if callable(slow_peers) else None
@@ -177,17 +176,6 @@ def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: f
 
 def _joined(job: int, rank: int) -> str:
     return f"erdma/joined/{job:016x}/{rank}"
-
-
-def _connect(transport: Any, store: Any, job: int, ctx: TransportContext) -> None:
-    """``transport.connect(ctx)``; where it fails on this rank first (its own port, device or address), the
-    others are told at once (``_tell``) instead of waiting for its address until their connect timeout."""
-    try:
-        transport.connect(ctx)
-    except Exception as exc:
-        if failed_elsewhere(store, job) is None:
-            _tell(store, job, exc)
-        raise
 
 
 def _tell(store: Any, job: int, error: Exception) -> Exception:
