@@ -54,7 +54,9 @@ pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest
 }
 
 step "lint (ruff)" . "$(dirname "$PY")/ruff" check .
-pytest_in "core" . --dist worksteal --ignore=tests/torch_suite
+pytest_in "core" . --dist worksteal --ignore=tests/torch_suite --ignore=tests/test_elastic_churn.py
+# the churn test alone: beside other tests on the workers its peers failed 2 runs in 5 (cause not found yet)
+TEST_WORKERS=0 pytest_in "core: elastic churn, alone" . tests/test_elastic_churn.py
 pytest_in "PyTorch's distributed tests" tests/torch_suite -p no:cacheprovider --dist load test_pytorch_distributed.py
 for p in plugins/*/ examples/erdma-example/; do
     [[ -f $p/pyproject.toml ]] && pytest_in "$(basename "$p")" "$p"
