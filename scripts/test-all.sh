@@ -3,10 +3,11 @@
 # distributed tests (a pytest process of their own: they set process-wide env), each plugin's in its folder
 # (erdma-quic's on its default engine, the compiled one), then the core's collective, failure and progress
 # tests again over QUIC on aioquic (the reference engine), over QUIC on the compiled engine (ngtcp2) striped
-# across a worker, and over DPDK's memif (erdma-dpdk). Each suite's test files run on pytest-xdist workers
-# (TEST_WORKERS, 3 by default; a file's tests stay on one worker, in order): most tests wait on their ranks,
-# their sockets and their timeouts, so on two cores one file's waiting is another's running. Ends with each
-# step's outcome, wall and CPU seconds, and the 20 slowest tests of the whole run; exits 1 when any step failed.
+# across a worker, and over DPDK's memif (erdma-dpdk). Each suite runs on pytest-xdist workers (TEST_WORKERS,
+# 3 by default; the core's tests one by one, the others a file at a time, the elastic churn test alone): most
+# tests wait on their ranks, sockets and timeouts, so on two cores one test's waiting is another's running.
+# Ends with each step's outcome, wall and CPU seconds, and the 20 slowest tests of the whole run; exits 1 when
+# any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=$(pwd)/${VENV:-.venv}/bin/python
@@ -31,26 +32,18 @@ step() {  # step NAME DIR COMMAND...: run COMMAND in DIR; pytest commands write 
     (cd "$dir" && "$@")
     rc=$?
     cpu
-    record "$name" $rc $(($(date +%s) - start)) $((CPU - cpu0))
+    names+=("$name")
+    results+=("$(printf '%-6s %5ds wall %6ds CPU' "$([[ $rc == 0 ]] && echo ok || echo FAILED)" \
+        $(($(date +%s) - start)) $((CPU - cpu0)))")
 }
 
-record() {  # record NAME RC SECONDS CPU_SECONDS
-    names+=("$1")
-    results+=("$(printf '%-6s %5ds wall %6ds CPU' "$([[ $2 == 0 ]] && echo ok || echo FAILED)" "$3" "$4")")
-}
-
-pytest_cmd() {  # pytest_cmd JUNIT ARGS...: pytest, quiet, in file order, its files spread over the workers
-    # (a later --dist in ARGS wins: the core's tests go one by one; a worker makes its own shared worlds, which
-    # costs little over TCP, and much in the re-runs over QUIC, which run by file)
-    local xml=$1
-    shift
-    "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadfile --junitxml="$xml" "$@"
-}
-
-pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest
+pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest, quiet, its files spread over the workers
+    # (a later --dist in ARGS wins: the core's tests go one by one; each worker makes its own shared worlds,
+    # which costs little over TCP and much over QUIC, so the re-runs go by file)
     local name=$1 dir=$2
     shift 2
-    step "$name" "$dir" pytest_cmd "$junit/${#names[@]}.xml" -o junit_suite_name="$name" "$@"
+    step "$name" "$dir" "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadfile \
+        --junitxml="$junit/${#names[@]}.xml" -o junit_suite_name="$name" "$@"
 }
 
 step "lint (ruff)" . "$(dirname "$PY")/ruff" check .

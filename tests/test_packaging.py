@@ -76,7 +76,7 @@ def test_readmes_install_line_from_a_checkout_gives_a_working_quic_job(tmp_path)
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout to copy what it tracks")
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+                           check=True, timeout=60).stdout.decode().split("\0")
     src = tmp_path / "checkout"
     for name in filter(None, files):
         if (ROOT / name).is_file():

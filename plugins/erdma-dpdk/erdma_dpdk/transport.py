@@ -212,8 +212,8 @@ class DpdkTransport(MessageTransport):
             if peer <= self.rank:
                 continue
             path = self._job_dir / f"memif-{self.rank}-{peer}.{os.getpid()}.sock"
-            if len(os.fsencode(path)) > MAX_SOCKET_PATH:  # DPDK's memif said only "No such file or directory"
-                raise eal.DpdkError(f"rank {self.rank}: the memif socket path {path} is {len(os.fsencode(path))} "
+            if (length := len(os.fsencode(path))) > MAX_SOCKET_PATH:  # DPDK said "No such file or directory"
+                raise eal.DpdkError(f"rank {self.rank}: the memif socket path {path} is {length} "
                                     f"bytes, over the {MAX_SOCKET_PATH} a Unix socket's address holds: set "
                                     f"transport.dpdk.run_dir (now {str(root)!r}) to a shorter folder")
             path.unlink(missing_ok=True)
