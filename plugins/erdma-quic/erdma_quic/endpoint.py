@@ -71,13 +71,14 @@ class UdpPort:
         # batches go straight to the socket's descriptor: only for a plain UDP socket (a relayed one wraps and
         # unwraps each datagram itself)
         self._batch = shim.loaded() if isinstance(sock, socket.socket) else None
+        self._v4 = self._batch is not None and sock.family == socket.AF_INET  # (recvmmsg's addresses: IPv4)
         self._rx: tuple[Any, Any, Any, Any] | None = None  # recvmmsg's buffers, made on first use
         # the compiled engine's receive fast path: its connections' datagrams go to them in C
         self._demux = getattr(mesh.connection, "demux", None) if self._batch is not None else None
         self._runs = self._batch is not None and hasattr(mesh.connection, "runs")
         if self._runs:
             mesh.connection.runs = True  # its connections hand this side whole batches (shim.Run) to send
-        if self._demux is not None and sock.family == socket.AF_INET:
+        if self._demux is not None and self._v4:
             try:  # the demux splits what the kernel coalesced (a GSO sender's runs arrive as one message)
                 sock.setsockopt(socket.SOL_UDP, _UDP_GRO, 1)
             except OSError as exc:
@@ -91,7 +92,7 @@ class UdpPort:
     def read(self) -> int:
         """Hand the mesh what the socket holds (at most a batch), each datagram with the time it was read;
         returns how many datagrams that was."""
-        if self._batch is not None and self.sock.family == socket.AF_INET:  # (recvmmsg's addresses: IPv4)
+        if self._v4:
             return self._read_demuxed() if self._demux is not None else self._read_batches()
         n = 0
         for _ in range(_RECV_BATCH):

@@ -42,7 +42,7 @@ from erdma_core.transport.wire import HELLO_ACCEPTED, HELLO_REQUEST, Hello
 
 from .congestion import attach
 from .credentials import CredentialError
-from .streams import Inbound, hello_stream, numbered
+from .streams import Inbound, StreamPlaced, hello_stream, numbered
 
 log = logging.getLogger("erdma.quic")
 REFUSED = 0x0100  # application close code: credentials or HELLO refused
@@ -133,6 +133,14 @@ class Connection(QuicConnection):
         """The token the endpoint's receive fast path reports for this connection (``heard``); None: it has
         none (every datagram comes through ``receive``)."""
         return None
+
+    places = False  # aioquic hands a stream's data over in pieces, to be fed
+
+    def place(self, stream_id: int, target: memoryview) -> None:
+        """Where ``places``: the rest of ``stream_id`` (whose beginning came as ``StreamDataReceived`` without
+        its end) goes straight into ``target``, the connection then says ``streams.StreamPlaced``; if the stream
+        came whole meanwhile, its rest comes as ``StreamDataReceived`` after all."""
+        raise NotImplementedError("aioquic's connection does not place stream data")
 
     def live_streams(self) -> Container[int]:
         """Streams not yet done: a sent stream leaves once the peer acknowledged all of it."""
@@ -604,30 +612,38 @@ class Mesh:
         if not s.dialled and s.link is None and s.failure is None and not s.terminated and s.conn.session_resumed():
             self._resumed(s)
         while (ev := s.conn.next_event()) is not None:
-            if isinstance(ev, events.StreamDataReceived):
-                link = s.link
-                if s.failure is not None or s.terminated:
-                    continue  # refused: closing, nothing more is read
-                if link is None or link.session is not s:
-                    if self.s.verify:  # identification comes from the handshake, before any stream
-                        self._refuse(s, "sent stream data before it was identified")
-                        continue
-                    inbound = s.pre  # insecure mode: the HELLO names the peer
-                else:
-                    inbound = link.inbound
-                if inbound is None:
-                    continue
-                try:
-                    inbound.feed(ev.stream_id, ev.data, ev.end_stream)
-                except ProtocolError as exc:
-                    if s.ready and link is not None:
-                        self._lose(link, f"it broke the protocol: {exc}")
-                    else:
-                        self._refuse(s, f"broke the protocol: {exc}")
+            if isinstance(ev, (events.StreamDataReceived, StreamPlaced)):
+                self._stream_data(s, ev)
             elif isinstance(ev, events.HandshakeCompleted):
                 self._handshake_done(s, ev)
             elif isinstance(ev, events.ConnectionTerminated):
                 self._terminated(s, ev)
+
+    def _stream_data(self, s: Session, ev: events.StreamDataReceived | StreamPlaced) -> None:
+        link = s.link
+        if s.failure is not None or s.terminated:
+            return  # refused: closing, nothing more is read
+        if link is None or link.session is not s:
+            if self.s.verify:  # identification comes from the handshake, before any stream
+                self._refuse(s, "sent stream data before it was identified")
+                return
+            inbound = s.pre  # insecure mode: the HELLO names the peer
+        else:
+            inbound = link.inbound
+        if inbound is None:
+            return
+        try:
+            if isinstance(ev, StreamPlaced):
+                inbound.placed(ev.stream_id)
+                return
+            inbound.feed(ev.stream_id, ev.data, ev.end_stream)
+            if not ev.end_stream and s.conn.places and (target := inbound.target(ev.stream_id)) is not None:
+                s.conn.place(ev.stream_id, target)
+        except ProtocolError as exc:
+            if s.ready and link is not None:
+                self._lose(link, f"it broke the protocol: {exc}")
+            else:
+                self._refuse(s, f"broke the protocol: {exc}")
 
     def _resumed(self, s: Session) -> None:
         """Listener: the dialler resumed a session (its 0-RTT data may follow at once): who it is comes from

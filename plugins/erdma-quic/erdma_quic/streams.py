@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from erdma_core.errors import ProtocolError
@@ -53,6 +54,17 @@ def message_parts(header: Header, payload: memoryview | bytes, part_bytes: int) 
 def numbered(head: bytes, number: int) -> bytes:
     """A part's prefix and header with its number filled in."""
     return head[:1] + _NUMBER.pack(number) + head[1 + _NUMBER.size:]
+
+
+HEAD_BYTES = PREFIX.size + FRAME.size  # a part's stream begins with these: what says where its payload goes
+
+
+@dataclass(frozen=True)
+class StreamPlaced:
+    """An engine's event beside aioquic's: the rest of a stream whose beginning came as data went straight into
+    the buffer ``Inbound.target`` gave for it, and the stream has ended."""
+
+    stream_id: int
 
 
 def hello_stream(hello: Hello) -> bytes:
@@ -141,22 +153,44 @@ class Inbound:
                 st.frame.buf[at:at + len(view)] = view
             st.pos += len(view)
         if fin:
-            del self._streams[stream_id]
-            if st.pos != st.end or (st.frame is None and st.hello is None and not st.skip):
-                raise ProtocolError(f"rank {self.peer} ended a stream after {st.pos} of {st.end} bytes")
-            if st.skip:
-                return
-            if st.hello is not None:
-                self.on_hello(Hello.parse(bytes(st.hello)))
-                return
-            self._mark(st.number)
-            assert st.frame is not None
-            if self.sink is not None:
-                self.sink.part_landed(st.frame.token)
-                return
-            st.frame.remaining -= st.end - st.start
-            if st.frame.remaining == 0:
-                self._finish(st.key if st.shared else None, st.frame)
+            self._end(stream_id, st)
+
+    def target(self, stream_id: int) -> memoryview | None:
+        """Where the rest of a stream whose head was fed belongs (the slice of its frame's buffer), so that an
+        engine can put it there itself and then say ``placed``; None: feed it (a HELLO, a part dropped as
+        already landed, a frame with no buffer, a stream whose head is not all in)."""
+        st = self._streams.get(stream_id)
+        if st is None or st.frame is None or st.frame.buf is None or st.pos == st.end:
+            return None
+        at = st.pos - st.frame.base
+        view = st.frame.buf[at:at + st.end - st.pos]
+        return view if len(view) == st.end - st.pos else None
+
+    def placed(self, stream_id: int) -> None:
+        """The rest of the stream went into ``target``'s buffer, and the stream ended."""
+        st = self._streams.get(stream_id)
+        if st is None or st.frame is None:
+            raise ProtocolError(f"rank {self.peer}: stream {stream_id} landed in place with no frame under way")
+        st.pos = st.end
+        self._end(stream_id, st)
+
+    def _end(self, stream_id: int, st: _Stream) -> None:
+        del self._streams[stream_id]
+        if st.pos != st.end or (st.frame is None and st.hello is None and not st.skip):
+            raise ProtocolError(f"rank {self.peer} ended a stream after {st.pos} of {st.end} bytes")
+        if st.skip:
+            return
+        if st.hello is not None:
+            self.on_hello(Hello.parse(bytes(st.hello)))
+            return
+        self._mark(st.number)
+        assert st.frame is not None
+        if self.sink is not None:
+            self.sink.part_landed(st.frame.token)
+            return
+        st.frame.remaining -= st.end - st.start
+        if st.frame.remaining == 0:
+            self._finish(st.key if st.shared else None, st.frame)
 
     def land(self, head: bytes, payload: memoryview) -> None:
         """A data part that came whole over a striping lane (prefix and header, then its bytes): copy it

@@ -35,7 +35,9 @@ from erdma_quic.ngtcp2.connection import (  # noqa: E402
     Connection,
     Demux,
     Handshaken,
+    Head,
     Message,
+    Placed,
     Run,
     Ticket,
     Tickets,
@@ -266,6 +268,66 @@ def test_many_more_messages_than_streams_all_arrive_in_order_per_channel() -> No
     for channel in (0, 1):  # a channel delivers its messages in the order they were sent
         mine = [m for i, m in enumerate(messages) if i % 2 == channel]
         assert [m for m in got if m in set(mine)] == mine
+
+
+def test_a_placed_message_lands_bit_exact_in_the_callers_buffer_through_loss() -> None:
+    """With ``head``, a longer message gives its head first; the rest goes where ``place`` says, whether it is
+    placed at once, turns later (what came meanwhile is copied over), or never (it comes as the rest)."""
+    ca = credentials.new_authority()
+    head = 89
+    wire = Wire(config(ca, 0, channels=3), config(ca, 1, channels=3, head=head, window=256 << 10), loss=0.03, seed=3)
+    wire.until(lambda: wire.of("a", Handshaken) and wire.of("b", Handshaken))
+    rng = random.Random(11)
+    messages = [rng.randbytes(rng.choice([1, head, head + 1, 5000, 300_000, 1 << 20, 2 << 20])) for _ in range(40)]
+    for m in messages:
+        wire.a.send(m)
+    got: list[bytes] = []
+    waiting: dict[int, tuple[Head, bytearray, int]] = {}  # stream -> its head, the buffer, placed (turn) or -1
+    handled, turn, placed, late, refused = 0, 0, 0, 0, 0
+    while len(got) < len(messages):
+        assert turn < 200_000, f"{len(got)} of {len(messages)} messages after {turn} turns"
+        wire.turn()
+        turn += 1
+        for ev in wire.events["b"][handled:]:
+            if isinstance(ev, Head):
+                policy = ev.seq % 3  # 0: place now, 1: place 3 turns later, 2: never
+                waiting[ev.stream] = (ev, bytearray(), -1 if policy == 2 else turn + 3 * policy)
+            elif isinstance(ev, Placed):
+                h, buf, _ = waiting.pop(ev.stream)
+                assert ev.length == len(buf)
+                got.append(h.data + bytes(buf))
+            elif isinstance(ev, Message):
+                h = waiting.pop(ev.stream, None)
+                got.append((h[0].data if h else b"") + bytes(ev.data))
+        handled = len(wire.events["b"])
+        for stream, (h, buf, when) in list(waiting.items()):
+            if when == turn:
+                size = next(len(m) for m in messages if m[:head] == h.data) - head
+                buf.extend(bytes(size))
+                if wire.b.place(h, memoryview(buf)):
+                    placed += 1
+                    late += when > 0 and h.seq % 3 == 1
+                else:
+                    refused += 1
+                waiting[stream] = (h, buf, -2)
+    assert sorted(got) == sorted(messages)
+    assert placed >= 5 and late >= 2, (placed, late, refused)
+    assert all(len(h.data) == head for h in wire.of("b", Head))  # type: ignore[attr-defined]
+    assert len(wire.of("b", Head)) == sum(len(m) > head for m in messages)
+
+
+def test_place_after_the_message_came_whole_is_refused_and_the_rest_follows() -> None:
+    ca = credentials.new_authority()
+    wire = Wire(config(ca, 0), config(ca, 1, head=16))
+    wire.until(lambda: wire.of("a", Handshaken) and wire.of("b", Handshaken))
+    message = bytes(range(256)) * 4
+    wire.a.send(message)
+    wire.until(lambda: wire.of("b", Message))
+    (h,) = wire.of("b", Head)
+    assert h.data == message[:16]  # type: ignore[attr-defined]
+    assert not wire.b.place(h, memoryview(bytearray(len(message) - 16)))  # type: ignore[arg-type]
+    (rest,) = wire.of("b", Message)
+    assert bytes(rest.data) == message[16:]  # type: ignore[attr-defined]
 
 
 def _ticket(ca: credentials.Authority, keys: Tickets) -> bytes:

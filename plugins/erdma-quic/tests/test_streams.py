@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from erdma_quic.streams import KIND_PART, PREFIX, Inbound, hello_stream, message_parts, numbered
+from erdma_quic.streams import HEAD_BYTES, KIND_PART, PREFIX, Inbound, hello_stream, message_parts, numbered
 
 from erdma_core.errors import PeerLostError, ProtocolError
 from erdma_core.transport.frames import FrameInbox
@@ -68,6 +68,39 @@ def test_parts_in_any_order_and_slicing_land_intact(seed):
     assert all(r.done() and r.error is None for r in reqs)
     assert [o.tobytes() for o in outs] == payloads
     assert inbound.completed == 4
+
+
+def test_a_part_placed_by_the_engine_lands_in_its_frame_and_a_duplicate_or_hello_gets_no_place():
+    """An engine that puts a stream's rest where ``target`` says (``placed`` then) lands the same bytes as
+    feeding them: into the posted buffer, or into the mailbox's own buffer for a receive posted later."""
+    box = Mailbox(0, JOB)
+    inbound = Inbound(1, FrameInbox(0, 1, box), lambda h: None)
+    payloads = [bytes(range(256)) * 40, bytes(range(255, -1, -1)) * 30]  # 10240 and 7680 bytes
+    outs = [np.zeros(len(p), np.uint8) for p in payloads]
+    early = box.post_recv(1, _header(0, len(payloads[0])), memoryview(outs[0]))
+    sid, landed = 0, []
+    for seq, payload in enumerate(payloads):
+        for stream in _streams(_header(seq, len(payload)), payload, 4096):
+            sid += 4
+            landed.append(stream)
+            inbound.feed(sid, stream[:HEAD_BYTES], fin=False)
+            target = inbound.target(sid)
+            assert target is not None and len(target) == len(stream) - HEAD_BYTES
+            target[:] = stream[HEAD_BYTES:]
+            inbound.placed(sid)
+    late = box.post_recv(1, _header(1, len(payloads[1])), memoryview(outs[1]))
+    assert early.done() and late.done() and early.error is None and late.error is None
+    assert [o.tobytes() for o in outs] == payloads
+    again = landed[0]  # sent again after a reconnection: dropped
+    inbound.feed(99, again[:HEAD_BYTES], fin=False)
+    assert inbound.target(99) is None
+    inbound.feed(99, again[HEAD_BYTES:], fin=True)
+    assert inbound.duplicates == 1
+    hello = hello_stream(Hello(status=HELLO_REQUEST, job=JOB, rank=1, world=2))
+    inbound.feed(103, hello[:10], fin=False)
+    assert inbound.target(103) is None
+    with pytest.raises(ProtocolError, match="stream 107 landed in place with no frame under way"):
+        inbound.placed(107)
 
 
 def test_bye_counts_as_gone_only_after_the_frames_it_announced():

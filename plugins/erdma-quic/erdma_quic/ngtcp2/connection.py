@@ -5,7 +5,9 @@ socket except ``flush_to`` / ``receive_from``, the batch I/O of a driver that ow
 
 A message handed to ``send`` is not copied: the connection keeps a reference to the caller's buffer until the
 peer has acknowledged all of it (``Acked``), and QUIC reads it from there into packets. A received message
-arrives whole, as a view of the engine's buffer (not copied). Messages go to ``channels`` long-lived streams in
+arrives whole, as a view of the engine's buffer (not copied), or, with ``Config.head``, its head first
+(``Head``) so that the caller can give the rest a place of its own (``place``: the engine writes the bytes
+there as they are decrypted, and says ``Placed``). Messages go to ``channels`` long-lived streams in
 turn, each prefixed by its length (see shim.c for why not a stream each); a lost packet holds up only its own
 channel. ``Ticket``: the listener gave the dialler a session ticket (``Config.ticket`` resumes with it).
 """
@@ -71,6 +73,8 @@ class Config:
     ticket: bytes | None = None  # dialler: resume with this ticket (a ``Ticket`` event's) and send 0-RTT data
     demux: Demux | None = None  # the endpoint's table the connection keeps its connection ids in
     token: int = 0  # what ``Demux.receive`` reports for this connection
+    head: int = 0  # a received message longer than this gives its first ``head`` bytes as ``Head`` (0: never)
+    place_from: int = 0  # ... if it is at least this long
 
 
 class Tickets:
@@ -167,6 +171,24 @@ class Message:
 
 
 @attrs.frozen
+class Head:
+    """The first ``Config.head`` bytes of a longer message on ``stream`` (its ``seq``-th there): ``place`` may
+    give the rest a buffer; else the rest comes as a ``Message``."""
+
+    data: bytes
+    stream: int
+    seq: int
+
+
+@attrs.frozen
+class Placed:
+    """The rest of the message ``place`` gave a buffer to is all there (``length`` bytes)."""
+
+    stream: int
+    length: int
+
+
+@attrs.frozen
 class Ticket:
     """Dialler: the listener gave a session ticket; ``Config.ticket`` of the next connection to it resumes
     the session and sends its first flight as 0-RTT data."""
@@ -190,7 +212,7 @@ class Closed:
     reason: str
 
 
-Event = Handshaken | Message | Acked | Closed | Ticket
+Event = Handshaken | Message | Acked | Closed | Ticket | Head | Placed
 _ORIGINS = ("us", "peer", "idle", "tls", "error")
 
 
@@ -225,6 +247,7 @@ class Connection:
         if config.ticket is not None:
             self._keep.append(ffi.from_buffer(config.ticket))
             cfg.ticket, cfg.ticket_len = self._keep[-1], len(config.ticket)
+        cfg.head, cfg.place_from = config.head, config.place_from
         cfg.idle_timeout = int(config.idle_timeout * NS)
         cfg.handshake_timeout = int(config.handshake_timeout * NS)
         err = ffi.new("char[256]")
@@ -238,6 +261,10 @@ class Connection:
         self._lens = ffi.new("size_t[]", BATCH)
         self._event = ffi.new("eq_event *")
         self._sending: dict[int, Any] = {}  # handle -> the caller's buffer, alive until Acked
+        # stream -> the buffer the engine writes a placed message into, alive until it came whole; set after _c,
+        # so that the collector frees the engine (which may be writing there) before these buffers
+        self._placing: dict[int, Any] = {}
+        self.head = config.head
         self._host, self._port = ffi.new("char[46]"), ffi.new("int *")
         self._from = ("", b"")  # the latest sender's host, and encoded for the shim
 
@@ -263,6 +290,7 @@ class Connection:
             self._ffi.gc(c, None)  # takes the destructor off c (in place; it returns None)
             self._lib.eq_free(c)
             self._sending.clear()
+            self._placing.clear()
 
     # ---- datagrams and time ----------------------------------------------------------------------------
     def receive(self, datagrams: Iterable[bytes], now: float) -> None:
@@ -341,6 +369,18 @@ class Connection:
         self._sending[handle] = (head, body)
         return int(handle)
 
+    def place(self, head: Head, target: memoryview) -> bool:
+        """The rest of ``head``'s message (all but its head: exactly ``len(target)`` bytes) goes into ``target``,
+        which must stay until ``Placed`` (or the connection's end). False: that message has come whole already,
+        and its ``Message`` (the rest) follows."""
+        if self._c is None:
+            return False
+        buf = self._ffi.from_buffer("uint8_t[]", target, require_writable=True)
+        if self._lib.eq_place(self._c, head.stream, head.seq, buf, len(buf)) != 0:
+            return False
+        self._placing[head.stream] = (buf, target)
+        return True
+
     def next_event(self) -> Event | None:
         ev = self._event
         if not self._lib.eq_next_event(self._c, ev):
@@ -349,7 +389,18 @@ class Connection:
         lib = self._lib
         if kind == lib.EQ_MESSAGE:
             owned = self._ffi.gc(ev.data, lib.eq_free_message)  # the buffer keeps it, the view keeps the buffer
-            return Message(memoryview(self._ffi.buffer(owned, ev.len)), int(ev.handle))
+            data = memoryview(self._ffi.buffer(owned, ev.len))
+            if ev.origin:  # its head came before (``Head``) and was not placed
+                self._placing.pop(ev.handle, None)
+                data = data[self.head:]
+            return Message(data, int(ev.handle))
+        if kind == lib.EQ_HEAD:
+            head = bytes(self._ffi.buffer(ev.data, ev.len))
+            lib.eq_free_message(ev.data)
+            return Head(head, int(ev.handle), int(ev.code))
+        if kind == lib.EQ_PLACED:
+            self._placing.pop(ev.handle, None)
+            return Placed(int(ev.handle), int(ev.len))
         if kind == lib.EQ_ACKED:
             self._sending.pop(ev.handle, None)
             return Acked(int(ev.handle))

@@ -6,8 +6,10 @@ addresses) is the same for both engines; only this translation differs.
 What differs from aioquic's connection, said where it shows:
 
 * A stream is one whole message: the mesh writes a stream as a header and then a payload with ``end_stream``,
-  which leave together as one message (the payload is copied once unless it is already ``bytes``), and it
-  receives each stream whole, in one ``StreamDataReceived``.
+  which leave together as one message (the payload is copied once unless it is already ``bytes``). It
+  receives a stream's head (``streams.HEAD_BYTES``) as a ``StreamDataReceived`` of its own, and the rest goes
+  where ``place`` says (the frame's buffer: the engine decrypts into packets and copies from there once),
+  ending in ``streams.StreamPlaced``; a stream no ``place`` took (a HELLO, a duplicate) comes whole.
 * Session tickets are GnuTLS's: sealed with keys only the listener's endpoint holds (``Tickets``), carrying
   the certificate the dialler proved, so the listener reads who resumes from ``peer_identity`` as after a
   full handshake; the mesh never sees a ticket's label (no ``session_ticket_fetcher``). A first flight's
@@ -31,7 +33,8 @@ from aioquic.tls import CipherSuite
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from .connection import Acked, Closed, Config, Connection, Demux, Handshaken, Message, Run, Ticket, Tickets
+from ..streams import HEAD_BYTES, StreamPlaced
+from .connection import Acked, Closed, Config, Connection, Demux, Handshaken, Head, Message, Placed, Run, Ticket, Tickets
 
 ALPN = "erdma/1"
 PRIORITY_BASE = "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL"
@@ -40,6 +43,7 @@ GNUTLS_CIPHER = {
     CipherSuite.AES_256_GCM_SHA384: "+AES-256-GCM",
     CipherSuite.CHACHA20_POLY1305_SHA256: "+CHACHA20-POLY1305",
 }
+PLACE_FROM = 1 << 20  # a stream this long lands in place (a shorter one, whole: its Python events cost more)
 CONTROLLER = {"bbr": "bbr", "cubic": "cubic", "reno": "reno"}  # erdma-quic's option -> ngtcp2's controller
 
 
@@ -83,7 +87,7 @@ def engine_config(c: QuicConfiguration, tickets: Tickets | None = None, demux: D
                   priority=f"{PRIORITY_BASE}:{ciphers}", idle_timeout=c.idle_timeout, check_client=False,
                   handshake_timeout=c.idle_timeout, tickets=None if c.is_client else tickets,
                   ticket=c.session_ticket if c.is_client and isinstance(c.session_ticket, bytes) else None,
-                  demux=demux, token=token)
+                  demux=demux, token=token, head=HEAD_BYTES, place_from=PLACE_FROM)
 
 
 def _local_for(addr: Any) -> tuple[str, int]:
@@ -112,6 +116,7 @@ class EngineConnection:
         self._heads: dict[int, bytes] = {}  # stream -> its header, until the payload ends the stream
         self._live: set[int] = set()  # streams sent and not yet acknowledged
         self._peer: tuple[Any, list[Any]] | None = None
+        self._headed: dict[int, Head] = {}  # stream -> the head given of the message under way there
         self._now = 0.0  # the latest time the mesh gave (a close takes none)
 
     # ---- datagrams and time ----------------------------------------------------------------------------
@@ -180,14 +185,29 @@ class EngineConnection:
                 return
             self._next += 1
 
+    places = True  # ``place`` puts a stream's rest where the mesh says
+
+    def place(self, stream_id: int, target: memoryview) -> None:
+        """The rest of the stream whose head came last on ``stream_id`` goes straight into ``target``; if it came
+        whole meanwhile, it is fed as usual."""
+        head = self._headed.pop(stream_id, None)
+        if head is not None and self._engine is not None:
+            self._engine.place(head, target)
+
     def live_streams(self) -> set[int]:
         return self._live
 
     def next_event(self) -> events.QuicEvent | None:
         while self._engine is not None and (ev := self._engine.next_event()) is not None:
             if isinstance(ev, Message):
+                self._headed.pop(ev.stream, None)
                 if ev.data:
                     return events.StreamDataReceived(data=ev.data, end_stream=True, stream_id=ev.stream)
+            elif isinstance(ev, Head):
+                self._headed[ev.stream] = ev
+                return events.StreamDataReceived(data=ev.data, end_stream=False, stream_id=ev.stream)
+            elif isinstance(ev, Placed):
+                return StreamPlaced(ev.stream)
             elif isinstance(ev, Acked):
                 self._live.discard(ev.handle)
             elif isinstance(ev, Handshaken):

@@ -52,10 +52,15 @@ typedef struct {
 
 typedef struct incoming {
   struct incoming *next; /* every one of the connection's, to free them */
+  int64_t sid;           /* the channel (stream) it reads */
   uint8_t prefix[PREFIX];
   size_t have;           /* prefix bytes read of the message under way */
   uint64_t want;         /* its length, once the prefix is in */
-  uint8_t *buf;
+  uint64_t got;          /* its bytes that came so far */
+  uint64_t seq;          /* messages begun on the channel (EQ_HEAD's code: eq_place names the one it means) */
+  int headed;            /* its first head bytes went out as EQ_HEAD */
+  uint8_t *dst;          /* eq_place's: where its bytes after the head go (NULL: into buf) */
+  uint8_t *buf;          /* its bytes with no place (yet): grows with what came; kept for the next when placed */
   size_t len, cap;
 } incoming_t;
 
@@ -89,6 +94,8 @@ struct eq_conn {
   int early;          /* dialler: resuming, with 0-RTT data allowed by early_tp */
   eq_demux *demux;    /* the endpoint's table of connection ids, kept current (NULL: none) */
   int64_t token;      /* what eq_demux_recv reports for this connection */
+  size_t head;        /* eq_config's: a message's first bytes that go out alone (EQ_HEAD); 0: none */
+  size_t place_from;  /* eq_config's: and only a message at least this long */
   ngtcp2_transport_params early_tp;
 };
 
@@ -315,6 +322,39 @@ static int on_ticket(gnutls_session_t tls, unsigned htype, unsigned when, unsign
 /* stream data comes in order: length prefixes and messages, one after another. Flow control is given back as
  * it arrives: the peer's window bounds what is in flight, the caller takes messages as they complete. Memory
  * grows with the bytes that came, not with what a prefix claims. */
+/* n bytes of the message under way that have no place: onto its buffer, which grows with what came */
+static int stash(incoming_t *in, const uint8_t *data, size_t n) {
+  if (in->len + n > in->cap) {
+    size_t cap = in->cap ? in->cap : 65536;
+    while (cap < in->len + n) cap *= 2;
+    if (cap > in->want) cap = in->want;
+    uint8_t *grown = realloc(in->buf, cap);
+    if (!grown) return -1;
+    in->buf = grown, in->cap = cap;
+  }
+  if (n) memcpy(in->buf + in->len, data, n);
+  in->len += n;
+  return 0;
+}
+
+/* the message under way came whole: EQ_PLACED where it went to eq_place's buffer (the stream's buffer stays
+ * for the next message), else EQ_MESSAGE with all of it (the buffer goes to the caller) */
+static int finish(eq_conn *c, incoming_t *in, int64_t sid) {
+  eq_event *ev = push_event(c, in->dst ? EQ_PLACED : EQ_MESSAGE);
+  if (!ev) return -1;
+  ev->handle = sid, ev->code = in->seq, ev->origin = in->headed;
+  if (in->dst) {
+    ev->len = in->want - c->head;
+    in->dst = NULL;
+  } else {
+    ev->data = in->buf ? in->buf : malloc(1);
+    ev->len = in->len;
+    in->buf = NULL, in->cap = 0;
+  }
+  in->len = 0, in->have = 0, in->headed = 0;
+  return 0;
+}
+
 static int take(eq_conn *c, incoming_t *in, int64_t sid, const uint8_t *data, size_t len) {
   while (len) {
     if (in->have < PREFIX) {
@@ -325,28 +365,38 @@ static int take(eq_conn *c, incoming_t *in, int64_t sid, const uint8_t *data, si
       in->want = 0;
       for (int i = PREFIX - 1; i >= 0; i--) in->want = in->want << 8 | in->prefix[i];
       if (in->want > MAX_MESSAGE) return NGTCP2_ERR_CALLBACK_FAILURE;
-      in->len = 0;
+      in->len = 0, in->got = 0, in->seq++;
     }
-    size_t n = in->want - in->len < len ? (size_t)(in->want - in->len) : len;
-    if (in->len + n > in->cap) {
-      size_t cap = in->cap ? in->cap : 65536;
-      while (cap < in->len + n) cap *= 2;
-      if (cap > in->want) cap = in->want;
-      uint8_t *grown = realloc(in->buf, cap);
-      if (!grown) return NGTCP2_ERR_CALLBACK_FAILURE;
-      in->buf = grown, in->cap = cap;
+    size_t n = in->want - in->got < len ? (size_t)(in->want - in->got) : len;
+    if (in->dst)
+      memcpy(in->dst + (in->got - c->head), data, n);
+    else if (stash(in, data, n) != 0)
+      return NGTCP2_ERR_CALLBACK_FAILURE;
+    in->got += n, data += n, len -= n;
+    if (c->head && !in->headed && in->want > c->head && in->want >= c->place_from && in->got >= c->head) {
+      eq_event *ev = push_event(c, EQ_HEAD);
+      uint8_t *head = malloc(c->head);
+      if (!ev || !head) {
+        free(head);
+        return NGTCP2_ERR_CALLBACK_FAILURE;
+      }
+      memcpy(head, in->buf, c->head);
+      ev->handle = sid, ev->code = in->seq, ev->data = head, ev->len = c->head;
+      in->headed = 1;
     }
-    if (n) memcpy(in->buf + in->len, data, n);
-    in->len += n, data += n, len -= n;
-    if (in->len == in->want) {
-      eq_event *ev = push_event(c, EQ_MESSAGE);
-      if (!ev) return NGTCP2_ERR_CALLBACK_FAILURE;
-      ev->handle = sid;
-      ev->data = in->buf ? in->buf : malloc(1);
-      ev->len = in->len;
-      in->buf = NULL, in->len = in->cap = 0, in->have = 0;
-    }
+    if (in->got == in->want && finish(c, in, sid) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   }
+  return 0;
+}
+
+int eq_place(eq_conn *c, int64_t sid, uint64_t seq, uint8_t *dst, size_t len) {
+  incoming_t *in = c->incoming;
+  while (in && in->sid != sid) in = in->next;
+  if (!in || in->seq != seq || !in->headed || in->dst || in->have < PREFIX || in->want - c->head != len)
+    return -1; /* that message already came whole (its EQ_MESSAGE is queued), or is not one eq_place can take */
+  memcpy(dst, in->buf + c->head, in->len - c->head);
+  in->dst = dst;
+  in->len = c->head;
   return 0;
 }
 
@@ -358,7 +408,7 @@ static int on_stream_data(ngtcp2_conn *conn, uint32_t flags, int64_t sid, uint64
   if (!in) {
     in = calloc(1, sizeof(*in));
     if (!in) return NGTCP2_ERR_CALLBACK_FAILURE;
-    in->next = c->incoming, c->incoming = in;
+    in->sid = sid, in->next = c->incoming, c->incoming = in;
     if (ngtcp2_conn_set_stream_user_data(conn, sid, in) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
   }
   if (take(c, in, sid, data, len) != 0) return NGTCP2_ERR_CALLBACK_FAILURE;
@@ -506,7 +556,7 @@ static eq_conn *new_conn(const eq_config *cfg, const char *lh, int lp, const cha
     say(err, errlen, "eq_conn", "out of memory");
     return NULL;
   }
-  c->datagram = cfg->datagram;
+  c->datagram = cfg->datagram, c->head = cfg->head, c->place_from = cfg->place_from;
   c->nchannels = cfg->channels < 1 ? 1 : cfg->channels > MAX_CHANNELS ? MAX_CHANNELS : (int)cfg->channels;
   for (int k = 0; k < MAX_CHANNELS; k++) c->channels[k].stream = -1;
   if (to_addr(&c->local, lh, lp) || to_addr(&c->remote, rh, rp)) {
@@ -613,7 +663,7 @@ void eq_free(eq_conn *c) {
   }
   for (size_t i = 0; i < c->elen; i++) {
     eq_event *ev = &c->events[(c->ehead + i) % c->ecap];
-    if (ev->kind == EQ_MESSAGE || ev->kind == EQ_TICKET) free(ev->data);
+    if (ev->kind == EQ_MESSAGE || ev->kind == EQ_TICKET || ev->kind == EQ_HEAD) free(ev->data);
   }
   if (c->tls) gnutls_deinit(c->tls);
   if (c->cred) gnutls_certificate_free_credentials(c->cred);

@@ -13,19 +13,23 @@ typedef struct eq_conn eq_conn;
 typedef struct eq_tickets eq_tickets;
 typedef struct eq_demux eq_demux;
 
-enum { EQ_HANDSHAKE = 1, EQ_MESSAGE = 2, EQ_ACKED = 3, EQ_CLOSED = 4, EQ_TICKET = 5 };
+/* EQ_HEAD: a message's first eq_config.head bytes came (data, len) before the rest; the caller may give the
+ * rest a place with eq_place, and then gets EQ_PLACED when all of it is there (else the whole message comes
+ * as EQ_MESSAGE, origin 1: its head went out before) */
+enum { EQ_HANDSHAKE = 1, EQ_MESSAGE = 2, EQ_ACKED = 3, EQ_CLOSED = 4, EQ_TICKET = 5, EQ_HEAD = 6, EQ_PLACED = 7 };
 /* how a connection ended (EQ_CLOSED's origin) */
 enum { EQ_BY_US = 0, EQ_BY_PEER = 1, EQ_BY_IDLE = 2, EQ_BY_TLS = 3, EQ_BY_ERROR = 4 };
 enum { EQ_CC_RENO = 0, EQ_CC_CUBIC = 1, EQ_CC_BBR = 2, EQ_CC_BBR2 = 3 };
 
 typedef struct {
   int kind;
-  int64_t handle;  /* MESSAGE: the stream it came on; ACKED: what eq_send returned */
-  uint8_t *data;   /* MESSAGE: the whole message; TICKET: a session ticket the listener gave (for eq_config's
-                    * ticket); the caller's to free with eq_free_message */
-  size_t len;
-  uint64_t code;   /* CLOSED: the QUIC or application error code (TLS: the alert) */
-  int origin;      /* CLOSED: EQ_BY_* */
+  int64_t handle;  /* MESSAGE, HEAD, PLACED: the stream it came on; ACKED: what eq_send returned */
+  uint8_t *data;   /* MESSAGE: the whole message; HEAD: its first bytes; TICKET: a session ticket the listener
+                    * gave (for eq_config's ticket); the caller's to free with eq_free_message */
+  size_t len;      /* PLACED: the bytes that went to eq_place's buffer */
+  uint64_t code;   /* CLOSED: the QUIC or application error code (TLS: the alert); MESSAGE, HEAD, PLACED: the
+                    * message's number on its stream (eq_place's seq) */
+  int origin;      /* CLOSED: EQ_BY_*; MESSAGE: 1 when an EQ_HEAD gave its head before */
   char reason[256];
 } eq_event;
 
@@ -54,6 +58,10 @@ typedef struct {
   size_t ticket_len;
   eq_demux *demux;       /* the endpoint's table the connection keeps its ids in (NULL: none) */
   int64_t token;         /* what eq_demux_recv reports for it */
+  size_t head;           /* each received message longer than this many bytes gives them first as EQ_HEAD, so
+                          * that the caller can place the rest (eq_place); 0: messages come whole only */
+  size_t place_from;     /* only a message at least this long does (a short one costs the caller more in
+                          * events than the copy it saves) */
 } eq_config;
 
 /* What eq_demux_recv leaves for its caller, in arrays of cap entries: the tokens of the connections that took
@@ -111,6 +119,10 @@ int64_t eq_send(eq_conn *c, const uint8_t *data, size_t len);
 /* the same for a message in two pieces (a header and a payload), sent as one stream */
 int64_t eq_send2(eq_conn *c, const uint8_t *head, size_t head_len, const uint8_t *body, size_t body_len);
 int eq_next_event(eq_conn *c, eq_event *ev); /* 1 and fills ev, or 0 */
+/* after EQ_HEAD (stream sid, code seq): the message's other bytes (len: its length less the head) go to dst,
+ * those that came already at once, the rest as they come, until EQ_PLACED; dst must stay until then or until
+ * the connection is freed. -1: that message cannot be placed now (it came whole: its EQ_MESSAGE follows) */
+int eq_place(eq_conn *c, int64_t sid, uint64_t seq, uint8_t *dst, size_t len);
 void eq_free_message(uint8_t *data);
 /* end the connection (the close datagram leaves with the next eq_write) */
 void eq_close(eq_conn *c, uint64_t code, const char *reason, uint64_t now);
