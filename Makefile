@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test bench bench-quick lint clean
+.PHONY: demo test fuzz bench bench-quick lint clean
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ demo: $(VENV)/.core
 test: $(VENV)/.test
 	scripts/system-deps.sh test
 	VENV=$(VENV) scripts/test-all.sh
+
+## fuzz: 100,000 new random inputs to every parser that reads a peer's bytes (make test runs a fixed 2,000)
+fuzz: $(VENV)/.test
+	ERDMA_FUZZ_EXAMPLES=100000 $(VENV)/bin/python -m pytest -q -p no:randomly -n $${TEST_WORKERS:-3} tests/test_fuzz.py
 
 $(VENV)/.bench: $(VENV)/.test
 	scripts/system-deps.sh bench

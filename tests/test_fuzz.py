@@ -1,10 +1,12 @@
 """Property-based fuzzing of every parser a peer's bytes reach: the frame header, a byte stream of frames,
-the HELLO handshake, the store's handshake and requests, ABORT payloads. Each runs 10,000 cases: nothing
-but the protocol's own error (ProtocolError) comes out, nothing is accepted without the secret, and no
-allocation exceeds the stated limits."""
+the HELLO handshake, the store's handshake and requests, ABORT payloads: nothing but the protocol's own
+error (ProtocolError) comes out, nothing is accepted without the secret, and no allocation exceeds the stated
+limits. ``make test`` runs the same 2,000 cases per parser every time (derandomized: a regression set);
+``make fuzz`` runs ``ERDMA_FUZZ_EXAMPLES`` (100,000 there) new random ones per parser."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
@@ -18,7 +20,9 @@ from erdma_core.transport.frames import FrameInbox, StreamReader
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.wire import ABORT, BYE, DATA, FRAME, FRAME_MAGIC, MAX_CONTROL_BYTES, MAX_PAYLOAD, Header, abort_error
 
-CASES = settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+_EXPLORE = os.environ.get("ERDMA_FUZZ_EXAMPLES")  # set: that many new random cases per parser (make fuzz)
+CASES = settings(max_examples=int(_EXPLORE or 2_000), deadline=None, suppress_health_check=list(HealthCheck),
+                 derandomize=_EXPLORE is None)
 JOB = 0x5EC
 LIMIT = 1 << 20  # the early-bytes budget the stream fuzz runs under
 
