@@ -32,8 +32,9 @@ def _factory(store: dict[Any, World] | None, opened: list[World]) -> WorldFactor
 
 @pytest.fixture
 def erdma_world() -> Iterator[WorldFactory]:
-    """A factory ``erdma_world(size, config=None, *, init_method=None, timeout=120)``; worlds close after
-    the test. Use it for tests that break their world (kill a rank, abort)."""
+    """A factory ``erdma_world(size, config=None, *, init_method=None, timeout=120)`` (``timeout`` bounds each
+    call; set-up gets at least ``world.INIT_TIMEOUT``); worlds close after the test. Use it for tests that
+    break their world (kill a rank, abort)."""
     opened: list[World] = []
     yield _factory(None, opened)
     for w in opened:

@@ -5,7 +5,7 @@
 
 ``my_fn`` must be importable by name (a module-level function). Processes are forked, so the test module
 needs no extra import path. A rank that raises or dies makes ``run`` raise ``RankFailure`` listing every
-rank's outcome; every wait is bounded by ``timeout``.
+rank's outcome; every wait is bounded by ``timeout``, the set-up (``init``) by at least ``INIT_TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
+
+# The least time a world's set-up may take to answer, whatever a test's ``timeout`` for its calls: a short
+# ``timeout`` is about the calls under test, and set-up on a busy host or in an emulated guest takes longer.
+INIT_TIMEOUT = 120.0
 
 
 class RankFailure(AssertionError):
@@ -82,7 +86,7 @@ class World:
             self.procs.append(proc)
             self.conns.append(parent)
         try:
-            self._collect("init", timeout)
+            self._collect("init", max(timeout, INIT_TIMEOUT))
         except BaseException:
             self.close()
             raise
