@@ -84,7 +84,8 @@ if [[ -n ${guest_pid:-} ]]; then
 fi
 core_again=(tests/test_collectives.py tests/test_failures.py tests/test_progress.py)  # by file: shared worlds
 # aioquic, the reference engine, moves the collectives' data; how a peer's failure or a stall shows is the
-# mesh's (the same code for both engines, tests/test_mesh.py runs it on each), re-run on the default engine
+# mesh's, the same code for both engines (erdma-quic's tests/test_mesh.py runs its outage and 0-RTT
+# reconnection on each), re-run below on the default engine
 ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_ENGINE=aioquic \
     pytest_in "core's collectives over QUIC (aioquic)" . tests/test_collectives.py
 ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_ENGINE=ngtcp2 \
