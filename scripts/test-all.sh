@@ -25,6 +25,11 @@ cpu() {  # CPU=the CPU seconds (user + system) of every child process this shell
     CPU=$(cpu_in "$junit/times")
 }
 
+record() {  # record NAME RC WALL_SECONDS CPU_SECONDS: a step's line for the summary
+    names+=("$1")
+    results+=("$(printf '%-6s %5ds wall %6ds CPU' "$([[ $2 == 0 ]] && echo ok || echo FAILED)" "$3" "$4")")
+}
+
 step() {  # step NAME DIR COMMAND...: run COMMAND in DIR; pytest commands write their timings to $junit
     local name=$1 dir=$2 start cpu0 rc
     shift 2
@@ -35,18 +40,22 @@ step() {  # step NAME DIR COMMAND...: run COMMAND in DIR; pytest commands write 
     (cd "$dir" && "$@")
     rc=$?
     cpu
-    names+=("$name")
-    results+=("$(printf '%-6s %5ds wall %6ds CPU' "$([[ $rc == 0 ]] && echo ok || echo FAILED)" \
-        $(($(date +%s) - start)) $((CPU - cpu0)))")
+    record "$name" "$rc" $(($(date +%s) - start)) $((CPU - cpu0))
 }
 
-pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest, quiet, its files spread over the workers
+pytest_cmd() {  # pytest_cmd XML NAME ARGS...: pytest, quiet, its files spread over the workers, timings to XML
     # (a later --dist in ARGS wins: the core's tests go one by one; each worker makes its own shared worlds,
     # which costs little over TCP and much over QUIC, so the re-runs go by file)
+    local xml=$1 name=$2
+    shift 2
+    "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadfile --junitxml="$xml" \
+        -o junit_suite_name="$name" "$@"
+}
+
+pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest as a step
     local name=$1 dir=$2
     shift 2
-    step "$name" "$dir" "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadfile \
-        --junitxml="$junit/${#names[@]}.xml" -o junit_suite_name="$name" "$@"
+    step "$name" "$dir" pytest_cmd "$junit/${#names[@]}.xml" "$name" "$@"
 }
 
 step "lint (ruff)" . "$(dirname "$PY")/ruff" check .
@@ -56,15 +65,14 @@ TEST_WORKERS=0 pytest_in "core: elastic churn, alone" . tests/test_elastic_churn
 # PyTorch's tests in one process: each worker would import torch and start its worlds again (on 3 workers
 # 115 s wall and 225 CPU-s, in one process 102 s and 184)
 TEST_WORKERS=0 pytest_in "PyTorch's distributed tests" tests/torch_suite -p no:cacheprovider test_pytorch_distributed.py
-# erdma-verbs' suite boots a qemu guest that emulates two CPUs: minutes of emulated work that waits on nothing
-# here. It runs beside the other plugins' suites, which mostly wait on namespaces, sockets and timeouts, and is
-# waited for before the core's re-runs, which need the cores (beside the core's own tests, the guest's tests
-# ran out of time on a busy host)
+# erdma-verbs' suite boots a qemu guest, which keeps one core busy for minutes and waits on nothing here. It
+# runs beside the other plugins' suites, which mostly wait on namespaces, sockets and timeouts, and is waited
+# for before the core's re-runs, which need the cores (beside the core's own tests, the guest's tests ran out
+# of time on a busy host)
 guest=plugins/erdma-verbs
 if [[ -f $guest/pyproject.toml ]]; then
     (start=$(date +%s)
-     (cd "$guest" && "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadfile \
-         --junitxml="$junit/guest.xml" -o junit_suite_name=erdma-verbs)
+     (cd "$guest" && pytest_cmd "$junit/guest.xml" erdma-verbs)
      rc=$?
      times > "$junit/guest.times"
      echo "$rc $(($(date +%s) - start))" > "$junit/guest.rc") > "$junit/guest.log" 2>&1 &
@@ -79,8 +87,7 @@ if [[ -n ${guest_pid:-} ]]; then
     cat "$junit/guest.log"
     read -r rc seconds < "$junit/guest.rc" || { rc=1; seconds=0; }
     guest_cpu=$(cpu_in "$junit/guest.times" 2>/dev/null)
-    names+=("erdma-verbs (beside)")
-    results+=("$(printf '%-6s %5ds wall %6ds CPU' "$([[ $rc == 0 ]] && echo ok || echo FAILED)" "$seconds" "${guest_cpu:-0}")")
+    record "erdma-verbs (beside)" "$rc" "$seconds" "${guest_cpu:-0}"
 fi
 core_again=(tests/test_collectives.py tests/test_failures.py tests/test_progress.py)  # by file: shared worlds
 # aioquic, the reference engine, moves the collectives' data; how a peer's failure or a stall shows is the

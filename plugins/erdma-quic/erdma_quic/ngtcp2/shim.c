@@ -319,9 +319,6 @@ static int on_ticket(gnutls_session_t tls, unsigned htype, unsigned when, unsign
   return 0;
 }
 
-/* stream data comes in order: length prefixes and messages, one after another. Flow control is given back as
- * it arrives: the peer's window bounds what is in flight, the caller takes messages as they complete. Memory
- * grows with the bytes that came, not with what a prefix claims. */
 /* n bytes of the message under way that have no place: onto its buffer, which grows with what came */
 static int stash(incoming_t *in, const uint8_t *data, size_t n) {
   if (in->len + n > in->cap) {
@@ -355,6 +352,9 @@ static int finish(eq_conn *c, incoming_t *in, int64_t sid) {
   return 0;
 }
 
+/* stream data comes in order: length prefixes and messages, one after another. Flow control is given back as
+ * it arrives: the peer's window bounds what is in flight, the caller takes messages as they complete. Memory
+ * grows with the bytes that came, not with what a prefix claims. */
 static int take(eq_conn *c, incoming_t *in, int64_t sid, const uint8_t *data, size_t len) {
   while (len) {
     if (in->have < PREFIX) {
@@ -396,7 +396,6 @@ int eq_place(eq_conn *c, int64_t sid, uint64_t seq, uint8_t *dst, size_t len) {
     return -1; /* that message already came whole (its EQ_MESSAGE is queued), or is not one eq_place can take */
   memcpy(dst, in->buf + c->head, in->len - c->head);
   in->dst = dst;
-  in->len = c->head;
   return 0;
 }
 
