@@ -6,7 +6,9 @@ Jobs (R10): a job joins with a JOIN tagged with the node's admission key; it car
 node's identity (``header.node_key``), a JOIN for the same job with another key is refused, and datagrams
 of jobs the node does not know are answered with REJECT (unknown job) and otherwise ignored. Each job gets
 its own slots, at most ``job_slots`` of the pool's ``slots`` (R7: SwitchML/ATP-style bounded slots); no
-slots left: REJECT (the ranks fall back, R2).
+slots left: REJECT (the ranks fall back, R2). A job silent for ``idle_s`` is forgotten; if it was forgotten
+between its ranks' JOINs, the first DATA of a rank it has no JOIN of ends it (as unknown), so that no rank
+waits for a contribution that cannot come.
 
 Freshness: a JOIN counts only with a cookie the node gave the JOIN's source address moments before
 (CHALLENGE; the node keeps nothing until then), and only then does the rank's address change: results go to
@@ -137,6 +139,8 @@ class Aggregator:
             self.stats.malformed += 1
             return []
         window = job.windows.get(h.rank)
+        if window is None and h.kind == H.DATA:
+            return self._forgot(h, addr)
         if window is None or not window.take(h.counter):
             self.stats.replays += 1
             return []
@@ -222,6 +226,15 @@ class Aggregator:
         ok = H.Header(H.JOIN_OK, job=h.job, group=h.group, status=job.granted, rank=H.NO_RANK, size=job.size,
                       counter=h.counter)
         return [(addr, H.pack(ok, nonce + self.node_id, key))]
+
+    def _forgot(self, h: H.Header, addr: Addr) -> Out:
+        """DATA of a rank this job has no JOIN of: the node forgot the job (idle) after that rank joined and
+        another rank's JOIN made it again. Its chunks could never complete, and the ranks that gave theirs
+        would wait in PENDING: the job goes, so that this rank's DATA and the others' next (their probes) are
+        answered as for a job the node does not know, and they all fail over."""
+        self.stats.unknown_job += 1
+        del self.jobs[(h.job, h.group)]
+        return [(addr, self._unknown(h))]
 
     def _cookie(self, addr: Addr, nonce: bytes, period: int) -> bytes:
         where = f"{addr[0]}|{addr[1]}|{period}".encode()

@@ -187,6 +187,9 @@ class Naca:
         failed = self.active if self.active is not None else -1
         n = len(self.s.nodes)
         order = [(failed + 1 + k) % n for k in range(n)]  # the failed node last: it may only have forgotten the job
+        # every rank out of the collective before any JOINs again: a node that forgot the job takes a JOIN as
+        # a new job, which DATA still coming from a rank that has not joined it would end (aggregator._forgot)
+        self.ctx.host.allgather([call.seq])
         rows = self._agree(call, order, what + "; ")
         self.seq = int(rows[:, 2].max())
         messages = rows[:, 1]

@@ -194,6 +194,31 @@ def test_idle_jobs_expire_and_leave_frees_slots() -> None:
     assert not agg.jobs
 
 
+def test_a_job_forgotten_between_its_joins_ends_at_the_first_rank_it_lost() -> None:
+    """Rank 0 joins; the job expires; rank 1's JOIN makes it again without rank 0. Rank 1's chunk waits
+    for rank 0's, which this job never admitted: rank 0 is told the job is unknown, the job goes, and rank
+    1's retry is told the same (it stops waiting); both JOIN again and the chunk completes."""
+    agg = Aggregator(SECRET, slots=8, job_slots=8, idle_s=1.0)
+    job = Ranks(agg, 2)
+    assert job.join(0, now=0.0).kind == H.JOIN_OK
+    assert agg.expire(3.0) == 1
+    assert job.join(1, now=3.0).kind == H.JOIN_OK
+    x = np.arange(4, dtype=np.int64)
+    assert job.data(1, 0, x) == []  # held for rank 0
+    [(to, h, _)] = job.data(0, 0, x)
+    assert to == ("rank", 0) and h.kind == H.REJECT and h.status == H.UNKNOWN_JOB
+    assert h.counter == job.counters[0] and not agg.jobs
+    [(to, h, _)] = job.data(1, 0, x, flags=H.RETRY)
+    assert to == ("rank", 1) and h.kind == H.REJECT and h.status == H.UNKNOWN_JOB
+    for r in range(2):
+        assert job.join(r).kind == H.JOIN_OK
+    assert job.data(0, 0, x) == []
+    outs = job.data(1, 0, x)
+    assert sorted(a for a, _, _ in outs) == [("rank", 0), ("rank", 1)]
+    assert all(h.kind == H.RESULT and np.frombuffer(p, np.int64).tolist() == [0, 2, 4, 6] for _, h, p in outs)
+    assert agg.stats.unknown_job == 2
+
+
 @pytest.mark.parametrize("dtype, redop", [("float16", 1), ("bfloat16", 4), ("int8", 2), ("bool", 8),
                                           ("uint8", 7), ("float64", 3)])
 def test_every_dtype_reduces_like_the_core(dtype: str, redop: int) -> None:
