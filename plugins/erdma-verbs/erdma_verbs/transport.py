@@ -471,11 +471,14 @@ class VerbsTransport(MessageTransport):
     def _settle(self, deadline: float) -> None:
         """Until ``deadline``, let the I/O thread send what is queued and take the completions of what was
         posted (a last signalled credit on each link retires the unsignalled requests before it): on an RC
-        queue pair a completion means the peer acknowledged the write."""
+        queue pair a completion means the peer acknowledged the write. A peer that said goodbye (BYE) needs
+        nothing more and may have destroyed its queue pair already, so that a request to it would be
+        acknowledged by nobody and fail only after every resend (1 to 20 s on SoftRoCE): it is not waited for."""
         flushed: set[int] = set()
         while time.monotonic() < deadline:
             with self._lock:
-                live = [link for link in self.links.values() if not link.dead and (link.queue or link.posted)]
+                live = [link for link in self.links.values() if not link.dead and (link.queue or link.posted)
+                        and not self.inbox(link.peer).closed_cleanly]
                 for link in live:
                     if not link.queue and link.peer not in flushed and self._credit(link, signal=True):
                         flushed.add(link.peer)

@@ -40,3 +40,20 @@ def cache_use(pg: Any) -> tuple[bool, int, int, int]:
 def test_the_registration_cache_registers_a_buffer_once(erdma_world: Any) -> None:
     ok, first, again, new = zip(*erdma_world(2, {"transport.name": "verbs"}).run(cache_use), strict=True)
     assert all(ok) and again == (0, 0) and min(new) >= 1 and min(first) >= 1, (first, again, new)
+
+
+def _small_steps(pg: Any) -> bool:
+    for _ in range(30):
+        pg.allreduce(np.ones(1000, np.float32))
+    return True
+
+
+def test_every_rank_exits_by_itself_after_destroy() -> None:
+    """With few slots, a rank that closed after its peers waited for acknowledgements from queue pairs they had
+    destroyed, until the World killed it (10 s each): a peer that said goodbye is no longer waited for."""
+    from erdma_core.testing.world import World
+
+    world = World(3, config={"transport.name": "verbs", **TestVerbsChannelSmallSlotsZeroCopy.config})
+    assert world.run(_small_steps) == [True] * 3
+    world.close()
+    assert [p.exitcode for p in world.procs] == [0, 0, 0]  # not killed (-9)
