@@ -108,6 +108,8 @@ class ProcessGroup:
         try:
             serial.call(fn)  # raises the op's own error
         except ErdmaError as exc:
+            if self._ended is not None:  # destroyed or aborted by another thread after this op was checked
+                self._usable(name)
             raise bare(exc) from None
         return None
 
@@ -138,8 +140,11 @@ class ProcessGroup:
     def _usable(self, name: str) -> None:
         """Raise if this group (or the job's transport, with the default group) was destroyed."""
         if self._ended is not None:
-            raise ErdmaError(f"rank {self.rt.rank}: {name} on {self.label} after this group was "
-                             f"{self._ended} ({_CALLS[self._ended]}); make a new group to go on")
+            said = (f"rank {self.rt.rank}: {name} on {self.label} after this group was {self._ended} "
+                    f"({_CALLS[self._ended]}); make a new group to go on")
+            if self._ended == "aborted":
+                raise AbortedError(said, rank=self.rt.rank, op=name)
+            raise ErdmaError(said)
         if self.rt.closed:
             raise ErdmaError(f"rank {self.rt.rank}: {name} on {self.label} after the job's transport was "
                              "closed (the default group was destroyed or a group aborted); make a new group to go on")

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..errors import ErdmaError
+
 _Item = tuple[Callable[[], Any], "cf.Future[Any]"]
 HANDOFF = 0.002  # seconds a runner in completion callbacks keeps its claim on the queue before another takes it
 
@@ -93,7 +95,8 @@ class Serial:
 
     def _enqueue(self, fn: Callable[[], Any]) -> cf.Future[Any]:
         if self._closed:
-            raise RuntimeError(f"{self._name}: the group was destroyed; no collective can be issued on it")
+            # (an ErdmaError: a thread that aborted the group meanwhile is a failure the caller handles as such)
+            raise ErdmaError(f"{self._name}: the group was destroyed or aborted; no collective can be issued on it")
         fut: cf.Future[Any] = cf.Future()
         self._queue.append((fn, fut))
         self._wake()
