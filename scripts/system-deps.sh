@@ -4,12 +4,13 @@
 #                                  coturn and stun-server (erdma-p2p's STUN/TURN servers); qemu, mmdebstrap and
 #                                  e2fsprogs (erdma-verbs' test guest, built on first use under /var/cache/erdma-guest);
 #                                  DPDK's headers and pkg-config (erdma-dpdk builds its C shim against them at install),
-#                                  ngtcp2's and GnuTLS's headers (erdma-quic's compiled engine, built the same way)
+#                                  ngtcp2's and GnuTLS's headers (erdma-quic's compiled engine, built the same way);
+#                                  etcd (the elastic tests' 3-member cluster: etcd-server, and etcdctl from etcd-client)
 #   scripts/system-deps.sh bench   plus Open MPI (mpirun, headers for mpi4py) for the benchmark lab
 set -euo pipefail
 want=(ip:iproute2 ethtool:ethtool ping:iputils-ping cc:gcc tc:iproute2 nft:nftables conntrack:conntrack
       turnserver:coturn stund:stun-server qemu-system-x86_64:qemu-system-x86 mmdebstrap:mmdebstrap
-      mkfs.ext4:e2fsprogs)
+      mkfs.ext4:e2fsprogs etcd:etcd-server etcdctl:etcd-client)
 if [[ "${1:-test}" == bench ]]; then
     want+=(mpirun:openmpi-bin mpicc:libopenmpi-dev)
 fi

@@ -23,7 +23,7 @@ from erdma_core.discovery.store import _REQ
 from erdma_core.elastic import state as shared
 from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys
 from erdma_core.errors import CollectiveTimeoutError
-from erdma_core.testing.elastic import ElasticJob, python
+from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out
 from erdma_core.transport import auth
 from erdma_core.transport.sockets import recv_exact
 
@@ -376,3 +376,26 @@ def test_erdma_run_refuses_an_elastic_option_it_would_ignore(args, said):
     p = _erdma(*args, "-n", "1", "--", sys.executable, "-c", "pass")
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 2 and said in out, out
+
+
+# ---- liveness -----------------------------------------------------------------------------------------------
+LIVENESS_S = 3.0
+
+
+def test_a_stopped_peer_is_counted_out_within_twice_the_liveness_timeout(tmp_path):
+    """SIGSTOP one of 3 peers, with timeouts.collective at 60 s: its beats in the TCP store lapse, the other two
+    abort the allreduce waiting on it, vote it dead and complete a step among themselves within 2x
+    elastic.liveness_timeout; it rejoins when it runs again."""
+    with ElasticJob(python(*PEER), tmp_path, min_peers=3,
+                    env={"STEPS": "100000", "STOP_FILE": str(tmp_path / "stop"), "ELEMENTS": "1024",
+                         "ERDMA_ELASTIC_LIVENESS_TIMEOUT": str(LIVENESS_S)}) as job:
+        took = stopped_peer_counted_out(job)
+    print(f"counted out and a step completed without it in {took:.2f}s (liveness timeout {LIVENESS_S}s)")
+    assert took <= 2 * LIVENESS_S, took
+    said = "\n".join(job.peers[0].lines + job.peers[1].lines)
+    assert "no sign of life from member(s)" in said and "elastic.liveness_timeout" in said
+
+
+def test_a_liveness_timeout_that_would_flood_the_store_is_refused():
+    with pytest.raises(ConfigError, match=r"elastic.liveness_timeout.*0.1.*valid: 0 \(off\) or at least 0.5"):
+        elastic.join({}, {"elastic.liveness_timeout": 0.1})

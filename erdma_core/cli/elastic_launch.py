@@ -1,5 +1,6 @@
-"""``erdma run --elastic``: serve an elastic job's store and start N local peers that keep going when one
-exits; ``erdma run --join HOST:PORT``: add peers to such a job from another shell or machine."""
+"""``erdma run --elastic``: serve an elastic job's store (or, with ``--store etcd://...``, keep it on an etcd
+cluster) and start N local peers that keep going when one exits; ``erdma run --join HOST:PORT|URL``: add peers
+to such a job from another shell or machine."""
 
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ def _write_secret(secret: str, port: int) -> str:
 
 
 def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None, host: str, port: int,
-        secret_file: str | None, prefix: bool, timeout: float | None) -> int:
+        secret_file: str | None, prefix: bool, timeout: float | None, store_url: str | None = None) -> int:
     """Start ``nprocs`` peers of ``cmd``; return 0 once one of them finished well, else the first failure's code.
-    Without ``join``: serve the job's store on ``host:port`` (0: a free port) for as long as a peer runs."""
+    Without ``join``: serve the job's store on ``host:port`` (0: a free port) for as long as a peer runs, or,
+    with ``store_url`` (etcd://...), keep it under a new job id on that cluster, where it outlives this
+    process (and so does the secret file written for it)."""
     if nprocs < 1:
         raise ValueError(f"-n must be at least 1, got {nprocs}")
     secret = read_secret(secret_file) if secret_file else (
@@ -47,7 +50,14 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     pumps: list[threading.Thread] = []
     store: TCPStore | None = None
     written: str | None = None
-    if join is None:
+    if join is None and store_url is not None:
+        secret = secret or secrets.token_hex(32)
+        where = _replicated(store_url, secret, config)
+        path = secret_file or _write_secret(secret, 0)  # kept: the job may go on after this process
+        sys.stderr.write(f"erdma run: elastic job's store on {where}; add a peer from another shell with\n"
+                         f"  erdma run --join {where} --secret-file {path} -n 1 -- {' '.join(cmd)}\n")
+        env["ERDMA_ELASTIC_MIN_PEERS"] = str(nprocs)
+    elif join is None:
         secret = secret or secrets.token_hex(32)
         port = port or free_port()
         store = TCPStore(host, port, is_server=True, timeout=10.0, secret=secret.encode())
@@ -62,10 +72,16 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
         if not secret:
             raise ConfigError("erdma run --join: give the job's secret (--secret-file, as `erdma run --elastic` "
                               "printed it, or ERDMA_SECRET)")
-    addr, _, p = where.rpartition(":")
-    if not addr or not p.isdigit():
-        raise ConfigError(f"erdma run: --join {where!r} is not HOST:PORT")
-    env |= {"MASTER_ADDR": addr, "MASTER_PORT": p, "ERDMA_SECRET": secret}
+    if "://" in where:
+        if not where.startswith("etcd://"):
+            raise ConfigError(f"erdma run: --join {where!r}: a store URL is etcd://HOST:PORT[,HOST:PORT...]/PREFIX "
+                              "(or give HOST:PORT of a store `erdma run --elastic` serves)")
+        env |= {"ERDMA_DISCOVERY_INIT_METHOD": where, "ERDMA_SECRET": secret}
+    else:
+        addr, _, p = where.rpartition(":")
+        if not addr or not p.isdigit():
+            raise ConfigError(f"erdma run: --join {where!r} is not HOST:PORT or etcd://...")
+        env |= {"MASTER_ADDR": addr, "MASTER_PORT": p, "ERDMA_SECRET": secret}
     label = "peer" if join is None else "joined peer"
     procs: list[subprocess.Popen[bytes]] = []
     with stops_on_signals():
@@ -88,6 +104,21 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
             if written is not None:
                 os.unlink(written)
     return code
+
+
+def _replicated(url: str, secret: str, config: str | None) -> str:
+    """``url`` with a new job id under its prefix, once the cluster answered there (a ConfigError names what
+    is wrong with the URL, an ErdmaError which member said what)."""
+    from ..api.join import load_config
+    from ..elastic import open_store
+
+    if not url.startswith("etcd://"):
+        raise ConfigError(f"erdma run: --store {url!r}: valid: etcd://HOST:PORT[,HOST:PORT...]/PREFIX (an etcd "
+                          "cluster; without --store this process serves the job's store)")
+    where = f"{url.rstrip('/')}/{secrets.token_hex(6)}"
+    conf = load_config(config, **{"security.secret": secret})
+    open_store(where, conf).close()
+    return where
 
 
 def _watch(procs: list[subprocess.Popen[bytes]], timeout: float | None) -> int:

@@ -34,15 +34,22 @@ def _run(args: argparse.Namespace) -> int:
     if args.elastic and args.join:
         print("erdma run: --elastic serves a job's store, --join joins one: give one of them", file=sys.stderr)
         return 2
-    for name, needs in (("host", "--elastic"), ("port", "--elastic"), ("secret_file", "--elastic or --join")):
+    for name, needs in (("host", "--elastic"), ("port", "--elastic"), ("secret_file", "--elastic or --join"),
+                        ("store", "--elastic")):
         if getattr(args, name) is not None and not (args.elastic or (args.join and name == "secret_file")):
             print(f"erdma run: --{name.replace('_', '-')} applies only to {needs}", file=sys.stderr)
+            return 2
+    for name in ("host", "port"):
+        if args.store is not None and getattr(args, name) is not None:
+            print(f"erdma run: --{name} names where this process serves the store; with --store it serves none",
+                  file=sys.stderr)
             return 2
     if args.elastic or args.join:
         from . import elastic_launch
 
         return elastic_launch.run(args.nprocs, cmd, config=args.config, join=args.join,
-                                  host=args.host or "127.0.0.1", port=args.port or 0, secret_file=args.secret_file,
+                                  host=args.host or "127.0.0.1", port=args.port or 0, store_url=args.store,
+                                  secret_file=args.secret_file,
                                   prefix=not args.no_prefix, timeout=args.timeout)
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=not args.no_prefix, timeout=args.timeout)
 
@@ -139,8 +146,12 @@ def add_core_commands(sub: Any) -> None:
     run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
     run.add_argument("--elastic", action="store_true", help="an elastic job (erdma_core.elastic): serve its "
                      "store here and keep the other peers going when one exits; prints how to add peers")
-    run.add_argument("--join", metavar="HOST:PORT", default=None, help="add the N peers to the elastic job whose "
-                     "store `erdma run --elastic` serves at HOST:PORT")
+    run.add_argument("--join", metavar="HOST:PORT|URL", default=None, help="add the N peers to the elastic job "
+                     "whose store `erdma run --elastic` serves at HOST:PORT, or whose store is at URL (etcd://..., "
+                     "as `erdma run --elastic --store` printed it)")
+    run.add_argument("--store", metavar="URL", default=None, help="--elastic: keep the job's membership on this "
+                     "etcd cluster (etcd://HOST:PORT[,HOST:PORT...]/PREFIX; the job's keys go under PREFIX/<a new "
+                     "job id>) instead of serving a store here: the job goes on without this process")
     run.add_argument("--host", default=None, help="--elastic: address to serve the store on (default "
                      "127.0.0.1; 0.0.0.0: every interface, for peers on other machines)")
     run.add_argument("--port", type=int, default=None, help="--elastic: port of the store (0: a free one)")

@@ -35,7 +35,8 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
     return {
         "transport": {"name": Option(str, "tcp", "transport used between ranks", choices=lambda: names("transport"))},
         "discovery": {"init_method": Option(str, "env://", "discovery URL, as torch's init_method: env://, "
-                                            "tcp://host:port, file:///path; its scheme picks the discovery method")},
+                                            "tcp://host:port, file:///path, etcd://host:port[,host:port...]/prefix; "
+                                            "its scheme picks the discovery method")},
         "traversal": {"name": Option(str, "direct", "NAT traversal strategy", choices=lambda: names("traversal"))},
         "compression": {
             "name": Option(str, "none", "compressor applied to the messages of collectives",
@@ -61,6 +62,11 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                                 "--elastic -n N` sets N)", minimum=1, maximum=1 << 16),
             "join_timeout": Option(float, 600.0, "seconds a peer waits to be admitted to an elastic job",
                                    minimum=0.001, maximum=MAX_TIMEOUT),
+            "liveness_timeout": Option(float, 5.0, "seconds without a member's sign of life in the job's store "
+                                       "(each member writes one every quarter of this) after which the others "
+                                       "count it out, ending the collective that waits on it; 0: off (a hung "
+                                       "member is then found at timeouts.collective)", minimum=0.0,
+                                       maximum=MAX_TIMEOUT),
         },
         "timeouts": {
             "collective": Option(float, 300.0, "seconds any blocking collective may take", minimum=0.001,

@@ -1,7 +1,7 @@
 """Discovery: how the ranks of a job find each other. ``discovery.init_method`` is a URL (as torch's
 ``init_method``); its scheme picks the discovery method, which gives every rank the same ``Store``, a small
 key-value store the ranks publish their addresses in and agree through. Built in: ``env://``, ``tcp://``,
-``file://``; plugins add more (``erdma_register_discovery``)."""
+``file://``, ``etcd://`` (an etcd cluster: ``etcd``); plugins add more (``erdma_register_discovery``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import ConfigError
+from .etcd import EtcdStore, etcd_store
 from .store import FileStore, Store, TCPStore
 
-__all__ = ["FileStore", "Store", "TCPStore", "env_store", "file_store", "tcp_store"]
+__all__ = ["EtcdStore", "FileStore", "Store", "TCPStore", "env_store", "etcd_store", "file_store", "tcp_store"]
 
 
 def tcp_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:

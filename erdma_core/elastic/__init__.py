@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..api.join import load_config
-from ..discovery import env_store, file_store, tcp_store
+from ..discovery import env_store, etcd_store, file_store, tcp_store
 from ..errors import ConfigError
 from .group import ElasticGroup
 from .membership import CasStore, ExcludedError, JobFinishedError
@@ -31,14 +31,14 @@ __all__ = ["ElasticGroup", "ExcludedError", "JobFinishedError", "join", "open_st
 
 
 def open_store(url: str, conf: Any) -> CasStore:
-    """A client of the store at ``url`` (env://, tcp://HOST:PORT or file:///PATH), made by the built-in
+    """A client of the store at ``url`` (env://, tcp://HOST:PORT, file:///PATH or etcd://...), made by the built-in
     discovery method as a rank other than 0 would make it: an elastic job's store is served by something that
     outlives its peers (``erdma run --elastic``), never by a peer."""
-    methods = {"env": env_store, "tcp": tcp_store, "file": file_store}
+    methods = {"env": env_store, "tcp": tcp_store, "file": file_store, "etcd": etcd_store}
     method = methods.get(urlparse(url).scheme)
     if method is None:
         raise ConfigError(f"config key 'discovery.init_method': {url!r} cannot hold an elastic job's membership; "
-                          "valid: env://, tcp://HOST:PORT, file:///PATH")
+                          "valid: env://, tcp://HOST:PORT, file:///PATH, etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
     return method(url, -1, 0, conf["timeouts.connect"], conf)  # type: ignore[return-value]  # -1: not the server
 
 
@@ -48,8 +48,12 @@ def join(state: Mapping[str, Any], config: Any = None, *, announce: bool = True)
     the members' next step boundary (waiting at most ``elastic.join_timeout``). ``config``: as ``init``'s.
     ``announce``: the member of rank 0 prints each new membership to stderr."""
     conf = load_config(config)
+    if 0 < conf["elastic.liveness_timeout"] < 0.5:
+        raise ConfigError(f"config key 'elastic.liveness_timeout': {conf['elastic.liveness_timeout']!r} would have "
+                          "every member write to the store more than 8 times a second; valid: 0 (off) or at least 0.5")
     store = open_store(conf["discovery.init_method"], conf)
+    beats = open_store(conf["discovery.init_method"], conf) if conf["elastic.liveness_timeout"] > 0 else None
     group = ElasticGroup(store, conf, conf["elastic.job"], state, min_peers=conf["elastic.min_peers"],
-                         join_timeout=conf["elastic.join_timeout"], announce=announce)
+                         join_timeout=conf["elastic.join_timeout"], announce=announce, beats=beats)
     group.sync()
     return group

@@ -32,6 +32,7 @@ from ..errors import (
     PeerLostError,
 )
 from . import state as shared
+from .liveness import Liveness
 from .membership import (
     Ballot,
     CasStore,
@@ -56,7 +57,10 @@ class ElasticGroup:
     and shapes on every peer). Made by ``erdma_core.elastic.join``; see its docstring for the loop."""
 
     def __init__(self, store: CasStore, conf: Config, job: str, state: Mapping[str, Any], *, min_peers: int,
-                 join_timeout: float, announce: bool) -> None:
+                 join_timeout: float, announce: bool, beats: CasStore | None = None) -> None:
+        """``beats``: a client of the same store of its own, for the members' signs of life
+        (``elastic.liveness_timeout``; ``liveness``); None: a hung member is found at the collective's
+        timeout."""
         need_compare_set(store)
         for name in state:
             shared.view(state[name])  # refuses what it cannot share
@@ -72,6 +76,8 @@ class ElasticGroup:
         self._admit = 0  # tickets the last committed step said to admit
         self.counters = {"epochs": 0, "aborted": 0, "admitted": 0, "lost": 0, "rejoined": 0}
         self.setup_s = 0.0  # how long the last epoch's ProcessGroup took to set up
+        self.liveness = None if beats is None else Liveness(beats, self.keys, self.id,
+                                                            conf["elastic.liveness_timeout"])
 
     # ---- the caller's API ---------------------------------------------------------------------------------
     @property
@@ -148,6 +154,9 @@ class ElasticGroup:
                 pass
         self._drop_pg()
         self.record = None
+        if self.liveness is not None:
+            self.liveness.close()
+            self.liveness = None
 
     # ---- epochs ------------------------------------------------------------------------------------------
     def _ready(self) -> None:
@@ -157,8 +166,20 @@ class ElasticGroup:
             raise failure
 
     def _lost(self) -> set[int]:
+        """Members this one knows are gone: the one its transport saw go, those whose beats lapsed."""
         failure = self.pg.failure() if self.pg else None
-        return {failure.peer} if isinstance(failure, PeerLostError) else set()
+        gone = {failure.peer} if isinstance(failure, PeerLostError) else set()
+        if self.liveness is not None and self.record is not None:
+            gone |= {i for i, m in enumerate(self.record.members) if m.id in self.liveness.lapsed()}
+        return gone
+
+    def _lapse(self) -> None:
+        """A member's beats lapsed (the beat thread): end the collective waiting on it now (unless this peer
+        has gone on to an epoch without it meanwhile)."""
+        pg, record, liveness = self.pg, self.record, self.liveness
+        if pg is not None and record is not None and liveness is not None \
+                and any(m.id in liveness.lapsed() for m in record.members):
+            pg.abort()
 
     def _decide(self, error: BaseException | None, retry: bool | None = None) -> Outcome:
         """The ballot on the step just taken. A failure that no membership change explains (a mismatch, a
@@ -196,6 +217,8 @@ class ElasticGroup:
         self._drop_pg()
         self.record, self._op = record, 0
         self.counters["epochs"] += 1
+        if self.liveness is not None:
+            self.liveness.watch(tuple(m.id for m in record.members), self._lapse)
         try:
             if old is not None:
                 self._admit_tickets(old.admitted, record)

@@ -69,10 +69,13 @@ def erdma_register_transports(register: Callable[..., None]) -> None:
 @hookimpl
 def erdma_register_discovery(register: Callable[..., None]) -> None:
     from .. import discovery
+    from ..discovery import etcd
 
     register("env", discovery.env_store, description="MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, as torchrun sets")
     register("tcp", discovery.tcp_store, description="key-value store served by rank 0 at tcp://host:port")
     register("file", discovery.file_store, description="key-value store in a shared folder, file:///path")
+    register("etcd", discovery.etcd_store, options=etcd.OPTIONS,
+             description="key-value store on an etcd cluster, etcd://host:port[,host:port...]/prefix")
 
 
 @hookimpl

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..cli.launcher import free_port
@@ -50,16 +50,21 @@ class Peer:
 
 
 class ElasticJob:
-    """One elastic job: its store (served by this process, as `erdma run --elastic` does) and its peers, each
-    ``cmd`` with the job's environment (set-up and collective timeouts of 20 s and 60 s unless ``env`` says
-    otherwise), output in ``folder``."""
+    """One elastic job: its store (served by this process, as `erdma run --elastic` does, or ``store_url``,
+    e.g. an etcd cluster's) and its peers, each ``cmd`` with the job's environment (set-up and collective
+    timeouts of 20 s and 60 s unless ``env`` says otherwise), output in ``folder``."""
 
     def __init__(self, cmd: Sequence[str], folder: Path, *, min_peers: int, secret: str = "elastic-test",
-                 env: dict[str, str] | None = None, host: str = "127.0.0.1") -> None:
+                 env: dict[str, str] | None = None, host: str = "127.0.0.1", store_url: str | None = None) -> None:
         self.cmd, self.folder = list(cmd), Path(folder)
-        self.port = free_port()
-        self.store = TCPStore(host, self.port, is_server=True, timeout=10.0, secret=secret.encode())
-        self.env = {**os.environ, "MASTER_ADDR": host, "MASTER_PORT": str(self.port), "ERDMA_SECRET": secret,
+        self.store: TCPStore | None = None
+        if store_url is None:
+            self.port = free_port()
+            self.store = TCPStore(host, self.port, is_server=True, timeout=10.0, secret=secret.encode())
+            where = {"MASTER_ADDR": host, "MASTER_PORT": str(self.port)}
+        else:
+            where = {"ERDMA_INIT_METHOD": store_url}
+        self.env = {**os.environ, **where, "ERDMA_SECRET": secret,
                     "ERDMA_ELASTIC_MIN_PEERS": str(min_peers), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                     "ERDMA_TIMEOUTS_CONNECT": "20", "ERDMA_TIMEOUTS_COLLECTIVE": "60", **(env or {})}
         self.peers: list[Peer] = []
@@ -91,7 +96,8 @@ class ElasticJob:
     def close(self) -> None:
         for p in self.peers:
             p.kill()
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
 
     def __enter__(self) -> ElasticJob:
         return self
@@ -102,3 +108,36 @@ class ElasticJob:
 
 def python(*args: str | Path) -> list[str]:
     return [sys.executable, *map(str, args)]
+
+
+def steps(peer: Peer) -> list[str]:
+    """The lines of an ``elastic_peer`` that report a step."""
+    return [line for line in peer.lines if line.startswith("step ")]
+
+
+def until(done: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def stopped_peer_counted_out(job: ElasticJob) -> float:
+    """Three ``elastic_peer`` s of ``job`` (min_peers 3, STOP_FILE in its env); one SIGSTOPped after their
+    third step. Returns the seconds from the SIGSTOP until the other two completed a step without it; then
+    the stopped one runs again (and rejoins) and all stop. Asserts they exit 0."""
+    a, b, c = job.start(), job.start(), job.start()
+    until(lambda: len(steps(c)) >= 3, "3 steps")
+    os.kill(c.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    before = len(steps(a))
+    until(lambda: any(" n 2 " in line for line in steps(a)[before:]), "a step without the stopped peer")
+    took = time.monotonic() - stopped
+    os.kill(c.pid, signal.SIGCONT)
+    seen = len(steps(c))
+    until(lambda: len(steps(c)) >= seen + 2, "the stopped peer back")
+    Path(job.env["STOP_FILE"]).touch()
+    codes = [p.wait(60) for p in (a, b, c)]
+    assert codes == [0, 0, 0], (codes, c.lines[-5:])
+    return took
