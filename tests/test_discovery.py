@@ -57,7 +57,7 @@ def test_env_init_method_names_missing_variables(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConfigError, match="needs the environment variables MASTER_ADDR, MASTER_PORT"):
         erdma_core.init(rank=0, world_size=1)
-    with pytest.raises(PluginError, match="Unknown discovery 'udp'; installed: env, file, tcp"):
+    with pytest.raises(PluginError, match="Unknown discovery 'udp'; installed: env, etcd, file, tcp"):
         erdma_core.init(rank=0, world_size=1, init_method="udp://x:1")
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(ConfigError, match="no rank given and RANK is not set"):

@@ -32,8 +32,8 @@ PEER = ("-m", "erdma_core.testing.elastic_peer")
 STEP = re.compile(r"step (\d+) n (\d+) .* hash (\w+) ")
 
 
-def _store(url: str, secret: str = "etcd-test", **conf: Any) -> Any:
-    return etcd_store(url, 0, 1, 10.0, load_config({"security.secret": secret, **conf}))
+def _store(url: str, secret: str = "etcd-test", timeout: float = 10.0, **conf: Any) -> Any:
+    return etcd_store(url, 0, 1, timeout, load_config({"security.secret": secret, **conf}))
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +291,33 @@ def test_a_stopped_peer_is_counted_out_through_etcd_within_twice_the_liveness_ti
         took = stopped_peer_counted_out(job)
     print(f"counted out and a step completed without it in {took:.2f}s (liveness timeout {liveness}s)")
     assert took <= 2 * liveness, took
+
+
+def test_etcd_s_own_tls_and_users_are_passed_through(tmp_path: Path) -> None:
+    """A member that takes only https with a client certificate its CA signed, and only an etcd user with
+    rights on the job's prefix: the store works with [discovery.etcd] saying so, and each missing or wrong
+    setting is an error that names it."""
+    tls = etcd.make_tls(tmp_path)
+    with etcd.EtcdCluster(1, tmp_path, tls=tls) as c:
+        ctl = ["etcdctl", "--endpoints", f"https://{c.endpoints[0]}", "--cacert", str(tls["ca"]),
+               "--cert", str(tls["client_cert"]), "--key", str(tls["client_key"])]
+        for args in (["user", "add", "root:rootpw"], ["user", "add", "job:jobpw"], ["role", "add", "jobs"],
+                     ["role", "grant-permission", "jobs", "--prefix=true", "readwrite", "train/"],
+                     ["user", "grant-role", "job", "jobs"], ["auth", "enable"]):
+            subprocess.run([*ctl, *args], check=True, capture_output=True, env={**os.environ, "ETCDCTL_API": "3"})
+        files = {"discovery.etcd.ca_file": str(tls["ca"]), "discovery.etcd.cert_file": str(tls["client_cert"]),
+                 "discovery.etcd.key_file": str(tls["client_key"])}
+        user = {"discovery.etcd.user": "job", "discovery.etcd.password": "jobpw"}
+        s = _store(c.url("train"), **files, **user)
+        s.set("a", b"1")
+        assert s.get("a", 1.0) == b"1" and s.add("n", 2) == 2 and s.compare_set("c", b"", b"x") == b"x"
+        with pytest.raises(ErdmaError, match=r"permission denied \(\[discovery.etcd\] user is ''"):
+            _store(c.url("train"), **files)
+        with pytest.raises(ErdmaError, match=r"authentication failed.*\[discovery.etcd\] user is 'job'"):
+            _store(c.url("train"), **files, **{**user, "discovery.etcd.password": "wrong"})
+        with pytest.raises(ErdmaError, match=r"permission denied.*prefix 'elsewhere/'"):
+            _store(c.url("elsewhere"), **files, **user)
+        with pytest.raises(ErdmaError, match=r"no etcd member served the store within 1.0s"):  # http to https
+            _store(c.url("train"), timeout=1.0, **user)
+        with pytest.raises(ConfigError, match=r"\[discovery.etcd\]: ca_file .*No such file"):
+            _store(c.url("train"), **{**files, "discovery.etcd.ca_file": str(tmp_path / "missing.pem")})

@@ -270,7 +270,11 @@ class EtcdStore:
         try:
             out = json.loads(raw)
         except ValueError:
-            raise _Retry(f"HTTP {resp.status}: {raw[:200]!r}") from None
+            if resp.status >= 500:
+                raise _Retry(f"HTTP {resp.status}: {raw[:200]!r}") from None
+            host, port = self.endpoints[i]
+            raise ErdmaError(f"discovery: etcd at {host}:{port} answered {path} with HTTP {resp.status}: "
+                             f"{raw[:300].decode(errors='replace').strip()}") from None
         if resp.status == 200 and "error" not in out:
             return out  # type: ignore[no-any-return]
         text = str(out.get("error") or out.get("message") or raw[:200])
@@ -279,7 +283,11 @@ class EtcdStore:
         if resp.status >= 500 or out.get("code") in RETRYABLE:
             raise _Retry(f"HTTP {resp.status}: {text}")
         host, port = self.endpoints[i]
-        raise ErdmaError(f"discovery: etcd at {host}:{port} refused {path}: {text}")
+        hint = ""
+        if any(w in text for w in ("user name is empty", "authentication failed", "permission denied")):
+            hint = (f" ([discovery.etcd] user is {self._user!r}: the cluster's user and password go there, and that "
+                    f"user needs read and write on the prefix {self._prefix!r})")
+        raise ErdmaError(f"discovery: etcd at {host}:{port} refused {path}: {text}{hint}")
 
     def _watch(self, k: bytes, revision: int, deadline: float) -> bytes | None:
         """The key's value once a put of it is seen from ``revision`` on, or None at the deadline or when

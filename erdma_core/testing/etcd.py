@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -25,15 +26,66 @@ def missing() -> str | None:
     return None
 
 
+def make_tls(folder: Path) -> dict[str, Path]:
+    """A CA and, signed by it, a certificate for 127.0.0.1 (the members') and a client's, as PEM files in
+    ``folder``: ``ca``, ``server_cert``, ``server_key``, ``client_cert``, ``client_key``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "erdma test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    out = {"ca": folder / "ca.pem"}
+    out["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    # the members' certificate is a client's too: etcd's JSON gateway calls its own gRPC server with it
+    for who, usage in (("server", [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                       ("client", [ExtendedKeyUsageOID.CLIENT_AUTH])):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder()
+                # no common name on the client's: etcd's gateway refuses one when users are on (it would be
+                # taken for a user name)
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "erdma test members")]
+                                        if who == "server" else []))
+                .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                               critical=False)
+                .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        out[f"{who}_cert"], out[f"{who}_key"] = folder / f"{who}.pem", folder / f"{who}-key.pem"
+        out[f"{who}_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        out[f"{who}_key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                        serialization.PrivateFormat.PKCS8,
+                                                        serialization.NoEncryption()))
+    return out
+
+
 class EtcdCluster:
     """``n`` members started together (``url(prefix)`` names them all); ``kill(i)`` (SIGKILL), ``start(i)``
     (again, on its data), ``stop(i)``/``cont(i)`` (SIGSTOP/SIGCONT), ``leader()``. Members log to
-    ``folder``."""
+    ``folder``. ``tls`` (``make_tls``'s files): clients reach the members over https and must show a
+    certificate the CA signed."""
 
-    def __init__(self, n: int = 3, folder: Path | None = None, *, ready_s: float = 60.0) -> None:
+    def __init__(self, n: int = 3, folder: Path | None = None, *, ready_s: float = 60.0,
+                 tls: dict[str, Path] | None = None) -> None:
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.data = Path(tempfile.mkdtemp(prefix="erdma-etcd-", dir=shm))
         self.folder = Path(folder) if folder is not None else self.data
+        self.tls = tls
+        self._context: ssl.SSLContext | None = None
+        if tls is not None:
+            self._context = ssl.create_default_context(cafile=str(tls["ca"]))
+            self._context.load_cert_chain(str(tls["client_cert"]), str(tls["client_key"]))
         self.client = [free_port() for _ in range(n)]
         self.peer = [free_port() for _ in range(n)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
@@ -59,14 +111,25 @@ class EtcdCluster:
         """The cluster's URL for a job under ``prefix``, member ``first`` first (a client tries it first)."""
         return f"etcd://{','.join(self.endpoints[i] for i in self.order(first))}/{prefix}"
 
+    def _client_url(self, i: int) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client[i]}"
+
+    def _open(self, i: int, path: str, body: bytes, timeout: float) -> Any:
+        req = urllib.request.Request(self._client_url(i) + path, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout, context=self._context) as resp:
+            return json.loads(resp.read())
+
     def start(self, i: int) -> None:
-        c, p = f"http://127.0.0.1:{self.client[i]}", f"http://127.0.0.1:{self.peer[i]}"
+        c, p = self._client_url(i), f"http://127.0.0.1:{self.peer[i]}"
+        tls = [] if self.tls is None else [
+            "--cert-file", str(self.tls["server_cert"]), "--key-file", str(self.tls["server_key"]),
+            "--trusted-ca-file", str(self.tls["ca"]), "--client-cert-auth"]
         log = open(self.folder / f"etcd-m{i}.log", "ab")
         self.procs[i] = subprocess.Popen(
             ["etcd", "--name", f"m{i}", "--data-dir", str(self.data / f"m{i}"), "--listen-client-urls", c,
              "--advertise-client-urls", c, "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
              "--initial-cluster", self._initial, "--initial-cluster-state", "new",
-             "--initial-cluster-token", self.data.name, "--logger", "zap", "--log-level", "warn"],
+             "--initial-cluster-token", self.data.name, "--logger", "zap", "--log-level", "warn", *tls],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
@@ -92,11 +155,8 @@ class EtcdCluster:
 
     def status(self, i: int, timeout: float = 2.0) -> dict[str, Any] | None:
         """Member ``i``'s own view (``/v3/maintenance/status``), or None when it does not answer."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.client[i]}/v3/maintenance/status", data=b"{}",
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return json.loads(resp.read())  # type: ignore[no-any-return]
+            return self._open(i, "/v3/maintenance/status", b"{}", timeout)  # type: ignore[no-any-return]
         except (OSError, ValueError, urllib.error.URLError):
             return None
 
@@ -122,13 +182,10 @@ class EtcdCluster:
         end = time.monotonic() + timeout
         body = json.dumps({"key": "cmVhZHk=", "value": "MQ=="}).encode()  # "ready" = "1"
         while True:
-            for port in self.client:
-                req = urllib.request.Request(f"http://127.0.0.1:{port}/v3/kv/put", data=body,
-                                             headers={"Content-Type": "application/json"})
+            for i in range(len(self.client)):
                 try:
-                    with urllib.request.urlopen(req, timeout=2.0) as resp:
-                        if "error" not in json.loads(resp.read()):
-                            return
+                    if "error" not in self._open(i, "/v3/kv/put", body, 2.0):
+                        return
                 except (OSError, ValueError, urllib.error.URLError):
                     pass
             if time.monotonic() > end:
