@@ -27,6 +27,7 @@ if [[ "${QUICK:-0}" == 1 ]]; then
     AB=(--ranks 2,4 --iters 2)
     LONGFAT=(--sizes 16M --repeats 1 --iters 1 --seconds 10 --cases "erdma c=1,erdma c=8")
     PROFILE_ITERS=300
+    CHAOS_EVENTS=10
 else
     ALLREDUCE=(--ranks 2,4,8 --sizes 4K,64K,1M,16M,64M,256M --repeats 2 --iters 5 --small-warmup 200 --max-seconds 30)
     OTHERS=(--ranks 4 --sizes 4K,64K,1M,16M,64M --repeats 2 --iters 5 --small-warmup 200 --max-seconds 30)
@@ -46,6 +47,7 @@ run --scenarios regional,continental,lossy --cc bbr,cubic --ops allreduce --syst
 $PY -m benchmarks.longfat "${LONGFAT[@]}" --json "$OUT/longfat.json" | tee "$OUT/longfat.txt"
 $PY -m benchmarks.alphabeta "${AB[@]}" --json "$OUT/alphabeta.json" | tee "$OUT/alphabeta.txt"
 $PY -m benchmarks.elastic --scenarios loopback,continental --peers 4 --elements 1M --kills 10 --json "$OUT/elastic.json" | tee "$OUT/elastic.txt"
+$PY -m benchmarks.chaos --events "${CHAOS_EVENTS:-1200}" --json "$OUT/chaos.json" | tee "$OUT/chaos.txt"
 $PY -m benchmarks.profile_small --iters "${PROFILE_ITERS:-3000}" | tee "$OUT/profile.txt"
 $PY -m benchmarks.profile_small --iters "${PROFILE_ITERS:-3000}" --transport quic | tee "$OUT/profile-quic.txt"
 $PY -m benchmarks.docs "$OUT" docs/benchmarks.md

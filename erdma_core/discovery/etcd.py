@@ -326,6 +326,8 @@ class EtcdStore:
                         if event.get("type", "PUT") == "PUT":
                             return self._open(k, event["kv"].get("value", ""))
             return None
+        except TimeoutError:  # nothing came before the deadline: no sign against this member
+            return None
         except (OSError, http.client.HTTPException, _Retry, _Stale):
             self._at = (i + 1) % len(self.endpoints)  # this member may be gone: the next read tries another
             return None

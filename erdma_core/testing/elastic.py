@@ -19,6 +19,7 @@ class Peer:
     def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
         self.proc, self.log = proc, log
         self.lines: list[str] = []
+        self.times: list[float] = []  # when each line came (time.monotonic())
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -29,6 +30,7 @@ class Peer:
                 line = raw.decode(errors="replace")
                 f.write(line)
                 f.flush()
+                self.times.append(time.monotonic())
                 self.lines.append(line.rstrip("\n"))
 
     @property

@@ -1,0 +1,208 @@
+"""A chaos soak of elastic membership: the DiLoCo example (``examples/diloco.py``) on 4 to 6 peers whose store is
+a real 3-member etcd cluster, under a stream of random events, then the same job undisturbed.
+
+    python -m benchmarks.chaos --events 1200 --json chaos.json
+
+Events, one every ``--gap`` seconds on average (exponential gaps): a peer SIGKILLed (while more than 3 run), a
+peer SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts later (one at a time), a new peer (while fewer
+than 6 run), the etcd leader or another etcd member SIGKILLed and started again 2 to 5 s later (one at a
+time). It reports hangs (no outer step for ``--hang-s`` while peers run), outer steps whose state hash
+differs between peers, outer steps a peer printed twice or that nobody printed, the time from each event to
+the next outer step completed after it (median and p99 by kind, against the bound the issue sets: the
+liveness timeout plus two undisturbed outer steps), and the final loss beside the undisturbed run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from erdma_core.testing.elastic import ElasticJob, Peer, python
+from erdma_core.testing.etcd import EtcdCluster, missing
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTER = re.compile(r"^outer (\d+) epoch (\d+) members (\d+) \[.*\] hash (\w+) loss ([\d.]+)")
+FINAL = re.compile(r"^final loss ([\d.]+)")
+
+
+def _p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+
+
+class Soak:
+    def __init__(self, job: ElasticJob, cluster: EtcdCluster | None, rng: random.Random, liveness: float) -> None:
+        self.job, self.cluster, self.rng, self.liveness = job, cluster, rng, liveness
+        self.stopped: tuple[Peer, float] | None = None  # a SIGSTOPped peer and when to continue it
+        self.etcd_down: tuple[int, float] | None = None  # an etcd member killed and when to start it
+        self.events: list[tuple[float, str]] = []
+
+    def steps(self) -> list[tuple[float, int]]:
+        """(when, outer step) of every outer line of every peer so far."""
+        out = []
+        for p in self.job.peers:
+            for t, line in zip(p.times, p.lines, strict=False):
+                m = OUTER.match(line)
+                if m:
+                    out.append((t, int(m.group(1))))
+        return out
+
+    def due(self, now: float) -> None:
+        if self.stopped and now >= self.stopped[1]:
+            os.kill(self.stopped[0].pid, signal.SIGCONT)
+            self.stopped = None
+        if self.etcd_down and self.cluster is not None and now >= self.etcd_down[1]:
+            self.cluster.start(self.etcd_down[0])
+            self.etcd_down = None
+
+    def event(self, now: float) -> None:
+        live = [p for p in self.job.live() if self.stopped is None or p is not self.stopped[0]]
+        members = [p for p in live if any(OUTER.match(line) for line in p.lines[-50:])]
+        kinds = []
+        if len(self.job.live()) > 3 and members:
+            kinds += ["kill", "kill"]
+        if self.stopped is None and len(self.job.live()) > 3 and members:
+            kinds.append("stop")
+        if len(self.job.live()) < 6:
+            kinds += ["join", "join"]
+        if self.cluster is not None and self.etcd_down is None:
+            kinds += ["etcd-leader", "etcd-member"]
+        kind = self.rng.choice(kinds)
+        if kind == "kill":
+            self.rng.choice(members).kill()
+        elif kind == "stop":
+            victim = self.rng.choice(members)
+            os.kill(victim.pid, signal.SIGSTOP)
+            self.stopped = (victim, now + self.rng.uniform(1.5, 3.0) * self.liveness)
+        elif kind == "join":
+            self.job.start()
+        else:
+            assert self.cluster is not None
+            lead = self.cluster.leader()
+            i = lead if kind == "etcd-leader" else self.rng.choice([k for k in range(3) if k != lead])
+            self.cluster.kill(i)
+            self.etcd_down = (i, now + self.rng.uniform(2.0, 5.0))
+        self.events.append((now, kind))
+
+
+def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace, outer: int, events: int,
+            rng: random.Random) -> dict[str, Any]:
+    store = cluster.url(f"chaos-{folder.name}") if cluster is not None else None
+    cmd = python(ROOT / "examples" / "diloco.py", "--outer-steps", str(outer), "--inner-steps", "20",
+                 "--step-time", str(args.step_time))
+    env = {"ERDMA_ELASTIC_LIVENESS_TIMEOUT": str(args.liveness), "ERDMA_TIMEOUTS_CONNECT": "30"}
+    with ElasticJob(cmd, folder, min_peers=4, store_url=store, env=env) as job:
+        for _ in range(4):
+            job.start()
+        soak = Soak(job, cluster, rng, args.liveness)
+        start = time.monotonic()
+        nxt = start + 5.0 + rng.expovariate(1 / args.gap)
+        hang = False
+        while job.live():
+            now = time.monotonic()
+            soak.due(now)
+            seen = soak.steps()
+            last = max((t for t, _ in seen), default=start)
+            if now - last > args.hang_s and not (seen and max(s for _, s in seen) >= outer):
+                hang = True
+                break
+            if len(soak.events) < events and now >= nxt and (not seen or max(s for _, s in seen) < outer - 5):
+                soak.event(now)
+                nxt = now + rng.expovariate(1 / args.gap)
+                print(f"\r{len(soak.events)}/{events} events, outer step {max((s for _, s in seen), default=0)}",
+                      end="", file=sys.stderr, flush=True)
+            time.sleep(0.05)
+        if soak.stopped is not None:
+            os.kill(soak.stopped[0].pid, signal.SIGCONT)
+        codes = job.wait_all(60)
+        print(file=sys.stderr)
+        return _report(job, soak, codes, hang, outer, time.monotonic() - start)
+
+
+def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, outer: int,
+            took: float) -> dict[str, Any]:
+    hashes: dict[int, set[str]] = collections.defaultdict(set)
+    doubled = 0
+    for p in job.peers:
+        mine = [int(m.group(1)) for m in map(OUTER.match, p.lines) if m]
+        doubled += len(mine) - len(set(mine))
+        for m in filter(None, map(OUTER.match, p.lines)):
+            hashes[int(m.group(1))].add(m.group(4))
+    steps = sorted(soak.steps())
+    recovery: dict[str, list[float]] = collections.defaultdict(list)
+    for at, kind in soak.events:
+        before = max((s for t, s in steps if t <= at), default=0)
+        after = next((t for t, s in steps if t > at and s > before), None)
+        if after is not None:
+            recovery[kind].append(after - at)
+    first: dict[int, float] = {}
+    for t, step in steps:
+        first.setdefault(step, t)
+    gaps = [first[k + 1] - first[k] for k in first if k + 1 in first]
+    finals = [float(m.group(1)) for p in job.peers for m in map(FINAL.match, p.lines) if m]
+    return {"events": collections.Counter(k for _, k in soak.events), "seconds": round(took, 1),
+            "hangs": int(hang or None in codes), "divergent": sum(len(h) > 1 for h in hashes.values()),
+            "doubled": doubled, "lost": len(set(range(1, outer + 1)) - set(hashes)),
+            "odd_exits": [c for c in codes if c not in (0, -9)],
+            "recovery": {k: v for k, v in recovery.items()}, "step_s": statistics.median(gaps) if gaps else None,
+            "final_loss": sorted(set(finals))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=60)
+    ap.add_argument("--gap", type=float, default=2.0, help="mean seconds between events")
+    ap.add_argument("--liveness", type=float, default=3.0, help="elastic.liveness_timeout of the peers")
+    ap.add_argument("--step-time", type=float, default=0.01, help="diloco.py --step-time (20 inner steps)")
+    ap.add_argument("--hang-s", type=float, default=60.0, help="no outer step for this long: a hang")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write the numbers here")
+    args = ap.parse_args()
+    if missing():
+        print(f"chaos: {missing()}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="erdma-chaos-") as tmp:
+        calm_dir, chaos_dir = Path(tmp) / "calm", Path(tmp) / "chaos"
+        calm_dir.mkdir()
+        chaos_dir.mkdir()
+        with EtcdCluster(3, Path(tmp)) as cluster:
+            probe = run_job(calm_dir, cluster, args, 30, 0, random.Random(0))
+            step_s = probe["step_s"] or 0.5
+            outer = int(args.events * args.gap / step_s * 1.3) + 40  # the events end before the job does
+            chaos = run_job(chaos_dir, cluster, args, outer, args.events, random.Random(args.seed))
+            (calm_dir / "again").mkdir()
+            calm = run_job(calm_dir / "again", cluster, args, outer, 0, random.Random(0))
+    bound = args.liveness + 2 * (calm["step_s"] or step_s)
+    print(f"{sum(chaos['events'].values())} events over {chaos['seconds']} s ({dict(chaos['events'])}), 4-6 peers, "
+          f"etcd 3 members, liveness {args.liveness} s, {outer} outer steps")
+    print(f"hangs {chaos['hangs']}, divergent steps {chaos['divergent']}, steps printed twice {chaos['doubled']}, "
+          f"steps nobody printed {chaos['lost']}, odd exit codes {chaos['odd_exits']}")
+    print(f"undisturbed outer step {calm['step_s']:.3f} s; recovery bound = liveness + 2 steps = {bound:.2f} s")
+    print("  kind          n   median    p99  (s, event to the next outer step)")
+    everything = []
+    for kind, xs in sorted(chaos["recovery"].items()):
+        everything += xs
+        print(f"  {kind:<12}{len(xs):>3} {statistics.median(xs):8.2f} {_p99(xs):6.2f}")
+    if everything:
+        print(f"  {'all':<12}{len(everything):>3} {statistics.median(everything):8.2f} {_p99(everything):6.2f}"
+              f"  ({'within' if _p99(everything) <= bound else 'above'} the bound)")
+    print(f"final loss {chaos['final_loss']} (undisturbed {calm['final_loss']})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "outer": outer, "chaos": chaos, "calm": calm,
+                                               "bound_s": bound}, indent=1, default=dict))
+    return 0 if not (chaos["hangs"] or chaos["divergent"] or chaos["doubled"] or chaos["lost"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
