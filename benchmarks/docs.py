@@ -40,7 +40,7 @@ def _summary(cells: list[dict[str, Any]]) -> list[str]:
 
 def elastic_section(table: str) -> list[str]:
     """The section on elastic groups, around ``python -m benchmarks.elastic``'s table."""
-    return ["## Elastic groups: recovering from a death, admitting a peer", "",
+    return _fenced("## Elastic groups: recovering from a death, admitting a peer",
             "`python -m benchmarks.elastic --scenarios loopback,continental --peers 4 --elements 1M --kills 10` "
             "(see its docstring): an elastic job of 4 peers allreducing 4 MiB of float32 per step "
             "(`erdma_core.testing.elastic_peer`); a fourth peer kills itself in the middle of an allreduce (before "
@@ -51,20 +51,23 @@ def elastic_section(table: str) -> list[str]:
             "`admit`: the members' step boundary that admits a newcomer (a new group, then its set-up column, the "
             "4 MiB state to the newcomer, its hash check and vote). Ratios are against `plain P` in the same run. "
             "In the lab each peer has a namespace of its own and the store is served on the lab's host port, "
-            "40 ms (`ping`) from each peer, as the peers are from each other.", "", "```",
-            *table.strip("\n").splitlines(), "```", ""]
+            "40 ms (`ping`) from each peer, as the peers are from each other.", table)
 
 
 def chaos_section(text: str) -> list[str]:
     """The chaos soak of elastic membership on etcd (``python -m benchmarks.chaos``)."""
-    return ["## Elastic membership on etcd under chaos", "",
+    return _fenced("## Elastic membership on etcd under chaos",
             "`python -m benchmarks.chaos` (see its docstring): the DiLoCo example on 4 to 6 peers whose store is a "
             "real 3-member etcd cluster on loopback, under random events: peers SIGKILLed, SIGSTOPped and continued "
             "later, new peers, the etcd leader or another member SIGKILLed and started again. Recovery is the time "
             "from an event to the next outer step completed after it; the issue's bound is the liveness timeout "
             "plus two undisturbed outer steps. The anchors: torchft's headline run went through 1,200 failures with "
-            "no checkpoint; PCCL's master and torchft's Lighthouse are single processes.", "", "```",
-            *text.strip("\n").splitlines(), "```", ""]
+            "no checkpoint; PCCL's master and torchft's Lighthouse are single processes.", text)
+
+
+def _fenced(title: str, intro: str, text: str) -> list[str]:
+    """A section: its title, a paragraph, and a tool's output in a code block."""
+    return [title, "", intro, "", "```", *text.strip("\n").splitlines(), "```", ""]
 
 
 NOT_IN_THE_LAB = [

@@ -25,7 +25,7 @@ from erdma_core.api.join import load_config
 from erdma_core.discovery.etcd import etcd_store
 from erdma_core.errors import AuthenticationError, CollectiveTimeoutError, ErdmaError
 from erdma_core.testing import etcd
-from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out
+from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out, until
 
 pytestmark = pytest.mark.skipif(etcd.missing() is not None, reason=str(etcd.missing()))
 PEER = ("-m", "erdma_core.testing.elastic_peer")
@@ -226,13 +226,6 @@ def _read(proc: subprocess.Popen[str], into: list[str]) -> threading.Thread:
     return t
 
 
-def _until(done: Any, what: str, timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < end, f"{what}: not within {timeout:.0f}s"
-        time.sleep(0.05)
-
-
 def test_erdma_run_elastic_on_etcd_goes_on_when_the_launcher_and_its_peers_are_killed(
         cluster: etcd.EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stop = tmp_path / "stop"
@@ -242,7 +235,7 @@ def test_erdma_run_elastic_on_etcd_goes_on_when_the_launcher_and_its_peers_are_k
     first = _erdma("--elastic", "--store", cluster.url("cli"), "-n", "2", "--", sys.executable, *PEER)
     lines: list[str] = []
     _read(first, lines)
-    _until(lambda: any("erdma run --join" in line for line in lines), "the join line")
+    until(lambda: any("erdma run --join" in line for line in lines), "the join line")
     url, secret_file = next(m.groups() for line in lines
                             if (m := re.search(r"erdma run --join (etcd://\S+/cli/[0-9a-f]+) --secret-file (\S+)",
                                                line)))
@@ -250,11 +243,11 @@ def test_erdma_run_elastic_on_etcd_goes_on_when_the_launcher_and_its_peers_are_k
     theirs: list[str] = []
     reader = _read(joined, theirs)
     try:
-        _until(lambda: any("[joined peer 0] step" in line for line in theirs), "the joined peer's first step")
+        until(lambda: any("[joined peer 0] step" in line for line in theirs), "the joined peer's first step")
         os.killpg(first.pid, signal.SIGKILL)  # the launcher's host gone: its process and both of its peers
         first.wait(30)
         steps = sum("[joined peer 0] step" in line for line in theirs)
-        _until(lambda: sum("[joined peer 0] step" in line for line in theirs) >= steps + 3,
+        until(lambda: sum("[joined peer 0] step" in line for line in theirs) >= steps + 3,
                "3 more steps of the joined peer alone")
         stop.touch()
         assert joined.wait(60) == 0, theirs[-10:]
