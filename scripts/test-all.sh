@@ -31,16 +31,24 @@ record() {  # record NAME RC WALL_SECONDS CPU_SECONDS: a step's line for the sum
     results+=("$(printf '%-6s %5ds wall %6ds CPU' "$([[ $2 == 0 ]] && echo ok || echo FAILED)" "$3" "$4")")
 }
 
+guest_running() {  # the guest's background job has not been reaped yet
+    [[ -n ${guest_pid:-} ]] && kill -0 "$guest_pid" 2>/dev/null
+}
+
 step() {  # step NAME DIR COMMAND...: run COMMAND in DIR; pytest commands write their timings to $junit
-    local name=$1 dir=$2 start cpu0 rc
+    local name=$1 dir=$2 start cpu0 rc guest_before
     shift 2
     echo "=== $name"
     start=$(date +%s)
+    guest_running && guest_before=1 || guest_before=0
     cpu
     cpu0=$CPU
     (cd "$dir" && "$@")
     rc=$?
     cpu
+    if ((guest_before)) && ! guest_running; then  # reaped during this step: its CPU is the guest's, not this step's
+        CPU=$((CPU - $(cpu_in "$junit/guest.times" 2>/dev/null || echo 0)))
+    fi
     record "$name" "$rc" $(($(date +%s) - start)) $((CPU - cpu0))
 }
 
@@ -74,14 +82,26 @@ if [[ -f $guest/pyproject.toml ]]; then
     guest_pid=$!
 fi
 step "lint (ruff)" . "$(dirname "$PY")/ruff" check .
-pytest_in "core" . --dist worksteal --ignore=tests/torch_suite --ignore=tests/test_elastic_churn.py
-# the churn test alone: beside other tests on the workers its peers failed 2 runs in 5 (cause not found yet)
-TEST_WORKERS=0 pytest_in "core: elastic churn, alone" . tests/test_elastic_churn.py
+pytest_in "core" . --dist worksteal --ignore=tests/torch_suite --ignore=tests/test_elastic_churn.py \
+    --ignore=tests/test_elastic_chaos.py
+# the churn test apart from the others: beside other tests on the workers its peers failed 2 runs in 5 (cause
+# not found yet); beside it on a second worker only the short chaos run of elastic membership on etcd
+TEST_WORKERS=2 pytest_in "core: elastic churn and chaos" . tests/test_elastic_churn.py tests/test_elastic_chaos.py
 # PyTorch's tests in one process: each worker would import torch and start its worlds again (on 3 workers
 # 115 s wall and 225 CPU-s, in one process 102 s and 184)
 TEST_WORKERS=0 pytest_in "PyTorch's distributed tests" tests/torch_suite -p no:cacheprovider test_pytorch_distributed.py
+# erdma-p2p's tests go to the workers one by one: each test builds NAT labs of its own (named by its process);
+# by file one worker ran all of test_nat.py, the whole step, while the others idled (beside a busy loop: 73 s
+# one by one, against 141 s by file on an idle machine). erdma-dpdk's took as long either way (131 and 134 s).
+by_test=(erdma-p2p)
 for p in plugins/*/ examples/erdma-example/; do
-    [[ -f $p/pyproject.toml && ${p%/} != "$guest" ]] && pytest_in "$(basename "$p")" "$p"
+    name=$(basename "$p")
+    [[ -f $p/pyproject.toml && ${p%/} != "$guest" ]] || continue
+    if [[ " ${by_test[*]} " == *" $name "* ]]; then
+        pytest_in "$name" "$p" --dist worksteal
+    else
+        pytest_in "$name" "$p"
+    fi
 done
 if [[ -n ${guest_pid:-} ]]; then
     echo "=== erdma-verbs (ran beside the steps above)"

@@ -1,6 +1,7 @@
 """The job's store on a real 3-member etcd cluster (``etcd://``): the store's calls, counters exact under racing
-clients, values sealed with the job's secret, a leader's death, a lost quorum as a pause, an elastic job that
-goes on while members of the cluster die, and the errors of a wrong URL or an unreachable cluster."""
+clients, values sealed with the job's secret, a leader's death, a lost quorum as a pause (of the store's calls
+and of an elastic job), an elastic job that goes on while members of the cluster die, and the errors of a
+wrong URL or an unreachable cluster."""
 
 from __future__ import annotations
 
@@ -172,6 +173,25 @@ def test_a_wrong_url_is_refused_naming_the_key(url: str, said: str) -> None:
         etcd_store(url, 0, 1, 1.0, load_config({}))
 
 
+def _steps_after(k: int, a: Any, b: Any) -> None:
+    """Until ``a`` printed ``k`` steps more, both peers alive (120 s at most)."""
+    end = time.monotonic() + 120
+    target = len(_steps(a)) + k
+    while len(_steps(a)) < target:
+        assert time.monotonic() < end and a.alive() and b.alive(), (a.lines[-5:], b.lines[-5:])
+        time.sleep(0.05)
+
+
+def _same_hashes(*peers: Any) -> dict[int, set[str]]:
+    hashes: dict[int, set[str]] = {}
+    for p in peers:
+        for m in map(STEP.search, p.lines):
+            if m:
+                hashes.setdefault(int(m.group(1)), set()).add(m.group(3))
+    assert all(len(h) == 1 for h in hashes.values()), hashes
+    return hashes
+
+
 def test_an_elastic_job_on_etcd_goes_on_while_its_members_die(tmp_path: Path) -> None:
     """The leader killed (the member the peers talk to: first in their URL), back, then the member they went
     on to: the peers go on, every step's hash the same on each, and the job ends well."""
@@ -181,29 +201,43 @@ def test_an_elastic_job_on_etcd_goes_on_while_its_members_die(tmp_path: Path) ->
         with ElasticJob(python(*PEER), tmp_path, min_peers=2, store_url=c.url("elastic", first=order[0]),
                         env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "4096"}) as job:
             a, b = job.start(), job.start()
-
-            def steps_after(k: int) -> None:
-                end = time.monotonic() + 120
-                target = len(_steps(a)) + k
-                while len(_steps(a)) < target:
-                    assert time.monotonic() < end and a.alive() and b.alive(), (a.lines[-5:], b.lines[-5:])
-                    time.sleep(0.05)
-
-            steps_after(3)
+            _steps_after(3, a, b)
             c.kill(order[0])
-            steps_after(5)
+            _steps_after(5, a, b)
             c.start(order[0])
             c.leader()
             c.kill(order[1])
-            steps_after(5)
+            _steps_after(5, a, b)
             stop.touch()
             assert (a.wait(120), b.wait(120)) == (0, 0), (a.lines[-5:], b.lines[-5:])
-    hashes: dict[int, set[str]] = {}
-    for p in (a, b):
-        for m in map(STEP.search, p.lines):
-            if m:
-                hashes.setdefault(int(m.group(1)), set()).add(m.group(3))
-    assert len(hashes) >= 13 and all(len(h) == 1 for h in hashes.values()), hashes
+    assert len(_same_hashes(a, b)) >= 13
+
+
+def test_an_elastic_job_waits_out_a_lost_quorum_and_counts_nobody_out(tmp_path: Path) -> None:
+    """Two of the three members killed for three liveness timeouts while two peers run: the peers say they
+    wait for a majority, nobody is counted out (a peer whose own store calls hung judges no one on that
+    silence), and once the members are back the job goes on and ends well, every step's hash the same."""
+    stop = tmp_path / "stop"
+    with etcd.EtcdCluster(3, tmp_path) as c:
+        with ElasticJob(python(*PEER), tmp_path, min_peers=2, store_url=c.url("quorum-job"),
+                        env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "4096",
+                             "ERDMA_ELASTIC_LIVENESS_TIMEOUT": "1.0"}) as job:
+            a, b = job.start(), job.start()
+            _steps_after(3, a, b)
+            gone = [i for i in range(3) if i != c.leader()]
+            for i in gone:
+                c.kill(i)
+            time.sleep(3.0)
+            for i in gone:
+                c.start(i)
+            c.leader()
+            _steps_after(5, a, b)
+            stop.touch()
+            assert (a.wait(120), b.wait(120)) == (0, 0), (a.lines[-5:], b.lines[-5:])
+    said = a.lines + b.lines
+    assert any("for a majority of them" in line for line in said), said[-20:]
+    assert not any("counting them out" in line for line in said), said[-20:]
+    assert len(_same_hashes(a, b)) >= 8
 
 
 def _steps(peer: Any) -> list[str]:

@@ -41,8 +41,11 @@ from ..transport import auth
 log = logging.getLogger("erdma.discovery")
 
 TAG = 16  # bytes of a value's seal
-REQUEST_S = 2.5  # one HTTP request's bound: then the next member (etcd answers a proposal made while it had no
+REQUEST_S = 1.0  # one HTTP request's bound: then the next member (etcd answers a proposal made while it had no
 # leader only after 7 s, "request timed out"; an election takes ~1 s; what timed out is retried safely)
+SUSPECT_S = 0.3  # the bound after a member failed a call, a quarter longer with each round of members that fails
+# too, up to REQUEST_S: etcd drops a proposal made before the others elected a new leader, so while they may be
+# electing, a call is sent again soon instead of waiting for an answer that never comes
 NONCE_TTL_S = 600  # seconds an add's own record lives (a retry comes within quorum_wait)
 RETRYABLE = {4, 14}  # gRPC codes in the gateway's answers that another member, or later, may serve:
 # DEADLINE_EXCEEDED ("request timed out"), UNAVAILABLE ("no leader")
@@ -91,6 +94,7 @@ class EtcdStore:
         self._tokens: dict[int, str] = {}
         self._at = 0  # the member tried first
         self._lease = (0, 0.0)  # (id, renew after): the lease an add's own record lives under
+        self._bound = REQUEST_S  # one request's bound now (SUSPECT_S and up after a member failed a call)
         self.where = ",".join(f"{h}:{p}" for h, p in endpoints)
 
     # ---- the calls ----------------------------------------------------------------------------------------
@@ -212,11 +216,15 @@ class EtcdStore:
                 for _ in range(len(self.endpoints)):
                     i = self._at
                     try:
-                        return self._post(i, path, data)
+                        out = self._post(i, path, data)
+                        self._bound = REQUEST_S
+                        return out
                     except _Retry as exc:
                         errors[i] = str(exc)
                         self._drop(i)
                         self._at = (i + 1) % len(self.endpoints)
+                        self._bound = min(self._bound, SUSPECT_S)
+                self._bound = min(1.25 * self._bound, REQUEST_S)
                 left = until - time.monotonic()
                 if left <= 0:
                     raise ErdmaError(f"discovery: no etcd member served the store within {wait:.1f}s "
@@ -260,7 +268,10 @@ class EtcdStore:
     def _request(self, i: int, path: str, data: bytes, headers: dict[str, str]) -> dict[str, Any]:
         conn = self._conns.get(i)
         if conn is None:
-            conn = self._conns[i] = self._connect(i, REQUEST_S)
+            conn = self._conns[i] = self._connect(i, self._bound)
+        conn.timeout = self._bound
+        if conn.sock is not None:
+            conn.sock.settimeout(self._bound)
         try:
             conn.request("POST", path, data, headers)
             resp = conn.getresponse()

@@ -89,6 +89,7 @@ class EtcdCluster:
         self.client = [free_port() for _ in range(n)]
         self.peer = [free_port() for _ in range(n)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self._ids: dict[int, str] = {}
         self._initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(self.peer))
         try:
             for i in range(n):
@@ -159,6 +160,15 @@ class EtcdCluster:
             return self._open(i, "/v3/maintenance/status", b"{}", timeout)  # type: ignore[no-any-return]
         except (OSError, ValueError, urllib.error.URLError):
             return None
+
+    def member_id(self, i: int) -> str:
+        """Member ``i``'s raft id, as the others' status names their leader (asked once, while it answers)."""
+        if i not in self._ids:
+            st = self.status(i)
+            if st is None:
+                raise RuntimeError(f"etcd member m{i} does not answer")
+            self._ids[i] = str(st["header"]["member_id"])
+        return self._ids[i]
 
     def leader(self, timeout: float = 30.0) -> int:
         """The index of the member that leads now (waiting up to ``timeout`` for a leader)."""
