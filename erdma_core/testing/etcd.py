@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,12 @@ class EtcdCluster:
     """``n`` members started together (``url(prefix)`` names them all); ``kill(i)`` (SIGKILL), ``start(i)``
     (again, on its data), ``stop(i)``/``cont(i)`` (SIGSTOP/SIGCONT), ``leader()``. Members log to
     ``folder``. ``tls`` (``make_tls``'s files): clients reach the members over https and must show a
-    certificate the CA signed."""
+    certificate the CA signed. ``hosts``: each member's address (default 127.0.0.1); ``command(i, argv)``: the
+    command line that runs ``argv`` where member ``i`` lives (e.g. a network namespace's ``ip netns exec``)."""
 
     def __init__(self, n: int = 3, folder: Path | None = None, *, ready_s: float = 60.0,
-                 tls: dict[str, Path] | None = None) -> None:
+                 tls: dict[str, Path] | None = None, hosts: Sequence[str] | None = None,
+                 command: Callable[[int, list[str]], list[str]] | None = None) -> None:
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.data = Path(tempfile.mkdtemp(prefix="erdma-etcd-", dir=shm))
         self.folder = Path(folder) if folder is not None else self.data
@@ -86,11 +89,15 @@ class EtcdCluster:
         if tls is not None:
             self._context = ssl.create_default_context(cafile=str(tls["ca"]))
             self._context.load_cert_chain(str(tls["client_cert"]), str(tls["client_key"]))
+        self.hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * n
+        if len(self.hosts) != n:
+            raise ValueError(f"hosts={self.hosts!r}: one address for each of the {n} members")
+        self._command = command or (lambda i, argv: argv)
         self.client = [free_port() for _ in range(n)]
         self.peer = [free_port() for _ in range(n)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
         self._ids: dict[int, str] = {}
-        self._initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(self.peer))
+        self._initial = ",".join(f"m{i}=http://{self.hosts[i]}:{p}" for i, p in enumerate(self.peer))
         try:
             for i in range(n):
                 self.start(i)
@@ -101,7 +108,7 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> list[str]:
-        return [f"127.0.0.1:{p}" for p in self.client]
+        return [f"{h}:{p}" for h, p in zip(self.hosts, self.client, strict=True)]
 
     def order(self, first: int = 0) -> list[int]:
         """The members from ``first`` on, in a ring."""
@@ -113,7 +120,7 @@ class EtcdCluster:
         return f"etcd://{','.join(self.endpoints[i] for i in self.order(first))}/{prefix}"
 
     def _client_url(self, i: int) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client[i]}"
+        return f"{'https' if self.tls else 'http'}://{self.hosts[i]}:{self.client[i]}"
 
     def _open(self, i: int, path: str, body: bytes, timeout: float) -> Any:
         req = urllib.request.Request(self._client_url(i) + path, data=body, headers={"Content-Type": "application/json"})
@@ -121,16 +128,16 @@ class EtcdCluster:
             return json.loads(resp.read())
 
     def start(self, i: int) -> None:
-        c, p = self._client_url(i), f"http://127.0.0.1:{self.peer[i]}"
+        c, p = self._client_url(i), f"http://{self.hosts[i]}:{self.peer[i]}"
         tls = [] if self.tls is None else [
             "--cert-file", str(self.tls["server_cert"]), "--key-file", str(self.tls["server_key"]),
             "--trusted-ca-file", str(self.tls["ca"]), "--client-cert-auth"]
         log = open(self.folder / f"etcd-m{i}.log", "ab")
-        self.procs[i] = subprocess.Popen(
-            ["etcd", "--name", f"m{i}", "--data-dir", str(self.data / f"m{i}"), "--listen-client-urls", c,
-             "--advertise-client-urls", c, "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
-             "--initial-cluster", self._initial, "--initial-cluster-state", "new",
-             "--initial-cluster-token", self.data.name, "--logger", "zap", "--log-level", "warn", *tls],
+        self.procs[i] = subprocess.Popen(self._command(i, [
+            "etcd", "--name", f"m{i}", "--data-dir", str(self.data / f"m{i}"), "--listen-client-urls", c,
+            "--advertise-client-urls", c, "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
+            "--initial-cluster", self._initial, "--initial-cluster-state", "new",
+            "--initial-cluster-token", self.data.name, "--logger", "zap", "--log-level", "warn", *tls]),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
