@@ -1,5 +1,5 @@
 """The ``verbs`` transport passes the core's transport conformance suite on SoftRoCE: every allreduce
-algorithm byte-exact on 3 ranks, 24 MiB (3 MiB with small slots) each way at once, 300 small collectives,
+algorithm byte-exact on 3 ranks, 6 MiB (3 MiB with small slots) each way at once, 300 small collectives,
 a SIGKILLed rank turning into PeerLostError on every survivor, a mismatch reaching every rank; with the
 defaults (polling) and with a completion channel, few small slots and every payload written from the caller's memory."""
 
@@ -14,6 +14,9 @@ from erdma_core.testing.conformance import TransportConformance
 
 class TestVerbs(TransportConformance):
     transport = "verbs"
+    # 2 MiB a tag each way: every message still goes from the caller's memory (above zero_copy_bytes); the
+    # default 24 MiB took 45 s of the emulated guest beside the host's other suites
+    exchange_bytes = 6 << 20
 
 
 class TestVerbsChannelSmallSlotsZeroCopy(TransportConformance):
