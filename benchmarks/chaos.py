@@ -4,10 +4,10 @@ a real 3-member etcd cluster, under a stream of random events, then as many oute
 
     python -m benchmarks.chaos --events 1200 --json chaos.json
 
-Events, one every ``--gap`` seconds on average (exponential gaps): a peer SIGKILLed (while more than 3 run), a
-peer SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts later (one at a time), a new peer (while fewer
-than 6 run), the etcd leader or another etcd member SIGKILLed and started again 2 to 5 s later (one at a
-time). It reports hangs (no outer step for ``--hang-s`` while peers run), outer steps whose state hash
+Events, one every ``--gap`` seconds on average (exponential gaps): a member SIGKILLed (while more than 3
+members, peers that printed outer steps, run), a member SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts
+later (one at a time, while more than 3 members run), a new peer (while fewer than 6 run), the etcd leader
+or another etcd member SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while peers run), outer steps whose state hash
 differs between peers, outer steps a peer printed twice or that nobody printed, the time from each event to
 the next outer step completed after it (median and p99 by kind, against the bound the issue sets: the
 liveness timeout plus two outer steps of a 30-step undisturbed run made first), and the final loss beside the
@@ -72,14 +72,18 @@ class Soak:
         live = [p for p in self.job.live() if self.stopped is None or p is not self.stopped[0]]
         members = [p for p in live if any(OUTER.match(line) for line in p.lines[-50:])]
         kinds = []
-        if len(self.job.live()) > 3 and members:
+        # only while more than 3 members (peers that hold the state) run: killing every holder of the state
+        # while newcomers wait would end any job that keeps no checkpoint
+        if len(members) > 3:
             kinds += ["kill", "kill"]
-        if self.stopped is None and len(self.job.live()) > 3 and members:
+        if self.stopped is None and len(members) > 3:
             kinds.append("stop")
         if len(self.job.live()) < 6:
             kinds += ["join", "join"]
         if self.cluster is not None and self.etcd_down is None:
             kinds += ["etcd-leader", "etcd-member"]
+        if not kinds:  # 6 peers run, none of them a member yet, and an etcd member is down: nothing to do now
+            return
         kind = self.rng.choice(kinds)
         if kind == "kill":
             self.rng.choice(members).kill()
@@ -170,12 +174,15 @@ def main() -> int:
     ap.add_argument("--hang-s", type=float, default=60.0, help="no outer step for this long: a hang")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the numbers here")
+    ap.add_argument("--keep", default=None, help="write the peers' and etcd's logs under this folder and keep them")
     ap.add_argument("--no-calm", action="store_true", help="no undisturbed run of as many steps (its final loss)")
     args = ap.parse_args()
     if missing():
         print(f"chaos: {missing()}", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="erdma-chaos-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="erdma-chaos-") as scratch:
+        tmp = args.keep or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         calm_dir, chaos_dir = Path(tmp) / "calm", Path(tmp) / "chaos"
         calm_dir.mkdir()
         chaos_dir.mkdir()

@@ -254,7 +254,9 @@ class ElasticGroup:
                 self.step = step
                 self.record = Record(self.record.epoch, tuple(Member(m.id, m.name, True)
                                                               for m in self.record.members), self.record.admitted)
-                self._admit = max(self._admit, outcome.tickets)
+                # no tickets taken from this commit: the members came here from their step boundary and go on
+                # to their step, a newcomer from its join to its first boundary, where tickets drawn since the
+                # admitting step would make it open the next epoch alone while the members step
                 return
             self._recover(outcome, error)
 
