@@ -58,11 +58,12 @@ def chaos_section(text: str) -> list[str]:
     """The chaos soak of elastic membership on etcd (``python -m benchmarks.chaos``)."""
     return _fenced("## Elastic membership on etcd under chaos",
             "`python -m benchmarks.chaos` (see its docstring): the DiLoCo example on 4 to 6 peers whose store is a "
-            "real 3-member etcd cluster on loopback, under random events: peers SIGKILLed, SIGSTOPped and continued "
-            "later, new peers, the etcd leader or another member SIGKILLed and started again. Recovery is the time "
-            "from an event to the next outer step completed after it; the issue's bound is the liveness timeout "
-            "plus two undisturbed outer steps. The anchors: torchft's headline run went through 1,200 failures with "
-            "no checkpoint; PCCL's master and torchft's Lighthouse are single processes.", text)
+            "real 3-member etcd cluster on loopback, under random events: members (peers that hold the state, while "
+            "more than 3 run) SIGKILLed, or SIGSTOPped and continued later, new peers, the etcd leader or another "
+            "etcd member SIGKILLed and started again. Recovery is the time from an event to the next outer step "
+            "completed after it; the issue's bound is the liveness timeout plus two outer steps of an undisturbed "
+            "30-step run. The anchors: torchft's headline run went through 1,200 failures with no checkpoint; "
+            "PCCL's master and torchft's Lighthouse are single processes.", text)
 
 
 def _fenced(title: str, intro: str, text: str) -> list[str]:
