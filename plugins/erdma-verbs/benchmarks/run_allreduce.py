@@ -2,7 +2,7 @@
 ``erdma bench`` (every result checked): the two transports alternate, ROUNDS times, and the table gives each
 one's median time and verbs/tcp. Needs root and the guest's tools.
 
-    python bench/run_allreduce.py [--ranks 2] [--rounds 2] [--sizes 64K,256K,1M,4M,16M,64M] [--iters 5]
+    python benchmarks/run_allreduce.py [--ranks 2] [--rounds 2] [--sizes 64K,256K,1M,4M,16M,64M] [--iters 5]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 datagram counters, headers and tags included), next to the ring's, counted from its compiled schedule
 (payload only; each of its messages adds a 64-byte frame header).
 
-    python plugins/erdma-naca/bench/rounds_bytes.py --ranks 4 --sizes 4K,1M,64M
+    python plugins/erdma-naca/benchmarks/rounds_bytes.py --ranks 4 --sizes 4K,1M,64M
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ an all-to-all of BYTES per rank pair repeated 100, 1,000 and 10,000 times with e
 transport, as between the report's VMs, and over shared memory). Needs root, the guest's tools, and mpicc on
 this host (``scripts/system-deps.sh bench``). Prints one line per run and a markdown table.
 
-    python bench/run_alltoall.py [--stages 100,1000,10000] [--bytes 4096]
+    python benchmarks/run_alltoall.py [--stages 100,1000,10000] [--bytes 4096]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ checked): the systems alternate ROUNDS times; the table gives each one's median 
 Gloo and TCP, and the CPU seconds all ranks spent per GB of the allreduce's buffer (every thread of every rank,
 during the timed iterations).
 
-    python plugins/erdma-dpdk/bench/run_allreduce.py [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M]
+    python plugins/erdma-dpdk/benchmarks/run_allreduce.py [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M]
 """
 
 from __future__ import annotations
