@@ -46,6 +46,8 @@ REQUEST_S = 1.0  # one HTTP request's bound: then the next member (etcd answers 
 SUSPECT_S = 0.3  # the bound after a member failed a call, a quarter longer with each round of members that fails
 # too, up to REQUEST_S: etcd drops a proposal made before the others elected a new leader, so while they may be
 # electing, a call is sent again soon instead of waiting for an answer that never comes
+QUIET_S = 3.0  # no member served a call for this long: said as a warning (a leader's death costs an election,
+# 1-2 s with etcd's defaults, which every peer would otherwise report as an outage)
 NONCE_TTL_S = 600  # seconds an add's own record lives (a retry comes within quorum_wait)
 RETRYABLE = {4, 14}  # gRPC codes in the gateway's answers that another member, or later, may serve:
 # DEADLINE_EXCEEDED ("request timed out"), UNAVAILABLE ("no leader")
@@ -208,7 +210,8 @@ class EtcdStore:
         (``quorum_wait``), saying so once."""
         data = json.dumps(body).encode()
         wait = self.quorum_wait if wait is None else wait
-        until = time.monotonic() + wait
+        started = time.monotonic()
+        until = started + wait
         errors: dict[int, str] = {}
         pause, said = 0.05, False
         with self._lock:
@@ -230,10 +233,11 @@ class EtcdStore:
                     raise ErdmaError(f"discovery: no etcd member served the store within {wait:.1f}s "
                                      "(discovery.etcd.quorum_wait, or timeouts.connect at set-up): " + "; ".join(
                                          f"{h}:{p}: {errors.get(i, '?')}" for i, (h, p) in enumerate(self.endpoints)))
-                if not said:
+                if not said and time.monotonic() - started >= min(QUIET_S, wait / 2):
                     said = True
-                    log.warning("discovery: no etcd member of %s can serve the store now (%s); waiting up to %.0fs "
-                                "for a majority of them", self.where, "; ".join(errors.values()), left)
+                    log.warning("discovery: no etcd member of %s has served the store for %.1fs (%s); waiting up to "
+                                "%.0fs more for a majority of them", self.where, time.monotonic() - started,
+                                "; ".join(errors.values()), left)
                 time.sleep(min(pause, left))
                 pause = min(2 * pause, 1.0)
 
