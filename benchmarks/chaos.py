@@ -4,14 +4,14 @@ a real 3-member etcd cluster, under a stream of random events, then as many oute
 
     python -m benchmarks.chaos --events 1200 --json chaos.json
 
-Events, one every ``--gap`` seconds on average (exponential gaps): a member SIGKILLed (while more than 3
-members, peers that printed outer steps, run), a member SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts
-later (one at a time, while more than 3 members run), a new peer (while fewer than 6 run), the etcd leader
-or another etcd member SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while peers run), outer steps whose state hash
-differs between peers, outer steps a peer printed twice or that nobody printed, the time from each event to
-the next outer step completed after it (median and p99 by kind, against the bound the issue sets: the
-liveness timeout plus two outer steps of a 30-step undisturbed run made first), and the final loss beside the
-undisturbed run's.
+Events, one every ``--gap`` seconds on average (exponential gaps): a member SIGKILLed (while more than 3 members,
+peers that printed outer steps, run), a member SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts later (one at
+a time, while more than 3 members run), a new peer (while fewer than 6 run), the etcd leader or another etcd member
+SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while
+peers run), outer steps whose state hash differs between peers, outer steps a peer printed twice or that nobody
+printed, the time from each event to the next outer step completed after it (median and p99 by kind, against the
+bound the issue sets: the liveness timeout plus two outer steps of a 30-step undisturbed run made first), and the
+final loss beside the undisturbed run's.
 """
 
 from __future__ import annotations
