@@ -37,7 +37,7 @@ def trial(k: int) -> tuple[str, float, float]:
         lead = c.leader()
         c.member_id(lead)  # asked while it lives
         first = lead if k % 2 == 0 else (lead + 1) % 3
-        store = EtcdStore([("127.0.0.1", c.client[i]) for i in c.order(first)], "failover", secret=b"bench",
+        store = EtcdStore([(c.hosts[i], c.client[i]) for i in c.order(first)], "failover", secret=b"bench",
                           quorum_wait=60)
         for n in range(20):
             store.set(f"warm{n}", b"1")
