@@ -22,9 +22,11 @@ from erdma_core.discovery import FileStore, TCPStore
 from erdma_core.discovery.store import _REQ
 from erdma_core.elastic import state as shared
 from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys
-from erdma_core.errors import CollectiveTimeoutError
+from erdma_core.elastic.prefix import PrefixStore
+from erdma_core.errors import AbortedError, CollectiveTimeoutError
 from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out
 from erdma_core.transport import auth
+from erdma_core.transport.base import failed_elsewhere
 from erdma_core.transport.sockets import recv_exact
 
 PEER = ("-m", "erdma_core.testing.elastic_peer")
@@ -271,6 +273,52 @@ def test_a_ticket_drawn_during_a_newcomers_transfer_does_not_put_it_a_step_ahead
         for line in _steps(p):
             hashes.setdefault(line.split()[1], set()).add(line.split()[11])
     assert all(len(h) == 1 for h in hashes.values()), hashes
+
+
+def test_a_newcomer_that_never_connects_is_counted_out_of_the_set_up_at_its_lapse(tmp_path):
+    """A ticket whose peer never beats or connects (it drew the ticket, said who it is and died): the members
+    admit it, and their set-up of the epoch that takes it in is called off once its beats lapse; they form
+    the next epoch without it. ``timeouts.connect`` is 600 s: the set-up used to wait all of it (the chaos
+    soak's long recoveries)."""
+    stop = tmp_path / "stop"
+    keys = Keys("default")
+    with ElasticJob(python(*PEER), tmp_path, min_peers=2,
+                    env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024",
+                         "ERDMA_TIMEOUTS_CONNECT": "600", "ERDMA_ELASTIC_LIVENESS_TIMEOUT": "2"}) as job:
+        assert job.store is not None
+        a, b = job.start(), job.start()
+        _until(lambda: len(_steps(a)) >= 2, "2 steps")
+        ticket = job.store.add(keys("tickets"), 1)
+        job.store.set(keys("ticket", ticket), b"0123456789abcdef ghost:1")
+        _until(lambda: any("called off" in line for line in a.lines), "the set-up with the ghost called off", 60)
+        before = len(_steps(a))
+        _until(lambda: len(_steps(a)) >= before + 3, "3 steps without the ghost", 60)
+        stop.touch()
+        assert [p.wait(60) for p in (a, b)] == [0, 0]
+    for p in (a, b):
+        said = "\n".join(p.lines)
+        assert "set-up was called off: no sign of life from ghost:1 for 2.0s" in said, p.lines[-20:]
+        assert " n 2 " in _steps(p)[-1]
+    assert _steps(a)[-1].split()[11] == _steps(b)[-1].split()[11]
+
+
+def test_an_epochs_set_up_waiting_on_the_store_ends_when_it_is_called_off(served):
+    """The epoch's view of the store asks ``called_off`` between slices of a long wait and raises
+    ``AbortedError`` with the reason; once settled it waits as the store does."""
+    why: list[str] = []
+    view = PrefixStore(served[0], "e/1/", lambda: why[0] if why else None)
+    threading.Timer(0.3, lambda: why.append("no sign of life from x:1")).start()
+    began = time.monotonic()
+    with pytest.raises(AbortedError, match="set-up was called off: no sign of life from x:1"):
+        view.get("never", 30.0)
+    assert time.monotonic() - began < 15.0
+    with pytest.raises(AbortedError):
+        failed_elsewhere(view, 1)  # the transports' look during set-up ends it too
+    view.settle()
+    view.set("k", b"v")
+    assert view.get("k", 1.0) == b"v" and served[1].get("e/1/k", 1.0) == b"v"
+    with pytest.raises(CollectiveTimeoutError):
+        view.get("never", 0.3)
 
 
 def test_a_peer_that_comes_after_the_job_finished_is_told(tmp_path):

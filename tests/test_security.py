@@ -390,6 +390,40 @@ def test_a_rank_that_cannot_join_stops_the_others_set_up(tmp_path, why):
     assert got[0].startswith("ConfigError: rank 0: set-up stopped: rank 1: ") and reason in got[0]
 
 
+def test_a_rank_whose_dialled_peer_is_stopped_still_hears_that_a_rank_gave_up(tmp_path):
+    """Rank 0 is SIGSTOPped once it listens: rank 1's connection is taken by rank 0's kernel and its HELLO is
+    never answered. A third rank's reason in the store (as a rank that cannot join writes it) still ends rank
+    1's set-up at once, not at its 600 s connect timeout."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    from erdma_core.transport.base import failure_key
+
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    url = f"file://{tmp_path}/store"
+    config = {"timeouts.connect": 600.0, "security.secret": "s"}
+    store = FileStore(tmp_path / "store")
+    zero = ctx.Process(target=_init, args=(0, 3, url, config, results))
+    zero.start()
+    try:
+        store.get("tcp/addr/0", 60.0)
+        os.kill(zero.pid, signal.SIGSTOP)
+        one = ctx.Process(target=_init, args=(1, 3, url, config, results))
+        one.start()
+        job = int(store.get("erdma/job", 60.0).decode().split(":")[0])
+        time.sleep(1.0)  # rank 1 dials rank 0 and waits for its answer
+        assert one.is_alive()
+        store.set(failure_key(job), b"rank 2: gave up for the test")
+        got = results.get(timeout=30)
+        one.join(10)
+    finally:
+        os.kill(zero.pid, signal.SIGKILL)
+        zero.join(10)
+    assert got == (1, "ConfigError: rank 1: set-up stopped: rank 2: gave up for the test"), got
+
+
 # ---- TLS on the TCP path -------------------------------------------------------------------------------------
 
 

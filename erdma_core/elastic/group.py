@@ -222,9 +222,10 @@ class ElasticGroup:
         try:
             if old is not None:
                 self._admit_tickets(old.admitted, record)
-            prefix = PrefixStore(self.store, self.keys("pg", record.epoch) + "/")
+            prefix = PrefixStore(self.store, self.keys("pg", record.epoch) + "/", lambda: self._called_off(record))
             started = time.monotonic()
             self.pg = init_with_store(prefix, index, len(record.members), self.conf)
+            prefix.settle()
             self.setup_s = time.monotonic() - started
         except ErdmaError as exc:
             # a member that died before the epoch was up: the others fail their set-up too, and vote so
@@ -234,8 +235,25 @@ class ElasticGroup:
                 raise
             self._recover(outcome, exc)
             return
+        self._lapse()  # a lapse seen after the last look and before the group was up ends its first collective
         if self.announce and index == 0:
             self._say(record, old)
+
+    def _called_off(self, record: Record) -> str | None:
+        """Why the set-up of ``record``'s group should stop now, or None: a member's beats lapsed (it will
+        never connect), or another member's set-up failed and its vote aborted the epoch's first ballot (it
+        stopped connecting). Either way this member votes too, and the survivors form the next epoch without
+        waiting for ``timeouts.connect``."""
+        if self.liveness is not None:
+            lapsed = self.liveness.lapsed()
+            names = [m.name for m in record.members if m.id in lapsed]
+            if names:
+                return f"no sign of life from {', '.join(names)} for {self.liveness.timeout:.1f}s"
+        try:
+            outcome = self.store.get(self.keys("vote", record.epoch, 0, "outcome"), 0.0)
+        except CollectiveTimeoutError:
+            return None
+        return f"another member's set-up of epoch {record.epoch} failed" if outcome == b"abort" else None
 
     def _transfer(self) -> None:
         """Bring every member of the epoch to the shared state; repeated on the survivors until it commits."""

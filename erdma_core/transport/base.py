@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import attrs
 
 from ..discovery.store import Store
-from ..errors import PeerLostError
+from ..errors import AbortedError, PeerLostError
 from .frames import FrameInbox
 from .mailbox import DEFAULT_EARLY_BYTES, Mailbox, Request
 from .wire import ABORT, BYE, DATA, Header, abort_body, control
@@ -57,9 +57,12 @@ def failure_key(job: int) -> str:
 
 def failed_elsewhere(store: Store, job: int) -> str | None:
     """Why another rank gave up during set-up (a world size or secret that differs), or None. Transports
-    look while they wait for peers, so that the others fail at once instead of at the connect timeout."""
+    look while they wait for peers, so that the others fail at once instead of at the connect timeout. A
+    store that raises ``AbortedError`` (the set-up was called off here) ends the set-up the same way."""
     try:
         return store.get(failure_key(job), 0.001).decode(errors="replace")
+    except AbortedError:  # this rank's own set-up was called off (an elastic epoch's: a member lapsed)
+        raise
     except Exception:  # not there (a timeout), or the store is gone: nothing to report
         return None
 

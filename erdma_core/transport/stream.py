@@ -15,6 +15,7 @@ import fcntl
 import functools
 import logging
 import math
+import select
 import socket
 import struct
 import termios
@@ -100,6 +101,7 @@ class SocketTransport(MessageTransport):
         self._pids: dict[int, int] = {}  # peers whose memory this rank reads, and their processes
         self.meeting: tuple[socket.socket, list[Candidate]] | None = None  # ``meeting_point``'s answer, in set-up
         self._gave_up = False  # set-up ended (failed or not): meetings under way stop
+        self._look_elsewhere: Callable[[], None] = lambda: None  # raises if a rank gave up (set-up only)
         self._arrivals = meet.Arrivals()  # lower ranks' meetings the listener took
         self._paths: dict[int, str] = {}  # when meeting: peer -> ``HOST:PORT direct`` (its address in use)
 
@@ -147,6 +149,7 @@ class SocketTransport(MessageTransport):
                              lanes=self.connections if self.meeting is None else 1)
         acceptor = threading.Thread(target=accepting.run, name=f"erdma-accept-{self.rank}", daemon=True)
         acceptor.start()
+        self._look_elsewhere = functools.partial(self._check_others, ctx)
         try:
             if self.meeting is None:
                 for peer in range(self.rank):
@@ -159,6 +162,7 @@ class SocketTransport(MessageTransport):
                 self._meet_all(ctx, accepting, met, deadline)
         finally:
             self._gave_up = True
+            self._look_elsewhere = lambda: None
             accepting.stop = True
             acceptor.join(2 * POLL)
             for listener in listeners:
@@ -400,6 +404,7 @@ class SocketTransport(MessageTransport):
                 sock.settimeout(max(0.1, deadline - time.monotonic()))  # never shorter: the peer may have taken it
                 probe_idle(sock)  # a drop whose FIN or reset was lost is noticed in seconds
                 sock.sendall(hs.first())
+                self._await_answer(sock, deadline)
                 head = recv_exact(sock, auth.HELLO.size)
                 proof = hs.on_challenge(head + (recv_exact(sock, auth.MAC)
                                                 if auth.parse_hello(head)[0] == auth.CHALLENGE else b""))
@@ -432,6 +437,16 @@ class SocketTransport(MessageTransport):
             self.tune(sock)
             sock.settimeout(POLL)
             return sock, hs.transcript
+
+    def _await_answer(self, sock: socket.socket, deadline: float) -> None:
+        """Until ``sock`` has bytes to read or ``deadline``, looking every ``SETUP_POLL`` seconds whether a
+        rank gave up (a peer whose kernel took the connection may be stopped: its answer never comes)."""
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        while time.monotonic() < deadline:
+            if poller.poll(max(0, min(SETUP_POLL, deadline - time.monotonic())) * 1000):
+                return  # bytes, or the connection's end: recv_exact reads either
+            self._look_elsewhere()
 
     def _connect(self, peer: int, addrs: list[str], deadline: float) -> tuple[socket.socket, str]:
         """A connected socket to the first of ``peer``'s addresses reachable from here, and that address."""
