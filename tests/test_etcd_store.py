@@ -24,6 +24,8 @@ import pytest
 from erdma_core import ConfigError, elastic
 from erdma_core.api.join import load_config
 from erdma_core.discovery.etcd import etcd_store
+from erdma_core.elastic.liveness import Liveness
+from erdma_core.elastic.membership import Keys
 from erdma_core.errors import AuthenticationError, CollectiveTimeoutError, ErdmaError
 from erdma_core.testing import etcd
 from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out, until
@@ -318,6 +320,50 @@ def test_a_stopped_peer_is_counted_out_through_etcd_within_twice_the_liveness_ti
         took = stopped_peer_counted_out(job)
     print(f"counted out and a step completed without it in {took:.2f}s (liveness timeout {liveness}s)")
     assert took <= 2 * liveness, took
+
+
+def _there(s: Any, key: str) -> bool:
+    try:
+        s.get(key, 0.0)
+    except CollectiveTimeoutError:
+        return False
+    return True
+
+
+def test_a_held_key_lives_while_its_lease_is_renewed_and_goes_when_it_is_not(cluster: etcd.EtcdCluster) -> None:
+    s, reader = _store(cluster.url("lease")), _store(cluster.url("lease"))
+    lease = s.hold("alive/a", b"alive", 2.0)
+    for _ in range(8):  # 4 s of renewals: twice the lease's TTL
+        time.sleep(0.5)
+        assert s.renew(lease)
+        assert reader.get("alive/a", 0.0) == b"alive"
+    until(lambda: not _there(reader, "alive/a"), "the key gone once its lease was not renewed", 30)
+    assert not s.renew(lease)
+    other = s.hold("alive/b", b"alive", 60.0)
+    assert reader.get("alive/b", 0.0) == b"alive"
+    s.release(other)
+    assert not _there(reader, "alive/b")
+    s.release(other)  # released twice: nothing to do
+
+
+def test_liveness_on_etcd_is_a_lease_that_runs_out_or_is_released(cluster: etcd.EtcdCluster) -> None:
+    """Members' signs of life on etcd are keys under leases: one that leaves (releases) is counted out at the
+    next look, one that stops renewing (as a SIGSTOPped peer) once etcd lets its lease run out; those that
+    renew are never counted out."""
+    keys = Keys("live")
+    a, b, c = (Liveness(_store(cluster.url("live")), keys, m, 2.0) for m in "abc")
+    assert a.leased and _there(_store(cluster.url("live")), keys("alive", "b"))
+    calls: list[int] = []
+    a.watch(("a", "b", "c"), lambda: calls.append(1))
+    time.sleep(3.0)  # past the timeout, every member renewing
+    assert a.lapsed() == set()
+    c.close()
+    until(lambda: a.lapsed() == {"c"}, "the member that left counted out", 10)
+    b._stop.set()  # b's thread stops renewing; its lease runs out in etcd
+    b._thread.join(5)
+    until(lambda: a.lapsed() == {"b", "c"}, "the member that stopped renewing counted out", 20)
+    assert len(calls) == 2
+    a.close()
 
 
 def test_etcd_s_own_tls_and_users_are_passed_through(tmp_path: Path) -> None:

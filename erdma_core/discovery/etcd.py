@@ -1,7 +1,8 @@
 """``etcd://HOST:PORT[,HOST:PORT...]/PREFIX``: a job's store on an etcd cluster, so that no process of the job
 serves it: an elastic job goes on while a majority of the cluster's members is up, whoever started it.
 It speaks etcd's v3 API through etcd's own JSON gateway (``/v3/kv/...``, ``/v3/watch``, ``/v3/lease/...``)
-with the standard library's HTTP client: nothing to install on the peers.
+with the standard library's HTTP client: nothing to install on the peers. ``hold``/``renew``/``release`` keep a
+key alive under a lease (an elastic member's sign of life: etcd deletes it once the member stops renewing).
 
 Keys live under ``PREFIX/``, one prefix per job. Every value is sealed with the job's secret (HMAC-SHA256 of
 the key and the value, 16 bytes appended), so a value written by someone without the secret, or copied from
@@ -26,6 +27,7 @@ import hmac
 import http.client
 import json
 import logging
+import math
 import os
 import ssl
 import threading
@@ -160,6 +162,28 @@ class EtcdStore:
             if held != expected:
                 break
         return held
+
+    # ---- leases: a key that lives while its holder renews it --------------------------------------------
+    def hold(self, key: str, value: bytes, ttl: float) -> int:
+        """Put ``key`` under a lease of its own of ``ttl`` seconds (rounded up; etcd grants at least its
+        minimum, about 1.5 election timeouts) and return the lease. Once nobody renews the lease (``renew``)
+        for its TTL, as etcd's leader counts it, etcd deletes the key: a reader then finds it gone."""
+        lease = int(self._call("/v3/lease/grant", {"TTL": str(max(1, math.ceil(ttl)))})["ID"])
+        k = self._key(key)
+        self._call("/v3/kv/put", {"key": _b64(k), "value": _b64(self._seal(k, value)), "lease": str(lease)})
+        return lease
+
+    def renew(self, lease: int) -> bool:
+        """Renew ``lease`` for its whole TTL; False when it had already expired (its keys are gone)."""
+        out = self._call("/v3/lease/keepalive", {"ID": str(lease)})
+        return int(_get(out.get("result", out), "TTL") or 0) > 0
+
+    def release(self, lease: int) -> None:
+        """End ``lease`` now: its keys go at once (nothing to do if it had expired)."""
+        try:
+            self._call("/v3/lease/revoke", {"ID": str(lease)}, min(REQUEST_S, self.quorum_wait))
+        except ErdmaError as exc:
+            log.debug("discovery: releasing etcd lease %x: %s", lease, exc)
 
     def close(self) -> None:
         with self._lock:

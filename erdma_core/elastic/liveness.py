@@ -1,13 +1,19 @@
 """Members' signs of life in the job's store, so that a member that hangs is out in seconds.
 
-Each peer's beat thread bumps its own key (``alive/<id>``) every ``timeout / 4`` seconds, on a store client of
-its own (a long wait of the peer's main thread on its client must not hold its beats back). The same thread
-reads the beats of the epoch's other members: one whose beat has not moved for ``timeout`` seconds has
-*lapsed* (SIGSTOP, a stuck process, a machine gone without closing its connections). Then ``on_lapse`` runs
-once (the group aborts the epoch's ProcessGroup, so that a collective waiting on that member ends now rather
-than at ``timeouts.collective``) and the ballot that follows counts the member dead. A pause of this peer's
-own (it was not scheduled, or its store did not answer for half the timeout) restarts every member's clock:
-nobody is judged on a silence this peer could not have seen.
+Each peer's beat thread renews its own sign of life every ``timeout / 4`` seconds, on a store client of its own
+(a long wait of the peer's main thread on its client must not hold its beats back). On a store with leases
+(etcd: ``hold``/``renew``/``release``) the sign is a key ``alive/<id>`` under a lease of ``timeout`` seconds that
+the thread keeps alive: the store deletes the key when the lease runs out, so the store itself, not a reader's
+clock, judges a member that stopped; a member that leaves releases its lease and is gone at once. On another
+store (the TCP store) the sign is a counter under the same key that the thread bumps.
+
+The same thread reads the signs of the epoch's other members. A member has *lapsed* when its leased key is gone
+(or never appeared within ``timeout`` of being watched), or when its counter has not moved for ``timeout``
+seconds (SIGSTOP, a stuck process, a machine gone without closing its connections). Then ``on_lapse`` runs once
+(the group aborts the epoch's ProcessGroup, so that a collective waiting on that member ends now rather than at
+``timeouts.collective``) and the ballot that follows counts the member dead. With counters, a pause of this
+peer's own (it was not scheduled, or its store did not answer for half the timeout) restarts every member's
+clock: nobody is judged on a silence this peer could not have seen.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import CollectiveTimeoutError, ErdmaError
 from .membership import CasStore, Keys
@@ -37,6 +44,8 @@ class Liveness:
         self._lapsed: set[str] = set()
         self._stop = threading.Event()
         self._beat = 0
+        self.leased = all(callable(getattr(store, f, None)) for f in ("hold", "renew", "release"))
+        self._lease: int | None = None  # the lease this member's key lives under (a store with leases)
         self._beat_once()
         self._thread = threading.Thread(target=self._run, name="erdma-elastic-beat", daemon=True)
         self._thread.start()
@@ -59,13 +68,26 @@ class Liveness:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(self.timeout)
+        if self._lease is not None:
+            self._store.release(self._lease)  # type: ignore[attr-defined]
+            self._lease = None
         close = getattr(self._store, "close", None)
         if close is not None:
             close()
 
     def _beat_once(self) -> None:
-        self._beat += 1
-        self._store.set(self._keys("alive", self._me), str(self._beat).encode())
+        key = self._keys("alive", self._me)
+        if not self.leased:
+            self._beat += 1
+            self._store.set(key, str(self._beat).encode())
+            return
+        store: Any = self._store
+        if self._lease is not None and store.renew(self._lease):
+            return
+        if self._lease is not None:  # it ran out: the others may have counted this member out (it finds out
+            # at its next ballot and joins again); a sign of life from now on, for whoever watches it next
+            log.warning("elastic: this member's lease in the store ran out (it did not run for %.1fs)", self.timeout)
+        self._lease = store.hold(key, b"alive", self.timeout)
 
     def _run(self) -> None:
         last = time.monotonic()
@@ -97,7 +119,13 @@ class Liveness:
                 if m not in self._seen:
                     continue  # no longer watched
                 before, since = self._seen[m]
-                if beat != before or paused:
+                if self.leased:  # the store judged: a key that was there and is gone ran out or was released
+                    if beat:
+                        self._seen[m] = (beat, now)
+                    elif (before or now - since > self.timeout) and m not in self._lapsed:
+                        self._lapsed.add(m)
+                        new.append(m)
+                elif beat != before or paused:
                     self._seen[m] = (beat, now)
                 elif now - since > self.timeout and m not in self._lapsed:
                     self._lapsed.add(m)
