@@ -22,11 +22,12 @@ from .errors import (
     PluginError,
     ProtocolError,
 )
-from .plugins.hookspecs import hookimpl
+from .plugins.hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 
 __version__ = "0.1.0"
 __all__ = [
     "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
     "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProcessGroup", "ProtocolError", "ReduceOp",
-    "Work", "default_group", "hookimpl", "init", "load_config", "new_group",
+    "Register", "RegisterAlgorithm", "RegisterEnvironment", "Work", "default_group", "hookimpl", "init", "load_config",
+    "new_group",
 ]

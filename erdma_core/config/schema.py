@@ -15,20 +15,17 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
         return sorted(kinds.get(kind, []))
 
     collectives: dict[str, Option] = {
-        op: Option(str, "auto", f"algorithm for {op}, or 'auto' to choose by message size",
+        op: Option(str, "auto", f"algorithm for {op}, or 'auto': chosen by message size and world size (README, "
+                   "\"Algorithms\")",
                    choices=["auto", *sorted(algorithms_for.get(op, []))])
         for op in COLLECTIVES
     }
     collectives |= {
-        "tiny_message_bytes": Option(int, 65536, "allreduce inputs up to this size use recursive_doubling, "
-                                     "allgather and reduce_scatter whose whole buffer (p blocks) is up to this "
-                                     "size recursive_doubling and recursive_halving (when the op is 'auto')",
-                                     minimum=0),
-        "small_message_bytes": Option(int, 1 << 20, "allreduce inputs up to this size (and above "
-                                      "tiny_message_bytes) use halving_doubling, larger ones ring; broadcasts "
-                                      "larger than this among 3 or more ranks use scatter_allgather, alltoalls "
-                                      "whose local input is up to this size linear, larger ones pairwise (when "
-                                      "the op is 'auto')", minimum=0),
+        "tiny_message_bytes": Option(int, 65536, "with 'auto': the size up to which the algorithms with the "
+                                     "fewest steps are chosen (README, \"Algorithms\")", minimum=0),
+        "small_message_bytes": Option(int, 1 << 20, "with 'auto': the size up to which the algorithms for "
+                                      "middle sizes are chosen, above it those for large messages (README, "
+                                      "\"Algorithms\")", minimum=0),
         "chunk_bytes": Option(int, 4 << 20, "largest message an algorithm sends in one piece; "
                               "larger slices are split and pipelined", minimum=1024),
     }
@@ -52,8 +49,8 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                              choices=("always", "auto")),
             "pipeline": Option(bool, False, "encode the next message of a step on a helper thread while the "
                                "current one is sent (a GPU compressor encodes there on a CUDA stream of its own); "
-                               "false: each message is encoded just before it is sent (on the loopback links "
-                               "measured so far the helper thread gained nothing: see erdma-gpucomp's README)"),
+                               "false: each message is encoded just before it is sent (erdma-gpucomp's README "
+                               "says when the helper thread pays)"),
         },
         "collectives": collectives,
         "elastic": {

@@ -3,7 +3,6 @@ commands are the command line's, not a plugin's: ``erdma_core.cli.main`` adds th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ..algorithms import (
@@ -18,7 +17,7 @@ from ..algorithms import (
 )
 from ..config.option import Option
 from ..engine.ops import OPS
-from .hookspecs import hookimpl
+from .hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 
 
 def _tcp(config: Any, section: dict[str, Any]) -> Any:
@@ -61,13 +60,13 @@ TCP_OPTIONS = {
 
 
 @hookimpl
-def erdma_register_transports(register: Callable[..., None]) -> None:
+def erdma_register_transports(register: Register) -> None:
     register("tcp", _tcp, options=TCP_OPTIONS,
              description="TCP connections between rank pairs (one, or a pool of them), zero-copy receive")
 
 
 @hookimpl
-def erdma_register_discovery(register: Callable[..., None]) -> None:
+def erdma_register_discovery(register: Register) -> None:
     from .. import discovery
     from ..discovery import etcd
 
@@ -79,21 +78,21 @@ def erdma_register_discovery(register: Callable[..., None]) -> None:
 
 
 @hookimpl
-def erdma_register_traversals(register: Callable[..., None]) -> None:
+def erdma_register_traversals(register: Register) -> None:
     from ..traversal import DirectTraversal
 
     register("direct", DirectTraversal, description="no NAT traversal: dial the listening address")
 
 
 @hookimpl
-def erdma_register_compressors(register: Callable[..., None]) -> None:
+def erdma_register_compressors(register: Register) -> None:
     from ..compression import NoCompression
 
     register("none", NoCompression, description="payloads sent as they are")
 
 
 @hookimpl
-def erdma_register_algorithms(register: Callable[..., None]) -> None:
+def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     register("allreduce", "ring", ring.allreduce, description="reduce-scatter + allgather ring, chunked")
     register("allreduce", "halving_doubling", halving_doubling.allreduce,
              description="recursive halving/doubling (Rabenseifner), any world size")
@@ -132,13 +131,15 @@ ENVIRONMENT = {
 
 
 @hookimpl
-def erdma_register_environment(register: Callable[..., None]) -> None:
+def erdma_register_environment(register: RegisterEnvironment) -> None:
     for name, description in ENVIRONMENT.items():
         register(name, description)
 
 
 @hookimpl(trylast=True)
 def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
+    """The core's 'auto' policy, which the README's "Algorithms" section states for users (one statement of
+    it there; the options' help points to it)."""
     if op == "allreduce" and nbytes <= config["collectives.tiny_message_bytes"]:
         return "recursive_doubling"
     if op == "allreduce" and nbytes <= config["collectives.small_message_bytes"]:

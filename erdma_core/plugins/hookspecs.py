@@ -9,17 +9,40 @@ collective, never per chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
+
+if TYPE_CHECKING:
+    from ..config.option import Option
 
 hookspec = pluggy.HookspecMarker("erdma")
 hookimpl = pluggy.HookimplMarker("erdma")
 
 
+class Register(Protocol):
+    """What the registration hooks of transports, discovery methods, traversals and compressors are given."""
+
+    def __call__(self, name: str, factory: Callable[..., Any], *, options: Mapping[str, Option] | None = None,
+                 description: str = "") -> None: ...
+
+
+class RegisterAlgorithm(Protocol):
+    """What ``erdma_register_algorithms`` is given."""
+
+    def __call__(self, op: str, name: str, schedule_fn: Callable[..., Any], *,
+                 options: Mapping[str, Option] | None = None, description: str = "", offload: bool = False) -> None: ...
+
+
+class RegisterEnvironment(Protocol):
+    """What ``erdma_register_environment`` is given."""
+
+    def __call__(self, name: str, description: str) -> None: ...
+
+
 @hookspec
-def erdma_register_transports(register: Callable[..., None]) -> None:
+def erdma_register_transports(register: Register) -> None:
     """Register transport factories.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager`` once, when the plugin manager is built.
@@ -35,7 +58,7 @@ def erdma_register_transports(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def erdma_register_discovery(register: Callable[..., None]) -> None:
+def erdma_register_discovery(register: Register) -> None:
     """Register discovery methods: how ranks find each other's addresses, chosen by the URL scheme of
     ``discovery.init_method`` (``env``, ``tcp``, ``file``, ...).
 
@@ -50,7 +73,7 @@ def erdma_register_discovery(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def erdma_register_traversals(register: Callable[..., None]) -> None:
+def erdma_register_traversals(register: Register) -> None:
     """Register NAT traversal strategies.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
@@ -68,7 +91,7 @@ def erdma_register_traversals(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def erdma_register_compressors(register: Callable[..., None]) -> None:
+def erdma_register_compressors(register: Register) -> None:
     """Register compressors.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
@@ -81,7 +104,7 @@ def erdma_register_compressors(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def erdma_register_algorithms(register: Callable[..., None]) -> None:
+def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     """Register collective algorithms: pure schedules among the group's ranks, or offloads that run a
     collective with an endpoint outside the group (an aggregation node, a switch).
 
@@ -108,7 +131,7 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def erdma_register_environment(register: Callable[..., None]) -> None:
+def erdma_register_environment(register: RegisterEnvironment) -> None:
     """Declare the ``ERDMA_*`` environment variables a plugin reads that are not config keys (e.g.
     ``ERDMA_KEYS_DIR`` of erdma-quic). Any other ``ERDMA_*`` variable that is not a config key is refused
     with an error naming it, so a typo never goes unnoticed.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core import hookimpl
+from erdma_core import Register, RegisterAlgorithm, hookimpl
 from erdma_core.config import Option
 
 
@@ -28,17 +28,17 @@ def _bruck(spec: Any) -> Any:
 
 
 @hookimpl
-def erdma_register_transports(register: Any) -> None:
+def erdma_register_transports(register: Register) -> None:
     register("unix", _unix, description="Unix-domain stream sockets (ranks on one host)",
              options={"folder": Option(str, "", "where the sockets live; empty: the temp folder")})
 
 
 @hookimpl
-def erdma_register_compressors(register: Any) -> None:
+def erdma_register_compressors(register: Register) -> None:
     register("half", _half, description="float32/float64 sent as float16, with error feedback",
              options={"error_feedback": Option(bool, True, "carry each step's rounding error into the next")})
 
 
 @hookimpl
-def erdma_register_algorithms(register: Any) -> None:
+def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     register("allgather", "bruck", _bruck, description="Bruck: ceil(log2 p) steps for any world size")

@@ -3,10 +3,9 @@ Importing this module is cheap; DPDK (the C shim) loads only when the transport 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from erdma_core import hookimpl
+from erdma_core import Register, hookimpl
 from erdma_core.config.option import Option
 from erdma_core.errors import PluginError
 
@@ -57,7 +56,7 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 
 
 @hookimpl
-def erdma_register_transports(register: Callable[..., None]) -> None:
+def erdma_register_transports(register: Register) -> None:
     register("dpdk", _factory, options=OPTIONS,
              description="DPDK userspace packet I/O (memif, af_packet) with a reliable stream in C")
 

@@ -15,14 +15,10 @@ and nvcomp's own codecs (cascaded, bitcomp, ans, gdeflate) are added; they decod
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import make
+from erdma_gpucomp.plugin import make
 
 CODECS = ["fp16", "bf16", "int8", "int4", "topk", "lz4", "zstd"]
 GPU_ONLY = ["cascaded", "bitcomp", "ans", "gdeflate"]

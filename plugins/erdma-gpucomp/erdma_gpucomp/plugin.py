@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from erdma_core import hookimpl
+from erdma_core import Register, hookimpl
 from erdma_core.config import Option
 
 DEVICE = Option(str, "auto", "where this rank encodes: auto (a CUDA GPU when cupy sees one, else the CPU), cpu, "
@@ -51,7 +51,7 @@ def make(name: str, *, sending: bool = True, **settings: Any) -> Any:
 
 
 @hookimpl
-def erdma_register_compressors(register: Any) -> None:
+def erdma_register_compressors(register: Register) -> None:
     lossy = {"device": DEVICE, **FEEDBACK}
     register("fp16", _lazy("lossy", "Fp16"), options=lossy,
              description="float32/float64 as float16 (2x or 4x fewer bytes), error feedback")

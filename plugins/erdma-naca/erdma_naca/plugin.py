@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from erdma_core import hookimpl
+from erdma_core import RegisterAlgorithm, RegisterEnvironment, hookimpl
 
 from .options import ENVIRONMENT, OPTIONS
 
@@ -18,7 +17,7 @@ def naca(ctx: Any) -> Any:
 
 
 @hookimpl
-def erdma_register_algorithms(register: Callable[..., None]) -> None:
+def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     register("allreduce", "naca", naca, offload=True, options=OPTIONS,
              description="through aggregation nodes (erdma naca serve): one round up, one down; ring on the hosts "
                          "when none can serve")
@@ -28,7 +27,7 @@ def erdma_register_algorithms(register: Callable[..., None]) -> None:
 
 
 @hookimpl
-def erdma_register_environment(register: Callable[..., None]) -> None:
+def erdma_register_environment(register: RegisterEnvironment) -> None:
     for name, description in ENVIRONMENT.items():
         register(name, description)
 

@@ -1,4 +1,4 @@
-"""Behind NATs against in the open: two ranks allreduce on the test bed of ``tests/natlab.py``, once both
+"""Behind NATs against in the open: two ranks allreduce on the test bed of ``erdma_p2p/lab/natlab.py``, once both
 behind masquerade NATs (``traversal = "stun"``: the built-in TCP meets from its mapped ports, erdma-quic
 punches) and once both on the public segment (the built-in TCP listening and dialling, no traversal); the
 same job, the cases alternated within each repeat; erdma-quic likewise, punched behind the NATs and dialling
@@ -16,10 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from natlab import NatLab
-from test_nat import run_job
+from erdma_p2p.lab.jobs import run_job
+from erdma_p2p.lab.natlab import NatLab
 
 CASES = {  # name: (public sites, environment)
     "tcp-public": (frozenset({0, 1}), {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRAVERSAL": "direct",

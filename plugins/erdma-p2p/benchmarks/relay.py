@@ -1,4 +1,4 @@
-"""Relay against direct: two ranks behind two NATs (the test bed of ``tests/natlab.py``) allreduce over
+"""Relay against direct: two ranks behind two NATs (the test bed of ``erdma_p2p/lab/natlab.py``) allreduce over
 erdma-quic, once connected directly (hole punched) and once through coturn (``relay_when = "always"``:
 rank 1 sends to rank 0's relayed address, rank 0 answers through its allocation), and once directly with the
 relay set (the same path as the first, on the relay-capable socket); the same job, alternated. Needs root,
@@ -15,10 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from natlab import NatLab
-from test_nat import RELAY, run_job
+from erdma_p2p.lab.jobs import RELAY, run_job
+from erdma_p2p.lab.natlab import NatLab
 
 
 def main() -> int:

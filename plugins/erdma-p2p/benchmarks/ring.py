@@ -15,10 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from natlab import NatLab
-from test_nat import RELAY, run_job
+from erdma_p2p.lab.jobs import RELAY, run_job
+from erdma_p2p.lab.natlab import NatLab
 
 
 def main() -> int:

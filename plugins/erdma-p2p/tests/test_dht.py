@@ -17,7 +17,7 @@ import pytest
 from erdma_p2p import records
 from erdma_p2p.dht import DhtNode, _Storage, _valid
 from erdma_p2p.dht_store import DhtStore, dht_store, parse_url
-from natlab import first_line
+from erdma_p2p.lab.natlab import first_line
 
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
 

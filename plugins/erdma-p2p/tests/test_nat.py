@@ -1,5 +1,5 @@
 """Ranks behind real NATs (network namespaces, nftables masquerade, unsolicited inbound dropped; coturn as
-the STUN server; see natlab.py), over erdma-quic: with the ``stun`` traversal two ranks behind two NATs
+the STUN server; see erdma_p2p/lab/natlab.py), over erdma-quic: with the ``stun`` traversal two ranks behind two NATs
 connect directly and allreduce; without it, or without the punch, or with a NAT that maps each destination
 to another port and no relay, they fail with a clear error within the connect timeout. With a TURN relay
 (coturn), every rank offers its relayed address as its last candidate: a pair that no direct path joins
@@ -8,27 +8,19 @@ back to the relay."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from natlab import RFC3489, STUN, STUN_CHECK, TURN_PASSWORD, TURN_USER, NatLab, available
+from erdma_p2p.lab.jobs import CONNECT_S, RELAY, TURN_HOSTS, run_job
+from erdma_p2p.lab.natlab import RFC3489, STUN, NatLab, available
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
-CONNECT_S = 6.0
-
-
-RELAY = {"ERDMA_TRAVERSAL": "stun", "ERDMA_TRAVERSAL_STUN_RELAY": f"{STUN[0]}:{STUN[1]}",
-         "ERDMA_TRAVERSAL_STUN_RELAY_USER": TURN_USER, "ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": TURN_PASSWORD,
-         "ERDMA_TRAVERSAL_STUN_CHECK_SERVER": f"{STUN_CHECK[0]}:{STUN_CHECK[1]}"}
-TURN_HOSTS = (STUN[0], STUN_CHECK[0])  # coturn relays from either of its addresses
 
 
 def paths(results: list[dict]) -> dict[tuple[int, int], str]:
@@ -40,28 +32,6 @@ def expect(world: int, relayed: set[frozenset[int]]) -> dict[tuple[int, int], st
     """Every ordered pair of ``world`` ranks: "relayed" for the pairs in ``relayed``, else "direct"."""
     return {(a, b): "relayed" if frozenset({a, b}) in relayed else "direct"
             for a in range(world) for b in range(world) if a != b}
-
-
-def run_job(lab: NatLab, tmp: Path, iters: int = 20, count: int = 50000, during: Callable[[], None] | None = None,
-            **env: str) -> list[dict]:
-    """Run job.py on every site's host; ``during()`` runs while the ranks do (and may break things)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_") or k == "ERDMA_TRANSPORT_QUIC_ENGINE"}
-    base |= {"WORLD_SIZE": str(lab.sites), "ERDMA_INIT_METHOD": f"file://{tmp}/store", "ERDMA_TRANSPORT": "quic",
-             "ERDMA_SECRET": "nat-test", "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
-             "ERDMA_TIMEOUTS_CONNECT": str(CONNECT_S), **env}
-    procs = [subprocess.Popen(["ip", "netns", "exec", lab.host(i), sys.executable, str(HERE / "job.py"), str(iters),
-                               str(count)],
-                              env=base | {"RANK": str(i)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(lab.sites)]
-    if during is not None:
-        during()
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=CONNECT_S + 60)
-        lines = [line for line in stdout.splitlines() if line.startswith("{")]
-        assert lines, stderr[-2000:]
-        out.append(json.loads(lines[-1]) | {"stderr": stderr[-4000:]})
-    return out
 
 
 def test_the_data_socket_learns_its_nat_mapping(tmp_path):

@@ -5,11 +5,10 @@ load only when the transport or command runs."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from erdma_core import hookimpl
+from erdma_core import Register, RegisterEnvironment, hookimpl
 from erdma_core.config.option import Option
 
 CONGESTION = ("bbr", "cubic", "reno")
@@ -59,13 +58,13 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 
 
 @hookimpl
-def erdma_register_transports(register: Callable[..., None]) -> None:
+def erdma_register_transports(register: Register) -> None:
     register("quic", _factory, options=OPTIONS,
              description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank")
 
 
 @hookimpl
-def erdma_register_environment(register: Callable[..., None]) -> None:
+def erdma_register_environment(register: RegisterEnvironment) -> None:
     register("ERDMA_KEYS_DIR", "folder of the cluster CA (ca.pem, ca.key) that `erdma keys init` writes and the "
              "quic transport reads (default ~/.config/erdma/keys)")
 

@@ -3,10 +3,9 @@ Importing this module is cheap; pyverbs loads only when the transport is chosen.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from erdma_core import hookimpl
+from erdma_core import Register, hookimpl
 from erdma_core.config.option import Option
 from erdma_core.errors import ConfigError, PluginError
 from erdma_core.transport.wire import FRAME
@@ -59,7 +58,7 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 
 
 @hookimpl
-def erdma_register_transports(register: Callable[..., None]) -> None:
+def erdma_register_transports(register: Register) -> None:
     register("verbs", _factory, options=OPTIONS,
              description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits")
 

@@ -2,7 +2,7 @@
 with the addresses this rank published and how it reaches each peer (direct or relayed), or what went wrong
 (and after how many allreduces and seconds).
 
-    JOB_PAUSE=SECONDS python job.py ITERS COUNT    (JOB_PAUSE: a pause after each allreduce; default none)
+    JOB_PAUSE=SECONDS python -m erdma_p2p.lab.job ITERS COUNT    (JOB_PAUSE: a pause after each allreduce; default none)
 
 JOB_RING=group-order runs the allreduces in a group whose ring ignores slow (relayed) links: a baseline.
 """

@@ -4,7 +4,7 @@ checked): the systems alternate ROUNDS times; the table gives each one's median 
 Gloo and TCP, and the CPU seconds all ranks spent per GB of the allreduce's buffer (every thread of every rank,
 during the timed iterations).
 
-    python plugins/erdma-dpdk/benchmarks/run_allreduce.py [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M]
+    python -m benchmarks.dpdk_allreduce [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M]
 """
 
 from __future__ import annotations
@@ -12,12 +12,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(CHECKOUT))
-
-from benchmarks.launch import run_job  # noqa: E402
+from benchmarks.launch import run_job
 
 SYSTEMS = ("erdma-dpdk", "erdma-tcp", "gloo")
 
