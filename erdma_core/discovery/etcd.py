@@ -1,7 +1,7 @@
 """``etcd://HOST:PORT[,HOST:PORT...]/PREFIX``: a job's store on an etcd cluster, so that no process of the job
 serves it: an elastic job goes on while a majority of the cluster's members is up, whoever started it.
 It speaks etcd's v3 API through etcd's own JSON gateway (``/v3/kv/...``, ``/v3/watch``, ``/v3/lease/...``)
-with the standard library's HTTP client: nothing to install on the peers. ``hold``/``renew``/``release`` keep a
+with the standard library's HTTP client: nothing to install on the peers. ``hold``/``renew`` keep a
 key alive under a lease (an elastic member's sign of life: etcd deletes it once the member stops renewing).
 
 Keys live under ``PREFIX/``, one prefix per job. Every value is sealed with the job's secret (HMAC-SHA256 of
@@ -177,13 +177,6 @@ class EtcdStore:
         """Renew ``lease`` for its whole TTL; False when it had already expired (its keys are gone)."""
         out = self._call("/v3/lease/keepalive", {"ID": str(lease)})
         return int(_get(out.get("result", out), "TTL") or 0) > 0
-
-    def release(self, lease: int) -> None:
-        """End ``lease`` now: its keys go at once (nothing to do if it had expired)."""
-        try:
-            self._call("/v3/lease/revoke", {"ID": str(lease)}, min(REQUEST_S, self.quorum_wait))
-        except ErdmaError as exc:
-            log.debug("discovery: releasing etcd lease %x: %s", lease, exc)
 
     def close(self) -> None:
         with self._lock:

@@ -2,10 +2,11 @@
 
 Each peer's beat thread renews its own sign of life every ``timeout / 4`` seconds, on a store client of its own
 (a long wait of the peer's main thread on its client must not hold its beats back). On a store with leases
-(etcd: ``hold``/``renew``/``release``) the sign is a key ``alive/<id>`` under a lease of ``timeout`` seconds that
-the thread keeps alive: the store deletes the key when the lease runs out, so the store itself, not a reader's
-clock, judges a member that stopped; a member that leaves releases its lease and is gone at once. On another
-store (the TCP store) the sign is a counter under the same key that the thread bumps.
+(etcd: ``hold``/``renew``) the sign is a key ``alive/<id>`` under a lease of ``timeout`` seconds that the thread
+keeps alive: the store deletes the key when the lease runs out, so the store itself, not a reader's clock,
+judges a member that stopped. A member that leaves lets its lease run out (it voted itself out already: the
+others need not hear it from the store too). On another store (the TCP store) the sign is a counter under the
+same key that the thread bumps.
 
 The same thread reads the signs of the epoch's other members. A member has *lapsed* when its leased key is gone
 (or never appeared within ``timeout`` of being watched), or when its counter has not moved for ``timeout``
@@ -44,7 +45,7 @@ class Liveness:
         self._lapsed: set[str] = set()
         self._stop = threading.Event()
         self._beat = 0
-        self.leased = all(callable(getattr(store, f, None)) for f in ("hold", "renew", "release"))
+        self.leased = all(callable(getattr(store, f, None)) for f in ("hold", "renew"))
         self._lease: int | None = None  # the lease this member's key lives under (a store with leases)
         self._beat_once()
         self._thread = threading.Thread(target=self._run, name="erdma-elastic-beat", daemon=True)
@@ -68,9 +69,6 @@ class Liveness:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(self.timeout)
-        if self._lease is not None:
-            self._store.release(self._lease)  # type: ignore[attr-defined]
-            self._lease = None
         close = getattr(self._store, "close", None)
         if close is not None:
             close()
@@ -119,7 +117,7 @@ class Liveness:
                 if m not in self._seen:
                     continue  # no longer watched
                 before, since = self._seen[m]
-                if self.leased:  # the store judged: a key that was there and is gone ran out or was released
+                if self.leased:  # the store judged: a key that was there and is gone: its lease ran out
                     if beat:
                         self._seen[m] = (beat, now)
                     elif (before or now - since > self.timeout) and m not in self._lapsed:
