@@ -10,8 +10,9 @@ a time, while more than 3 members run), a new peer (while fewer than 6 run), the
 SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while
 peers run), outer steps whose state hash differs between peers, outer steps a peer printed twice or that nobody
 printed, the time from each event to the next outer step completed after it (median and p99 by kind, against the
-bound the issue sets: the liveness timeout plus two outer steps of a 30-step undisturbed run made first), and the
-final loss beside the undisturbed run's.
+bound the issue sets: the liveness timeout plus two outer steps of a 30-step undisturbed run made first; and for
+the events alone, with no other event in the two liveness timeouts before one nor before its recovery ended), and
+the final loss beside the undisturbed run's.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Soak:
         self.stopped: tuple[Peer, float] | None = None  # a SIGSTOPped peer and when to continue it
         self.etcd_down: tuple[int, float] | None = None  # an etcd member killed and when to start it
         self.events: list[tuple[float, str]] = []
+        self.started = time.monotonic()
 
     def steps(self) -> list[tuple[float, int]]:
         """(when, outer step) of every outer line of every peer so far."""
@@ -147,11 +149,17 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
             hashes[int(m.group(1))].add(m.group(4))
     steps = sorted(soak.steps())
     recovery: dict[str, list[float]] = collections.defaultdict(list)
-    for at, kind in soak.events:
+    timeline: list[tuple[float, str, float | None, bool]] = []  # (seconds in, kind, recovery, alone)
+    times = [at for at, _ in soak.events]
+    for i, (at, kind) in enumerate(soak.events):
         before = max((s for t, s in steps if t <= at), default=0)
         after = next((t for t, s in steps if t > at and s > before), None)
         if after is not None:
             recovery[kind].append(after - at)
+        # alone: no other event in the 2 liveness timeouts before it, nor before its recovery ended
+        alone = after is not None and (i == 0 or at - times[i - 1] > 2 * soak.liveness) and \
+            (i + 1 == len(times) or times[i + 1] > after)
+        timeline.append((round(at - soak.started, 2), kind, None if after is None else round(after - at, 3), alone))
     first: dict[int, float] = {}
     for t, step in steps:
         first.setdefault(step, t)
@@ -161,7 +169,8 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
             "hangs": int(hang or None in codes), "divergent": sum(len(h) > 1 for h in hashes.values()),
             "doubled": doubled, "lost": len(set(range(1, outer + 1)) - set(hashes)),
             "odd_exits": [c for c in codes if c not in (0, -9)],
-            "recovery": {k: v for k, v in recovery.items()}, "step_s": statistics.median(gaps) if gaps else None,
+            "recovery": {k: v for k, v in recovery.items()}, "timeline": timeline,
+            "step_s": statistics.median(gaps) if gaps else None,
             "final_loss": sorted(set(finals))}
 
 
@@ -210,6 +219,10 @@ def main() -> int:
     if everything:
         print(f"  {'all':<12}{len(everything):>3} {statistics.median(everything):8.2f} {_p99(everything):6.2f}"
               f"  ({'within' if _p99(everything) <= bound else 'above'} the bound)")
+    alone = [r for _, _, r, lone in chaos["timeline"] if lone and r is not None]
+    if alone:  # events that overlapped no other: what one failure costs by itself
+        print(f"  {'alone':<12}{len(alone):>3} {statistics.median(alone):8.2f} {_p99(alone):6.2f}"
+              f"  (no other event in the {2 * args.liveness:.0f} s before one, nor before its next outer step)")
     print(f"final loss {chaos['final_loss']}" + (f" (undisturbed {calm['final_loss']})" if calm else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "outer": outer, "chaos": chaos, "calm": calm,
