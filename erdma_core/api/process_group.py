@@ -94,8 +94,8 @@ class ProcessGroup:
 
     def failure(self) -> BaseException | None:
         """What aborted the job's transport (a lost peer, a peer's ABORT): every collective fails with it from
-        then on. None while the transport is whole (or does not say)."""
-        return getattr(getattr(self.rt.transport, "mailbox", None), "aborted", None)
+        then on. None while the transport is whole."""
+        return self.rt.transport.failure()
 
     def __repr__(self) -> str:
         return f"ProcessGroup(rank={self._rank}, size={self.size()}, group={self.group_id})"

@@ -126,6 +126,11 @@ class Transport(Protocol):
 
     def abort(self, error: BaseException) -> None: ...
 
+    def failure(self) -> BaseException | None:
+        """What aborted this transport (a lost peer, a peer's ABORT, ``abort``): every request fails with it
+        from then on. None while it is whole."""
+        ...
+
     def heard(self, peer: int, group: int, seq: int) -> bool:
         """Whether a message of collective ``seq`` of ``group`` (or a later one) came from ``peer`` (a
         timeout's error says whether the rank it waited on had called the collective at all)."""
@@ -236,6 +241,9 @@ class MessageTransport:
 
     def heard(self, peer: int, group: int, seq: int) -> bool:
         return self.mailbox.heard(peer, group, seq)
+
+    def failure(self) -> BaseException | None:
+        return self.mailbox.aborted if self.mailbox is not None else None  # no mailbox before connect
 
     def begin(self, group: int, seq: int) -> None:
         err = self.mailbox.begin(group, seq)
