@@ -213,6 +213,10 @@ class MessageTransport:
         """Where frames from ``peer`` go."""
         return self._inboxes[peer]
 
+    def peers(self) -> list[int]:
+        """The other ranks of the job, ascending (set before ``open`` is called)."""
+        return list(self._inboxes)
+
     def peer_lost(self, peer: int, why: object) -> PeerLostError:
         """A connection to ``peer`` failed: fail everything pending here and tell the other peers (unless
         this rank is closing). Returns the error, for a caller that must also raise it."""

@@ -92,7 +92,8 @@ class DpdkTransport(MessageTransport):
         self._plock = threading.Lock()  # one thread drives the shim and reads what it received: ``_driver``
         self._driver: int | None = None
         self._no_sinks = False  # aborting: the receives' memory is the callers' again
-        self._waiting = 0
+        self._waiting = 0  # threads in wait() now (under _waiting_lock)
+        self._waiting_lock = threading.Lock()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._thread_id: int | None = None
@@ -152,7 +153,7 @@ class DpdkTransport(MessageTransport):
                                     "makes it fail; starting this rank again gives it another pid)") from None
             me["mac"] = self._mac(0)
         ctx.store.set(self._key(ctx.job, self.rank), json.dumps(me).encode())
-        for peer in self._inboxes:
+        for peer in self.peers():
             theirs = json.loads(self._get(ctx, self._key(ctx.job, peer), deadline))
             for key, name in (("backend", "backend"), ("frame", "frame_bytes"), ("window", "window")):
                 if theirs[key] != me[key]:
@@ -208,7 +209,7 @@ class DpdkTransport(MessageTransport):
         self._job_dir = root / f"{self.job & 0xFFFFFFFFFFFFFFFF:016x}"
         self._job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         servers = {}
-        for peer in self._inboxes:
+        for peer in self.peers():
             if peer <= self.rank:
                 continue
             path = self._job_dir / f"memif-{self.rank}-{peer}.{os.getpid()}.sock"
@@ -368,7 +369,7 @@ class DpdkTransport(MessageTransport):
 
     def wait(self, req: Request, deadline: float) -> bool:
         """The waiting thread drives the shim itself (polling, then sleeping with back-off, inside the shim)."""
-        with self._count_lock:
+        with self._waiting_lock:
             self._waiting += 1
         try:
             while not req.finished:
@@ -385,7 +386,7 @@ class DpdkTransport(MessageTransport):
                         lib.eds_wake(self.ep)  # the I/O thread: it leaves the shim to this thread at once
                         req.settled(min(left, 2e-5))
         finally:
-            with self._count_lock:
+            with self._waiting_lock:
                 self._waiting -= 1
         if req.error is not None:
             raise req.error

@@ -142,7 +142,7 @@ class VerbsTransport(MessageTransport):
         self.ctrl_mr = dev.register(self.ctrl)
         self.ctrl_addr = self.ctrl.ctypes.data  # numpy makes a ctypes object per ``.ctypes``: once, here
         mine: dict[str, list[int]] = {}
-        for peer in self._inboxes:
+        for peer in self.peers():
             qp = dev.queue_pair(self.depth, o["qp_timeout"], o["retry_count"])
             qp.to_init()
             ring = np.zeros(self.slots * self.slot_bytes, np.uint8)
