@@ -295,9 +295,11 @@ def test_a_newcomer_that_never_connects_is_counted_out_of_the_set_up_at_its_laps
         _until(lambda: len(_steps(a)) >= before + 3, "3 steps without the ghost", 60)
         stop.touch()
         assert [p.wait(60) for p in (a, b)] == [0, 0]
-    for p in (a, b):
-        said = "\n".join(p.lines)
-        assert "set-up was called off: no sign of life from ghost:1 for 2.0s" in said, p.lines[-20:]
+    said = ["\n".join(p.lines) for p in (a, b)]
+    # the first member whose beat thread sees the lapse calls off and votes; the other may read that vote first
+    assert any("set-up was called off: no sign of life from ghost:1 for 2.0s" in t for t in said), said
+    for p, text in zip((a, b), said, strict=True):
+        assert "set-up was called off: " in text, p.lines[-20:]
         assert " n 2 " in _steps(p)[-1]
     assert _steps(a)[-1].split()[11] == _steps(b)[-1].split()[11]
 
