@@ -168,7 +168,12 @@ class EtcdStore:
         """Put ``key`` under a lease of its own of ``ttl`` seconds (rounded up; etcd grants at least its
         minimum, about 1.5 election timeouts) and return the lease. Once nobody renews the lease (``renew``)
         for its TTL, as etcd's leader counts it, etcd deletes the key: a reader then finds it gone."""
-        lease = int(self._call("/v3/lease/grant", {"TTL": str(max(1, math.ceil(ttl)))})["ID"])
+        asked = max(1, math.ceil(ttl))
+        granted = self._call("/v3/lease/grant", {"TTL": str(asked)})
+        lease = int(granted["ID"])
+        if int(granted.get("TTL") or asked) > asked:
+            log.warning("discovery: etcd at %s granted a lease of %ss where %ss was asked (its minimum TTL): a "
+                        "holder that stops is found that much later", self.where, granted["TTL"], asked)
         k = self._key(key)
         self._call("/v3/kv/put", {"key": _b64(k), "value": _b64(self._seal(k, value)), "lease": str(lease)})
         return lease

@@ -222,7 +222,7 @@ class ElasticGroup:
         try:
             if old is not None:
                 self._admit_tickets(old.admitted, record)
-            prefix = PrefixStore(self.store, self.keys("pg", record.epoch) + "/", lambda: self._called_off(record))
+            prefix = PrefixStore(self.store, self.keys("pg", record.epoch) + "/", lambda: self._called_off(record, index))
             started = time.monotonic()
             self.pg = init_with_store(prefix, index, len(record.members), self.conf)
             prefix.settle()
@@ -239,7 +239,7 @@ class ElasticGroup:
         if self.announce and index == 0:
             self._say(record, old)
 
-    def _called_off(self, record: Record) -> str | None:
+    def _called_off(self, record: Record, index: int) -> str | None:
         """Why the set-up of ``record``'s group should stop now, or None: a member's beats lapsed (it will
         never connect), or another member's set-up failed and its vote aborted the epoch's first ballot (it
         stopped connecting). Either way this member votes too, and the survivors form the next epoch without
@@ -249,11 +249,8 @@ class ElasticGroup:
             names = [m.name for m in record.members if m.id in lapsed]
             if names:
                 return f"no sign of life from {', '.join(names)} for {self.liveness.timeout:.1f}s"
-        try:
-            outcome = self.store.get(self.keys("vote", record.epoch, 0, "outcome"), 0.0)
-        except CollectiveTimeoutError:
-            return None
-        return f"another member's set-up of epoch {record.epoch} failed" if outcome == b"abort" else None
+        first = Ballot(self.store, self.keys, record.epoch, 0, index, len(record.members))  # the epoch's first step
+        return f"another member's set-up of epoch {record.epoch} failed" if first.aborted() else None
 
     def _transfer(self) -> None:
         """Bring every member of the epoch to the shared state; repeated on the survivors until it commits."""

@@ -117,15 +117,12 @@ class Liveness:
                 if m not in self._seen:
                     continue  # no longer watched
                 before, since = self._seen[m]
-                if self.leased:  # the store judged: a key that was there and is gone: its lease ran out
-                    if beat:
-                        self._seen[m] = (beat, now)
-                    elif (before or now - since > self.timeout) and m not in self._lapsed:
-                        self._lapsed.add(m)
-                        new.append(m)
-                elif beat != before or paused:
+                # with leases the store judged (a key that was there and is gone: its lease ran out); with
+                # counters, one that has not moved for the timeout, unless this peer paused
+                alive = bool(beat) if self.leased else (beat != before or paused)
+                if alive:
                     self._seen[m] = (beat, now)
-                elif now - since > self.timeout and m not in self._lapsed:
+                elif ((self.leased and before) or now - since > self.timeout) and m not in self._lapsed:
                     self._lapsed.add(m)
                     new.append(m)
             on_lapse = self._on_lapse

@@ -131,6 +131,13 @@ class Ballot:
         except CollectiveTimeoutError:
             return b""
 
+    def aborted(self) -> bool:
+        """Whether a vote has already settled this step as aborted (a look, no waiting)."""
+        try:
+            return self.store.get(self._key("outcome"), 0.0) == b"abort"
+        except CollectiveTimeoutError:
+            return False
+
     def leave(self) -> None:
         """Vote this member dead before it goes, so that the others need not wait to find out."""
         self._vote(self.index, DEAD)

@@ -101,7 +101,6 @@ class SocketTransport(MessageTransport):
         self._pids: dict[int, int] = {}  # peers whose memory this rank reads, and their processes
         self.meeting: tuple[socket.socket, list[Candidate]] | None = None  # ``meeting_point``'s answer, in set-up
         self._gave_up = False  # set-up ended (failed or not): meetings under way stop
-        self._look_elsewhere: Callable[[], None] = lambda: None  # raises if a rank gave up (set-up only)
         self._arrivals = meet.Arrivals()  # lower ranks' meetings the listener took
         self._paths: dict[int, str] = {}  # when meeting: peer -> ``HOST:PORT direct`` (its address in use)
 
@@ -149,12 +148,11 @@ class SocketTransport(MessageTransport):
                              lanes=self.connections if self.meeting is None else 1)
         acceptor = threading.Thread(target=accepting.run, name=f"erdma-accept-{self.rank}", daemon=True)
         acceptor.start()
-        self._look_elsewhere = functools.partial(self._check_others, ctx)
         try:
             if self.meeting is None:
                 for peer in range(self.rank):
                     addrs = self._address_of(ctx, peer, deadline)
-                    self._dial_pool(peer, addrs.split(), deadline)
+                    self._dial_pool(ctx, peer, addrs.split(), deadline)
                 while acceptor.is_alive() and time.monotonic() < deadline:
                     acceptor.join(SETUP_POLL)
                     self._check_others(ctx)
@@ -162,7 +160,6 @@ class SocketTransport(MessageTransport):
                 self._meet_all(ctx, accepting, met, deadline)
         finally:
             self._gave_up = True
-            self._look_elsewhere = lambda: None
             accepting.stop = True
             acceptor.join(2 * POLL)
             for listener in listeners:
@@ -257,7 +254,7 @@ class SocketTransport(MessageTransport):
                 addrs = self._address_of(ctx, peer, deadline).split()
                 if any(self.nearby(a) for a in addrs):
                     if peer < self.rank:
-                        sock, transcript = self._dial_peer(peer, lambda: self._connect(peer, addrs, deadline),
+                        sock, transcript = self._dial_peer(ctx, peer, lambda: self._connect(peer, addrs, deadline),
                                                            deadline)
                         met[peer] = sock, transcript, f"{addrs[0]} direct"
                     return
@@ -321,7 +318,7 @@ class SocketTransport(MessageTransport):
 
         try:
             if peer < self.rank:
-                sock, transcript = self._dial_peer(peer, connect, deadline)
+                sock, transcript = self._dial_peer(ctx, peer, connect, deadline)
             else:
                 sock, transcript = self._accept_met(peer, connect, deadline)
         except _Accepted:
@@ -374,20 +371,21 @@ class SocketTransport(MessageTransport):
         socket or when this rank meets its peers."""
         return 1 if sock.family == socket.AF_UNIX or self.meeting is not None else self.connections
 
-    def _dial_pool(self, peer: int, addrs: list[str], deadline: float) -> None:
+    def _dial_pool(self, ctx: TransportContext, peer: int, addrs: list[str], deadline: float) -> None:
         """Every connection to lower rank ``peer``, taken into use: the first to the first of its ``addrs``
         reachable from here, then, over TCP, the rest of the pool (``connections``) to that address, several
         at once (on a long path each handshake takes round trips)."""
-        made = [self._dial_peer(peer, functools.partial(self._connect, peer, addrs, deadline), deadline)]
+        made = [self._dial_peer(ctx, peer, functools.partial(self._connect, peer, addrs, deadline), deadline)]
         lanes = self._pool_size(made[0][0])
         if lanes > 1:
             connect = functools.partial(self._connect, peer, [_name(made[0][0].getpeername())], deadline)
             with ThreadPoolExecutor(min(LANE_DIALS, lanes - 1), thread_name_prefix=f"erdma-dial-{self.rank}") as dial:
-                made += dial.map(lambda lane: self._dial_peer(peer, connect, deadline, lane, lanes), range(1, lanes))
+                made += dial.map(lambda lane: self._dial_peer(ctx, peer, connect, deadline, lane, lanes),
+                                 range(1, lanes))
         for sock, transcript in made:  # TLS, if on, only now: the peer starts its side once all are in
             self._add(peer, sock, transcript, True, deadline)
 
-    def _dial_peer(self, peer: int, connect: Callable[[], tuple[socket.socket, str]],
+    def _dial_peer(self, ctx: TransportContext, peer: int, connect: Callable[[], tuple[socket.socket, str]],
                    deadline: float, lane: int = 0, lanes: int | None = None) -> tuple[socket.socket, bytes]:
         """A connection to ``peer`` that passed the handshake (this rank the dialler), and the handshake's
         transcript; ``connect()`` makes the connection. It is connection ``lane`` of the pair's ``lanes``
@@ -404,7 +402,7 @@ class SocketTransport(MessageTransport):
                 sock.settimeout(max(0.1, deadline - time.monotonic()))  # never shorter: the peer may have taken it
                 probe_idle(sock)  # a drop whose FIN or reset was lost is noticed in seconds
                 sock.sendall(hs.first())
-                self._await_answer(sock, deadline)
+                self._await_answer(ctx, sock, deadline)
                 head = recv_exact(sock, auth.HELLO.size)
                 proof = hs.on_challenge(head + (recv_exact(sock, auth.MAC)
                                                 if auth.parse_hello(head)[0] == auth.CHALLENGE else b""))
@@ -438,7 +436,7 @@ class SocketTransport(MessageTransport):
             sock.settimeout(POLL)
             return sock, hs.transcript
 
-    def _await_answer(self, sock: socket.socket, deadline: float) -> None:
+    def _await_answer(self, ctx: TransportContext, sock: socket.socket, deadline: float) -> None:
         """Until ``sock`` has bytes to read or ``deadline``, looking every ``SETUP_POLL`` seconds whether a
         rank gave up (a peer whose kernel took the connection may be stopped: its answer never comes)."""
         poller = select.poll()
@@ -446,7 +444,7 @@ class SocketTransport(MessageTransport):
         while time.monotonic() < deadline:
             if poller.poll(max(0, min(SETUP_POLL, deadline - time.monotonic())) * 1000):
                 return  # bytes, or the connection's end: recv_exact reads either
-            self._look_elsewhere()
+            self._check_others(ctx)
 
     def _connect(self, peer: int, addrs: list[str], deadline: float) -> tuple[socket.socket, str]:
         """A connected socket to the first of ``peer``'s addresses reachable from here, and that address."""
