@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from erdma_core.cli.launcher import Signalled, stops_on_signals
 from erdma_core.transport.leftovers import running
 
 ERDMA = [sys.executable, "-m", "erdma_core.cli"]
@@ -102,3 +103,20 @@ def test_a_signal_to_an_elastic_run_and_to_a_joining_one_stops_their_peers_and_r
     assert elastic.poll() is None  # the job goes on without the joined peer
     _stopped(elastic, pids, signum)
     assert not secret.exists()
+
+
+def test_a_signal_is_noted_and_raised_only_where_the_launcher_checks() -> None:
+    """The handler raises nothing itself: raised between two bytecodes (inside ``Popen.poll``, after it took
+    its wait lock and before the ``try`` that frees it), it left that lock held, and the launcher's next
+    ``wait`` on the rank blocked for ever: ``erdma run -n 3`` then outlived SIGINT by the test's 60 s."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with stops_on_signals() as stopping:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)  # a later one is ignored: the first is the one noted
+        for _ in range(1000):  # the handlers have run by now; none raised
+            time.sleep(0)
+        assert stopping.signum == signal.SIGINT
+        with pytest.raises(Signalled, match="SIGINT") as raised:
+            stopping.check()
+        assert raised.value.signum == signal.SIGINT
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # put back

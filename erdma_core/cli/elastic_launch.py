@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from ..discovery.store import TCPStore
 from ..errors import ConfigError
-from .launcher import Signalled, free_port, local_env, spawn, stop, stops_on_signals
+from .launcher import Signalled, Stopping, free_port, local_env, spawn, stop, stops_on_signals
 
 
 def read_secret(path: str) -> str:
@@ -84,13 +84,14 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
         env |= {"MASTER_ADDR": addr, "MASTER_PORT": p, "ERDMA_SECRET": secret}
     label = "peer" if join is None else "joined peer"
     procs: list[subprocess.Popen[bytes]] = []
-    with stops_on_signals():
+    with stops_on_signals() as stopping:
         try:
             for k in range(nprocs):
+                stopping.check()
                 proc, threads = spawn(list(cmd), {**os.environ, **env}, f"[{label} {k}] " if prefix else None)
                 procs.append(proc)
                 pumps += threads
-            code = _watch(procs, timeout)
+            code = _watch(procs, timeout, stopping)
             for t in pumps:
                 t.join(2.0)
         except Signalled as sig:
@@ -121,12 +122,14 @@ def _replicated(url: str, secret: str, config: str | None) -> str:
     return where
 
 
-def _watch(procs: list[subprocess.Popen[bytes]], timeout: float | None) -> int:
-    """Report each peer's exit and keep the others going; 0 when a peer finished well."""
+def _watch(procs: list[subprocess.Popen[bytes]], timeout: float | None, stopping: Stopping) -> int:
+    """Report each peer's exit and keep the others going; 0 when a peer finished well; ``Signalled`` once
+    ``stopping`` noted a signal."""
     deadline = None if timeout is None else time.monotonic() + timeout
     seen: set[int] = set()
     codes: list[int] = []
     while len(seen) < len(procs):
+        stopping.check()
         for k, p in enumerate(procs):
             c = p.poll()
             if c is not None and k not in seen:

@@ -31,24 +31,38 @@ class Signalled(BaseException):
         self.signum = signum
 
 
+class Stopping:
+    """The first of ``STOPPING`` that arrived inside ``stops_on_signals``. The handler only notes it: an
+    exception raised from a handler lands between any two bytecodes of the main thread, for example between
+    ``Popen.poll``'s taking of its wait lock and the ``try`` that gives it back, and every later ``wait`` on
+    that process then blocks for ever. The launcher's loops call ``check`` where a raise is safe."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def check(self) -> None:
+        """Raise ``Signalled`` if a signal arrived."""
+        if self.signum is not None:
+            raise Signalled(self.signum)
+
+
 @contextlib.contextmanager
-def stops_on_signals() -> Iterator[None]:
-    """While inside, the first SIGTERM, SIGINT or SIGHUP raises ``Signalled`` in the main thread; later ones
-    are ignored until the block is left, so the clean-up inside it is not cut short. Elsewhere than in the
-    main thread (where Python takes signals), nothing changes."""
+def stops_on_signals() -> Iterator[Stopping]:
+    """While inside, the first SIGTERM, SIGINT or SIGHUP is noted in the ``Stopping`` yielded (its ``check``
+    then raises ``Signalled``); later ones are ignored until the block is left, so the clean-up inside it is
+    not cut short. Elsewhere than in the main thread (where Python takes signals), nothing is noted."""
+    stopping = Stopping()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stopping
         return
-    got: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
-        if not got:
-            got.append(signum)
-            raise Signalled(signum)
+        if stopping.signum is None:
+            stopping.signum = signum
 
     old = {s: signal.signal(s, handler) for s in STOPPING}
     try:
-        yield
+        yield stopping
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -117,14 +131,15 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
         base["ERDMA_SECRET"] = secrets.token_hex(32)
     procs: list[subprocess.Popen[bytes]] = []
     pumps: list[threading.Thread] = []
-    with stops_on_signals():
+    with stops_on_signals() as stopping:
         try:
             for rank in range(nprocs):
+                stopping.check()
                 p, threads = spawn(list(cmd), {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                    f"[rank {rank}] " if prefix else None)
                 procs.append(p)
                 pumps += threads
-            failed = _wait(procs, timeout)
+            failed = _wait(procs, timeout, stopping)
         except Signalled as sig:
             stop(procs)
             for t in pumps:
@@ -143,11 +158,14 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
     return code if code > 0 else 128 - code
 
 
-def _wait(procs: list[subprocess.Popen[bytes]], timeout: float | None) -> tuple[int, int] | None:
-    """Until every rank ended well (None), one failed (its rank and code) or ``timeout`` passed (-1, 124)."""
+def _wait(procs: list[subprocess.Popen[bytes]], timeout: float | None, stopping: Stopping
+          ) -> tuple[int, int] | None:
+    """Until every rank ended well (None), one failed (its rank and code) or ``timeout`` passed (-1, 124);
+    ``Signalled`` once ``stopping`` noted a signal."""
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.01
     while True:
+        stopping.check()
         codes = [p.poll() for p in procs]
         bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if bad:
