@@ -31,7 +31,8 @@ class Timeline:
     its phases. ``restore()`` takes the wrappers off again."""
 
     def __init__(self, transport: Any) -> None:
-        from erdma_core.engine import executor, reduce_ops
+        from erdma_core.engine import executor
+        from erdma_core.protocol import reduce_ops
 
         self._ns = time.perf_counter_ns
         self._sums = dict.fromkeys(("post", "send", "wait", "reduce"), 0)

@@ -8,7 +8,6 @@
 from .api.join import default_group, init, load_config, new_group
 from .api.process_group import ProcessGroup
 from .api.work import Work
-from .engine.reduce_ops import ReduceOp
 from .errors import (
     AbortedError,
     AuthenticationError,
@@ -23,6 +22,7 @@ from .errors import (
     ProtocolError,
 )
 from .plugins.hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
+from .protocol.reduce_ops import ReduceOp
 
 __version__ = "0.1.0"
 __all__ = [

@@ -118,7 +118,7 @@ def test_receiving_roots_that_disagree_fail_every_rank(erdma_world, size, op):
 
 def fault_on_rank_0(pg):
     if pg.rank() == 0:
-        from erdma_core.engine import reduce_ops
+        from erdma_core.protocol import reduce_ops
 
         def broken(*args, **kwargs):
             raise ValueError("injected fault")

@@ -32,7 +32,8 @@ def test_core_layout_shows_the_layers():
     assert sorted(p.stem for p in core.glob("*.py")) == ["__init__", "compression", "errors", "torch", "torchft",
                                                          "traversal"]  # (torch, torchft: the framework front ends)
     assert sorted(p.name for p in core.iterdir() if (p / "__init__.py").is_file()) == [
-        "algorithms", "api", "cli", "config", "discovery", "elastic", "engine", "plugins", "testing", "transport"]
+        "algorithms", "api", "cli", "config", "discovery", "elastic", "engine", "plugins", "protocol", "testing",
+        "transport"]
 
 
 def test_stream_transports_write_only_set_up_and_byte_movement():

@@ -15,7 +15,7 @@ from erdma_core.engine import executor
 from erdma_core.engine.executor import Op
 from erdma_core.engine.plans import Plan, plan
 from erdma_core.engine.program import compile_plan
-from erdma_core.engine.reduce_ops import ReduceOp
+from erdma_core.protocol.reduce_ops import ReduceOp
 from erdma_core.testing import World
 from erdma_core.transport.mailbox import Request
 

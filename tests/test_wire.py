@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 
 from erdma_core import ReduceOp
-from erdma_core.engine import dtypes
-from erdma_core.engine.ops import COLLECTIVES, OPS
 from erdma_core.errors import (
     AbortedError,
     CollectiveTimeoutError,
@@ -16,6 +14,8 @@ from erdma_core.errors import (
     PeerLostError,
     ProtocolError,
 )
+from erdma_core.protocol import dtypes
+from erdma_core.protocol.ops import COLLECTIVES, OPS
 from erdma_core.transport import auth, integrity, wire
 from erdma_core.transport.wire import FRAME, HELLO, Header, Hello
 

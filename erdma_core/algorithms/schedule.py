@@ -20,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from ..protocol.ops import buffer_sizes
+
 
 @attrs.frozen
 class Options(Mapping[str, Any]):
@@ -86,8 +88,6 @@ class Spec:
 
     @property
     def work_count(self) -> int:
-        from ..engine.ops import buffer_sizes
-
         return buffer_sizes(self)["work"]
 
 

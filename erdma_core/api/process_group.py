@@ -20,16 +20,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..algorithms.schedule import Spec
-from ..engine import dtypes, executor, reduce_ops, topology
+from ..engine import executor, topology
 from ..engine.buffers import Buffer, as_buffer, page_aligned
 from ..engine.codecs import Codecs
 from ..engine.offload import Fallback, HostChannel, Offload, OffloadCall, OffloadContext
-from ..engine.ops import OPS, buffer_sizes
 from ..engine.plans import plan
 from ..engine.program import Program, chunk_bytes, compile_plan
-from ..engine.reduce_ops import ReduceOp
 from ..engine.runtime import Runtime
 from ..errors import AbortedError, ConfigError, ErdmaError, PluginError
+from ..protocol import dtypes, reduce_ops
+from ..protocol.ops import OPS, buffer_sizes
+from ..protocol.reduce_ops import ReduceOp
 from ..transport.mailbox import as_bytes
 from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from .serial import Serial

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.ops import BENCHMARKED, OPS
+from ..protocol.ops import BENCHMARKED, OPS
 
 BUS_FACTOR: dict[str, Callable[[int], float]] = BENCHMARKED
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

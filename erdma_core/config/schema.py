@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..protocol.ops import COLLECTIVES
 from .option import Option
 
 MAX_TIMEOUT = 7 * 24 * 3600.0  # a week: longer waits are a mistake (and overflow the clocks they are added to)
@@ -9,8 +10,6 @@ MAX_TIMEOUT = 7 * 24 * 3600.0  # a week: longer waits are a mistake (and overflo
 
 def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]]) -> dict[str, dict[str, Option]]:
     """Return ``{section: {key: Option}}`` for the core, with choices drawn from what is registered."""
-    from ..engine.ops import COLLECTIVES
-
     def names(kind: str) -> list[str]:
         return sorted(kinds.get(kind, []))
 

@@ -10,8 +10,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import ConfigError
+from ..protocol.store import Store
 from .etcd import EtcdStore, etcd_store
-from .store import FileStore, Store, TCPStore
+from .store import FileStore, TCPStore
 
 __all__ = ["EtcdStore", "FileStore", "Store", "TCPStore", "env_store", "etcd_store", "file_store", "tcp_store"]
 

@@ -1,4 +1,5 @@
-"""Discovery stores: the ``Store`` interface, ``TCPStore`` (served by one rank) and ``FileStore`` (a shared folder).
+"""Discovery stores: ``TCPStore`` (served by one rank) and ``FileStore`` (a shared folder); the ``Store``
+protocol they implement is ``erdma_core.protocol.store``.
 
 Every call takes a timeout; ``get`` waits for the key to appear. Values are bytes. The TCP store answers only
 connections that proved the job's secret, and bounds every request before reading it.
@@ -14,7 +15,6 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
 
 from ..config.schema import MAX_TIMEOUT
 from ..errors import AuthenticationError, CollectiveTimeoutError, ErdmaError, ProtocolError
@@ -34,23 +34,6 @@ MAX_VALUE = 16 << 20  # bytes of a value
 MAX_CLIENTS = 256  # proven connections at once (ranks, torch's helpers)
 MAX_UNPROVEN = 512  # connections still in their handshake (``accept.Gate``; a client refused tries again)
 PER_SOURCE = 32  # of them from one address (the ranks of a host start at once)
-
-
-class Store(Protocol):
-    """What a discovery method gives every rank of a job: the same key-value store. ``set`` publishes,
-    ``get`` waits up to ``timeout`` seconds for a key to appear (else ``CollectiveTimeoutError``), ``add``
-    is an atomic counter, ``close`` releases what this rank holds. Optional: ``compare_set(key, expected,
-    desired)`` (atomic; returns the value after; an absent key compares as b""; elastic groups need it),
-    ``host`` (the host ranks reach the store at; the TCP transport advertises the address that routes there)
-    and ``cleanup()`` (called by rank 0 at the end of the job)."""
-
-    def set(self, key: str, value: bytes) -> None: ...
-
-    def get(self, key: str, timeout: float) -> bytes: ...
-
-    def add(self, key: str, amount: int) -> int: ...
-
-    def close(self) -> None: ...
 
 
 def cas_body(expected: bytes, desired: bytes) -> bytes:

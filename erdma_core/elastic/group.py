@@ -22,7 +22,6 @@ from typing import Any
 from ..api.join import init_with_store
 from ..api.process_group import ProcessGroup
 from ..config import Config
-from ..engine.reduce_ops import ReduceOp
 from ..errors import (
     AbortedError,
     AuthenticationError,
@@ -31,6 +30,7 @@ from ..errors import (
     ErdmaError,
     PeerLostError,
 )
+from ..protocol.reduce_ops import ReduceOp
 from . import state as shared
 from .liveness import Liveness
 from .membership import (

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes
+from ..protocol import dtypes
 
 
 class Buffer:

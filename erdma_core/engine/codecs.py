@@ -17,7 +17,7 @@ import numpy as np
 
 from ..compression import Compressor, Site
 from ..errors import ConfigError, ProtocolError
-from ..transport.mailbox import encoded_limit
+from ..protocol.limits import encoded_limit
 from ..transport.wire import RAW, Header, codec_id
 
 log = logging.getLogger("erdma.compression")
@@ -39,7 +39,7 @@ REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter"})
 
 def parse_ops(value: str, lossy: bool) -> frozenset[str] | None:
     """``compression.ops`` as the set of collectives to compress (None: every one)."""
-    from .ops import COLLECTIVES
+    from ..protocol.ops import COLLECTIVES
 
     text = value.strip()
     if text == "all" or (text == "auto" and not lossy):

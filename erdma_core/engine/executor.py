@@ -23,13 +23,13 @@ import numpy as np
 
 from ..compression import Site
 from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, ErdmaError, ProtocolError
+from ..protocol import reduce_ops
+from ..protocol.reduce_ops import ReduceOp
 from ..transport.base import Transport
 from ..transport.mailbox import Request, as_bytes
 from ..transport.wire import DATA, NO_ROOT, RAW, Header, make_header
-from . import reduce_ops
 from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
 from .program import Msg, Program, Stage
-from .reduce_ops import ReduceOp
 
 ScratchFor = Callable[[int, np.dtype, int], np.ndarray]
 _NO_CODECS = Codecs(None, 0, lambda cid: None)

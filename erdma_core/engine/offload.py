@@ -25,14 +25,15 @@ import attrs
 import numpy as np
 
 from ..algorithms.schedule import Options, Spec
+from ..protocol import dtypes
+from ..protocol.ops import OPS, buffer_sizes
+from ..protocol.reduce_ops import ReduceOp
 from ..transport import auth
 from ..transport.base import Transport
 from ..transport.wire import CONTROL_GROUP_BIT, NO_ROOT
-from . import dtypes, executor
-from .ops import OPS, buffer_sizes
+from . import executor
 from .plans import plan
 from .program import compile_plan
-from .reduce_ops import ReduceOp
 
 
 @attrs.frozen

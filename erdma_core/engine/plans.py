@@ -18,7 +18,7 @@ import attrs
 
 from ..algorithms.schedule import Copy, Spec, Step, Xfer
 from ..errors import PluginError
-from .ops import buffer_sizes
+from ..protocol.ops import buffer_sizes
 
 BUFFERS = ("in", "out", "work")
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from ..algorithms.schedule import Options
 from ..config import Config
-from ..discovery.store import Store
 from ..plugins.manager import Component, Components
+from ..protocol.store import Store
 from .codecs import Codecs
 
 

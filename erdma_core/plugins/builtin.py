@@ -16,7 +16,7 @@ from ..algorithms import (
     tree,
 )
 from ..config.option import Option
-from ..engine.ops import OPS
+from ..protocol.ops import OPS
 from .hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 
 

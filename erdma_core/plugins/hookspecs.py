@@ -110,14 +110,14 @@ def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(op, name,
     schedule_fn, *, options=None, description="", offload=False)``; ``op`` is one of
-    ``erdma_core.engine.ops.COLLECTIVES``; ``options`` declares the keys of ``[algorithm.<op>.<name>]``.
+    ``erdma_core.protocol.ops.COLLECTIVES``; ``options`` declares the keys of ``[algorithm.<op>.<name>]``.
 
     A schedule (``offload=False``): ``schedule_fn(spec)`` takes an ``erdma_core.algorithms.schedule.Spec``
     (the options as ``spec.options``) and returns a list of ``erdma_core.algorithms.schedule.Step`` (who
     sends which slice to whom). The executor checks each schedule once (``erdma_core.engine.plans.check``)
     and refuses one it could run wrongly, naming the algorithm and this plugin.
 
-    An offload (``offload=True``, for ``erdma_core.engine.ops.OFFLOADABLE`` ops): ``schedule_fn`` is a factory
+    An offload (``offload=True``, for ``erdma_core.protocol.ops.OFFLOADABLE`` ops): ``schedule_fn`` is a factory
     ``f(ctx: erdma_core.engine.offload.OffloadContext)`` called once per process group (and factory: the same
     factory registered for several ops makes one shared object) on the first collective that selects it,
     returning an object with ``run(call: OffloadCall) -> Fallback | None`` (called once per collective, on the

@@ -223,7 +223,7 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
     def register_algorithm(op: str, name: str, schedule_fn: Callable[..., Any], *,
                            options: Mapping[str, Option] | None = None, description: str = "",
                            offload: bool = False) -> None:
-        from ..engine.ops import COLLECTIVES, OFFLOADABLE
+        from ..protocol.ops import COLLECTIVES, OFFLOADABLE
 
         if op not in COLLECTIVES:
             raise PluginError(f"plugin {current['plugin']!r} registered algorithm {name!r} for {op!r}, which is not "

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..discovery.store import Store
 from ..errors import AbortedError, PeerLostError
+from ..protocol.store import Store
 from .frames import FrameInbox
 from .mailbox import DEFAULT_EARLY_BYTES, Mailbox, Request
 from .wire import ABORT, BYE, DATA, Header, abort_body, control

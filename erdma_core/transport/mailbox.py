@@ -19,16 +19,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..engine import dtypes, ops, reduce_ops
 from ..errors import MismatchError, ProtocolError
+from ..protocol import dtypes, ops, reduce_ops
+from ..protocol.limits import encoded_limit
 from .wire import NO_ROOT, OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
-
-
-def encoded_limit(raw_bytes: int) -> int:
-    """The most payload bytes an encoded message of ``raw_bytes`` (decoded) may carry: a receiver never
-    allocates more on a peer's word, and a sender whose encoding is larger sends the raw bytes instead."""
-    return raw_bytes + (raw_bytes >> 3) + (1 << 16)
-
 
 _SETTLE = threading.Lock()  # two threads that wait for one request make one event
 

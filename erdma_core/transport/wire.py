@@ -24,8 +24,8 @@ FRAME header, 64 bytes, followed by ``nbytes`` of payload (on a TCP connection w
                whose payload stays in the sender's memory for the receiver to read, ``single_copy``: the
                payload on the wire is LENT, and every other field is the DATA frame's), 5 = PULLED (the
                receiver read the PULL frame whose ticket is ``seq``: that memory is the sender's again)
-    dtype   B  erdma_core.engine.dtypes code (0 when not a typed payload)
-    opcode  B  erdma_core.engine.ops code of the collective (0 for ABORT and BYE)
+    dtype   B  erdma_core.protocol.dtypes code (0 when not a typed payload)
+    opcode  B  erdma_core.protocol.ops code of the collective (0 for ABORT and BYE)
     redop   B  ReduceOp code of the collective (0: none)
     job     I  low 32 bits of the job id
     root    I  the root rank (in the group) of broadcast, reduce, gather and scatter; NO_ROOT (0xFFFFFFFF) else

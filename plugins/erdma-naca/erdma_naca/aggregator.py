@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from erdma_core.engine import dtypes, reduce_ops
+from erdma_core.protocol import dtypes, reduce_ops
 from erdma_core.transport.integrity import Window
 
 from . import header as H

@@ -6,7 +6,7 @@ All integers little-endian::
     version  B   VERSION (a datagram of another version is dropped)
     kind     B   JOIN 1, JOIN_OK 2, REJECT 3, DATA 4, RESULT 5, DONE 6, PENDING 7, LEAVE 8, ERROR 9, CHALLENGE 10
     op       B   ALLREDUCE 1, BROADCAST 2, REDUCE_SCATTER 3 (0 for JOIN, JOIN_OK, REJECT, LEAVE, CHALLENGE)
-    dtype    B   erdma_core.engine.dtypes code of the elements
+    dtype    B   erdma_core.protocol.dtypes code of the elements
     redop    B   erdma_core ReduceOp code (SUM for AVG: the ranks divide)
     flags    B   NO_DATA 1 (a contribution without elements: broadcast's non-roots), RETRY 2 (a retransmission)
     job      Q   job id (the job's 64-bit id, agreed by its ranks)

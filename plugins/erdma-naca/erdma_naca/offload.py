@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.engine import dtypes
 from erdma_core.engine.offload import Fallback, OffloadCall, OffloadContext
-from erdma_core.engine.reduce_ops import ReduceOp
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, MismatchError, ProtocolError
+from erdma_core.protocol import dtypes
+from erdma_core.protocol.reduce_ops import ReduceOp
 
 from . import header as H
 from .link import Chunk, Link, NodeError, NodeGone, NodeRefused

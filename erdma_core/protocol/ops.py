@@ -8,10 +8,28 @@ Wire codes are written down here and never renumbered (``tests/test_wire.py`` pi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
-from ..algorithms.schedule import Spec
+
+class Spec(Protocol):
+    """What the table reads of a collective's description (``algorithms.schedule.Spec`` is one)."""
+
+    @property
+    def op(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def root(self) -> int: ...
 
 
 def _whole(spec: Spec) -> tuple[int, int]:
