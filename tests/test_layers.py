@@ -23,7 +23,7 @@ FLOORS: list[set[str]] = [
     {"discovery"},
     {"plugins"},
     {"engine"},
-    {"api"},
+    {"api", "sdk"},
     {"__init__"},
     {"elastic", "torch"},
     {"cli", "torchft"},

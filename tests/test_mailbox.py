@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from erdma_core.errors import MismatchError, ProtocolError
-from erdma_core.transport.mailbox import Mailbox, Request
+from erdma_core.transport.mailbox import Mailbox
+from erdma_core.transport.request import Request
 from erdma_core.transport.wire import DATA, FRAME, Header
 
 JOB = 0xABCDEF0123

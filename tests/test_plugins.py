@@ -44,8 +44,7 @@ def fake_site(tmp_path):
     import, and one with a misspelled hook."""
     (tmp_path / "fakeplug.py").write_text(textwrap.dedent('''
         import os
-        from erdma_core import hookimpl
-        from erdma_core.config import Option
+        from erdma_core.sdk import Option, hookimpl
 
         def factory(config, section):
             if os.environ.get("FAKE_FAIL"):
@@ -55,7 +54,7 @@ def fake_site(tmp_path):
 
         @hookimpl
         def erdma_register_transports(register):
-            register("fake", factory, options={"depth": Option(int, 3, "how deep", minimum=1)})
+            register("fake", factory, options={"depth": Option(int, 3, "how deep", minimum=1)}, sdk=1)
 
         @hookimpl
         def erdma_choose_algorithm(op, nbytes, world_size, config):

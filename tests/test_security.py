@@ -233,7 +233,7 @@ def test_a_replayed_hello_is_refused():
 
 
 def test_idle_connections_do_not_block_set_up(tmp_path, caplog, monkeypatch):
-    from erdma_core.transport import accept
+    from erdma_core.transport.tcp import accept
 
     monkeypatch.setattr(accept, "HANDSHAKE_S", 600.0)  # they never expire: rank 1 gets in beside them
     store, results = FileStore(tmp_path), {}
@@ -428,7 +428,7 @@ def test_a_rank_whose_dialled_peer_is_stopped_still_hears_that_a_rank_gave_up(tm
 
 
 def tls_allreduce(pg):
-    from erdma_core.transport.tls import TlsSocket
+    from erdma_core.transport.tcp.tls import TlsSocket
 
     encrypted = all(isinstance(ch.sock, TlsSocket) for ch in pg.rt.transport.channels.values())
     out = []
@@ -454,7 +454,7 @@ def _relay(listener: socket.socket, upstream: tuple[str, int], seen: list) -> No
     sides with a certificate of its own, to read and change what follows."""
     import ssl
 
-    from erdma_core.transport import tls as tls_mod
+    from erdma_core.transport.tcp import tls as tls_mod
 
     down, _ = listener.accept()
     up = socket.create_connection(upstream)

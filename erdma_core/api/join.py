@@ -21,7 +21,7 @@ from ..errors import AuthenticationError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
 from ..transport import auth
 from ..transport.base import TransportContext, failure_key
-from ..transport.stream import SocketTransport
+from ..transport.tcp.stream import SocketTransport
 from .process_group import ProcessGroup
 
 _default: ProcessGroup | None = None

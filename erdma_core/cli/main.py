@@ -90,6 +90,8 @@ def _plugins(args: argparse.Namespace) -> int:
             print(f"  {'algorithm':<11} {op + ' ' + name:<28} ({c.plugin}) {c.description}")
     for var, (plugin, doc) in sorted(comps.environment.items()):
         print(f"  {'environment':<11} {var:<28} ({plugin}) {doc}")
+    for (kind, name), why in sorted(comps.refused.items()):
+        print(f"  {kind:<11} {name:<28} REFUSED: {why}")
     return 0
 
 

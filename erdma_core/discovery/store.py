@@ -19,9 +19,9 @@ from pathlib import Path
 from ..config.schema import MAX_TIMEOUT
 from ..errors import AuthenticationError, CollectiveTimeoutError, ErdmaError, ProtocolError
 from ..transport import auth
-from ..transport.accept import POLL, Gate, Handshake
 from ..transport.admission import HANDSHAKE_S
 from ..transport.sockets import close_gently, dial, recv_exact
+from ..transport.tcp.accept import POLL, Gate, Handshake
 
 log = logging.getLogger("erdma.discovery")
 

@@ -26,7 +26,8 @@ from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, Erdm
 from ..protocol import reduce_ops
 from ..protocol.reduce_ops import ReduceOp
 from ..transport.base import Transport
-from ..transport.mailbox import Request, as_bytes
+from ..transport.mailbox import as_bytes
+from ..transport.request import Request
 from ..transport.wire import DATA, NO_ROOT, RAW, Header, make_header
 from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
 from .program import Msg, Program, Stage

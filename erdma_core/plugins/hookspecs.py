@@ -25,14 +25,15 @@ class Register(Protocol):
     """What the registration hooks of transports, discovery methods, traversals and compressors are given."""
 
     def __call__(self, name: str, factory: Callable[..., Any], *, options: Mapping[str, Option] | None = None,
-                 description: str = "") -> None: ...
+                 description: str = "", sdk: int | None = None) -> None: ...
 
 
 class RegisterAlgorithm(Protocol):
     """What ``erdma_register_algorithms`` is given."""
 
     def __call__(self, op: str, name: str, schedule_fn: Callable[..., Any], *,
-                 options: Mapping[str, Option] | None = None, description: str = "", offload: bool = False) -> None: ...
+                 options: Mapping[str, Option] | None = None, description: str = "", offload: bool = False,
+                 sdk: int | None = None) -> None: ...
 
 
 class RegisterEnvironment(Protocol):
@@ -48,7 +49,7 @@ def erdma_register_transports(register: Register) -> None:
     Called by: ``erdma_core.plugins.manager.build_plugin_manager`` once, when the plugin manager is built.
     Arguments: ``register(name, factory, *, options=None, description="")``. ``factory(config, section)``
     returns an object that satisfies ``erdma_core.transport.base.Transport`` (most subclass
-    ``erdma_core.transport.base.MessageTransport``, or ``erdma_core.transport.stream.SocketTransport`` for
+    ``erdma_core.transport.base.MessageTransport``, or ``erdma_core.transport.tcp.stream.SocketTransport`` for
     stream sockets); it must be cheap to import and do heavy imports (aioquic, pyverbs) only when called.
     ``options`` is a dict of ``erdma_core.config.Option`` declaring the keys of the section
     ``[transport.<name>]``; ``section`` is that section's values, ``config`` the whole

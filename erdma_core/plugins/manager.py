@@ -19,6 +19,7 @@ import pluggy
 
 from ..config.option import Option, did_you_mean
 from ..errors import ErdmaError, PluginError
+from ..protocol.sdk import VERSION as SDK_VERSION
 from . import hookspecs
 
 log = logging.getLogger("erdma.plugins")
@@ -48,6 +49,7 @@ class Component:
     description: str = ""
     op: str = ""
     offload: bool = False  # an algorithm whose factory makes an ``engine.offload.Offload``, not a schedule
+    sdk: int | None = None  # the version of ``erdma_core.sdk`` it says it was written for
 
     @property
     def section(self) -> str:
@@ -75,6 +77,8 @@ class Components:
         self.codecs: dict[int, Component] = {}  # compressors by wire codec id
         self.environment: dict[str, tuple[str, str]] = {}  # ERDMA_* variable -> (plugin, description)
         self.skipped: dict[str, str] = {}  # installed plugins ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS left out -> dist
+        # components registered for another SDK version: (kind, name) -> why (kind "algorithm": name is "op name")
+        self.refused: dict[tuple[str, str], str] = {}
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.by_kind[kind])
@@ -83,6 +87,11 @@ class Components:
         """Advice for an unknown name: the load error of an installed plugin that failed (it may be the one
         that provides the name), or which distribution provides it, or the known name it resembles."""
         def advise(name: str) -> str:
+            refusal = self.refused.get((kind, name)) or next(
+                (why for (k, n), why in self.refused.items() if k == kind == "algorithm" and n.endswith(f" {name}")),
+                None)
+            if refusal:
+                return f"; it is refused: {refusal}"
             known = KNOWN.get(kind, {})
             dist = known.get(name)
             failed = [p for p in self.plugins if p.error]
@@ -113,6 +122,8 @@ class Components:
         try:
             return self.by_kind[kind][name]
         except KeyError:
+            if (kind, name) in self.refused:
+                raise PluginError(self.refused[kind, name]) from None
             installed = ", ".join(self.names(kind)) or "(none)"
             raise PluginError(f"Unknown {kind} {name!r}; installed: {installed}"
                               + did_you_mean(name, self.names(kind)) + self.hint(kind)(name)) from None
@@ -125,6 +136,8 @@ class Components:
         try:
             return self.algorithms[op][name]
         except KeyError:
+            if ("algorithm", f"{op} {name}") in self.refused:
+                raise PluginError(self.refused["algorithm", f"{op} {name}"]) from None
             known = ", ".join(sorted(self.algorithms.get(op, {}))) or "(none)"
             raise PluginError(f"Unknown {op} algorithm {name!r}; installed: {known}"
                               + did_you_mean(name, list(self.algorithms.get(op, {})))
@@ -203,13 +216,30 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
     comps = Components(pm, infos)
     current = {"plugin": "builtin"}
 
+    def refused(kind: str, name: str, sdk: int | None) -> bool:
+        """Whether a component written for another SDK version is refused (noted, logged): a transport must
+        say its version; other kinds are checked when they say one."""
+        if sdk == SDK_VERSION or (sdk is None and kind != "transport"):
+            return False
+        plugin = current["plugin"]
+        dist = next((p.distribution for p in infos if p.name == plugin), "?")
+        said = "says no SDK version (register(..., sdk=N))" if sdk is None else f"was written for SDK version {sdk}"
+        why = (f"{kind} {name!r} of plugin {plugin!r} ({dist}) {said}; this erdma-core ({_version('erdma-core')}) "
+               f"provides SDK version {SDK_VERSION} (erdma_core.sdk.VERSION): install a release of {dist} written "
+               f"for it, or, as its author, port it to erdma_core.sdk and register it with sdk={SDK_VERSION}")
+        comps.refused[kind, name] = why
+        log.warning("erdma: refused %s", why)
+        return True
+
     def registrar(kind: str) -> Callable[..., None]:
         def register(name: str, factory: Callable[..., Any], *, options: Mapping[str, Option] | None = None,
-                     description: str = "") -> None:
+                     description: str = "", sdk: int | None = None) -> None:
             if name in comps.by_kind[kind]:
                 raise PluginError(f"{kind} {name!r} registered twice: by {comps.by_kind[kind][name].plugin!r} "
                                   f"and {current['plugin']!r}")
-            comp = Component(kind, name, factory, current["plugin"], dict(options or {}), description)
+            if refused(kind, name, sdk):
+                return
+            comp = Component(kind, name, factory, current["plugin"], dict(options or {}), description, sdk=sdk)
             if kind == "compressor":
                 cid = codec_id(name)
                 other = comps.codecs.get(cid)
@@ -222,7 +252,7 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
 
     def register_algorithm(op: str, name: str, schedule_fn: Callable[..., Any], *,
                            options: Mapping[str, Option] | None = None, description: str = "",
-                           offload: bool = False) -> None:
+                           offload: bool = False, sdk: int | None = None) -> None:
         from ..protocol.ops import COLLECTIVES, OFFLOADABLE
 
         if op not in COLLECTIVES:
@@ -235,8 +265,10 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
         if offload and op not in OFFLOADABLE:
             raise PluginError(f"plugin {current['plugin']!r} registered {op} algorithm {name!r} as an offload; "
                               f"offloads are run for {', '.join(OFFLOADABLE)} only")
+        if refused("algorithm", f"{op} {name}", sdk):
+            return
         mine[name] = Component("algorithm", name, schedule_fn, current["plugin"], dict(options or {}), description, op,
-                               offload)
+                               offload, sdk)
 
     def register_env(name: str, description: str) -> None:
         if not name.startswith("ERDMA_"):

@@ -16,7 +16,8 @@ import attrs
 from ..errors import AbortedError, PeerLostError
 from ..protocol.store import Store
 from .frames import FrameInbox
-from .mailbox import DEFAULT_EARLY_BYTES, Mailbox, Request
+from .mailbox import DEFAULT_EARLY_BYTES, Mailbox
+from .request import Request
 from .wire import ABORT, BYE, DATA, Header, abort_body, control
 
 log = logging.getLogger("erdma.transport")

@@ -6,7 +6,7 @@ never overlap, as the executor requires."""
 
 from __future__ import annotations
 
-from erdma_core.algorithms.schedule import Copy, Spec, Step, Xfer
+from erdma_core.sdk import Copy, Spec, Step, Xfer
 
 
 def allgather(spec: Spec) -> list[Step]:

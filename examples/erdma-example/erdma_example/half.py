@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.compression import Encoded, Site
+from erdma_core.sdk import Encoded, Site
 
 _MAX = float(np.finfo(np.float16).max)
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core import Register, RegisterAlgorithm, hookimpl
-from erdma_core.config import Option
+from erdma_core.sdk import Option, Register, RegisterAlgorithm, hookimpl
 
 
 def _unix(config: Any, section: dict[str, Any]) -> Any:
@@ -30,15 +29,15 @@ def _bruck(spec: Any) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("unix", _unix, description="Unix-domain stream sockets (ranks on one host)",
-             options={"folder": Option(str, "", "where the sockets live; empty: the temp folder")})
+             options={"folder": Option(str, "", "where the sockets live; empty: the temp folder")}, sdk=1)
 
 
 @hookimpl
 def erdma_register_compressors(register: Register) -> None:
     register("half", _half, description="float32/float64 sent as float16, with error feedback",
-             options={"error_feedback": Option(bool, True, "carry each step's rounding error into the next")})
+             options={"error_feedback": Option(bool, True, "carry each step's rounding error into the next")}, sdk=1)
 
 
 @hookimpl
 def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
-    register("allgather", "bruck", _bruck, description="Bruck: ceil(log2 p) steps for any world size")
+    register("allgather", "bruck", _bruck, description="Bruck: ceil(log2 p) steps for any world size", sdk=1)

@@ -10,9 +10,7 @@ import socket
 import tempfile
 from typing import Any
 
-from erdma_core.transport.base import TransportContext
-from erdma_core.transport.sockets import retrying
-from erdma_core.transport.stream import SocketTransport
+from erdma_core.sdk import SocketTransport, TransportContext, retrying
 
 
 class UnixTransport(SocketTransport):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from erdma_example.bruck import allgather
 
-from erdma_core.algorithms.schedule import Spec
+from erdma_core.sdk import Spec
 from erdma_core.testing.schedules import simulate
 
 

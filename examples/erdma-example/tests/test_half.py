@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from erdma_example.half import Half
 
-from erdma_core.compression import Site
+from erdma_core.sdk import Site
 
 SITE = Site(key="grad", op="allreduce", algorithm="ring", step=0, offset=0, count=4)
 

@@ -8,7 +8,7 @@ import os
 import pathlib
 from typing import Any
 
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError
 
 BACKENDS = ("memif", "af_packet")
 HEADERS = 14 + 40  # Ethernet, then the shim's header (``struct wire`` in shim.c)

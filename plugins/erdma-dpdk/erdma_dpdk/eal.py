@@ -23,8 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from erdma_core.errors import ErdmaError
-from erdma_core.transport.leftovers import running
+from erdma_core.sdk import ErdmaError, running
 
 from ._shim import ffi, lib
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core import Register, hookimpl
-from erdma_core.config.option import Option
-from erdma_core.errors import PluginError
+from erdma_core.sdk import Option, PluginError, Register, hookimpl
 
 from .backends import BACKENDS, check_options
 
@@ -58,7 +56,7 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("dpdk", _factory, options=OPTIONS,
-             description="DPDK userspace packet I/O (memif, af_packet) with a reliable stream in C")
+             description="DPDK userspace packet I/O (memif, af_packet) with a reliable stream in C", sdk=1)
 
 
 @hookimpl

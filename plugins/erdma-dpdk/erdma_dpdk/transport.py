@@ -29,12 +29,21 @@ import threading
 import time
 from typing import Any
 
-from erdma_core.errors import ConfigError, IntegrityError, PeerLostError
-from erdma_core.transport import auth, integrity
-from erdma_core.transport.base import MessageTransport, TransportContext, await_key, failed_elsewhere
-from erdma_core.transport.frames import DIRECT_BYTES, StreamReader
-from erdma_core.transport.mailbox import Request
-from erdma_core.transport.wire import Header
+from erdma_core.sdk import (
+    DIRECT_BYTES,
+    ConfigError,
+    Header,
+    IntegrityError,
+    MessageTransport,
+    PeerLostError,
+    Request,
+    StreamReader,
+    TransportContext,
+    auth,
+    await_key,
+    failed_elsewhere,
+    integrity,
+)
 
 from . import backends, eal
 from ._shim import ffi, lib

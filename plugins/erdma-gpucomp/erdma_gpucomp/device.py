@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 

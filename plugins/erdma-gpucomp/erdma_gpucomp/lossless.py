@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.compression import Encoded, Site
+from erdma_core.sdk import Encoded, Site
 
 from . import device, nvcomp_gpu
 

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.compression import Encoded, Site
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError, Encoded, Site
 
 from . import device, quantize
 from .feedback import ErrorFeedback

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from erdma_core import Register, hookimpl
-from erdma_core.config import Option
+from erdma_core.sdk import Option, Register, hookimpl
 
 DEVICE = Option(str, "auto", "where this rank encodes: auto (a CUDA GPU when cupy sees one, else the CPU), cpu, "
                 "cuda (refused without a GPU)", choices=("auto", "cpu", "cuda"))
@@ -43,7 +42,7 @@ def make(name: str, *, sending: bool = True, **settings: Any) -> Any:
     """The compressor ``name`` outside a job (benchmarks, tests): its registered defaults, ``settings`` over
     them, as the rank that sends with it (``sending=False``: a rank that only decodes it)."""
     made: dict[str, tuple[Any, dict[str, Option]]] = {}
-    erdma_register_compressors(lambda n, factory, *, options=None, description="": made.__setitem__(
+    erdma_register_compressors(lambda n, factory, *, options=None, description="", sdk=None: made.__setitem__(
         n, (factory, options or {})))
     factory, options = made[name]
     section = {key: opt.default for key, opt in options.items()} | settings
@@ -54,23 +53,23 @@ def make(name: str, *, sending: bool = True, **settings: Any) -> Any:
 def erdma_register_compressors(register: Register) -> None:
     lossy = {"device": DEVICE, **FEEDBACK}
     register("fp16", _lazy("lossy", "Fp16"), options=lossy,
-             description="float32/float64 as float16 (2x or 4x fewer bytes), error feedback")
+             description="float32/float64 as float16 (2x or 4x fewer bytes), error feedback", sdk=1)
     register("bf16", _lazy("lossy", "Bf16"), options=lossy,
-             description="float32/float64 as bfloat16 (float32's range, 8-bit mantissa), error feedback")
+             description="float32/float64 as bfloat16 (float32's range, 8-bit mantissa), error feedback", sdk=1)
     register("int8", _lazy("lossy", "Int8"), options={**lossy, "block": _block(256)},
-             description="blockwise absmax int8 (about 3.9x fewer bytes than float32), error feedback")
+             description="blockwise absmax int8 (about 3.9x fewer bytes than float32), error feedback", sdk=1)
     register("int4", _lazy("lossy", "Int4"), options={**lossy, "block": _block(64)},
-             description="blockwise absmax int4 (about 7x fewer bytes than float32), error feedback")
+             description="blockwise absmax int4 (about 7x fewer bytes than float32), error feedback", sdk=1)
     register("topk", _lazy("lossy", "TopK"), options={**lossy, "fraction": Option(
         float, 0.01, "share of elements sent (those of largest magnitude); the rest wait in error feedback",
-        minimum=1e-6, maximum=0.5)}, description="top-k sparsification (index, value pairs), error feedback")
+        minimum=1e-6, maximum=0.5)}, description="top-k sparsification (index, value pairs), error feedback", sdk=1)
     register("lz4", _lazy("lossless", "Lz4"), options={"device": DEVICE, "shuffle": _shuffle(), "acceleration": Option(
         int, 1, "LZ4's acceleration on the CPU: higher is faster and compresses less", minimum=1, maximum=65537)},
-        description="lossless LZ4 (CPU: python-lz4; GPU: nvcomp), byte shuffle")
+        description="lossless LZ4 (CPU: python-lz4; GPU: nvcomp), byte shuffle", sdk=1)
     register("zstd", _lazy("lossless", "Zstd"), options={"device": DEVICE, "shuffle": _shuffle(), "level": Option(
         int, 1, "zstd level on the CPU (1 fastest ... 22 smallest)", minimum=-7, maximum=22)},
-        description="lossless zstd (CPU: zstandard; GPU: nvcomp), byte shuffle")
+        description="lossless zstd (CPU: zstandard; GPU: nvcomp), byte shuffle", sdk=1)
     gpu = {"device": Option(str, "cuda", "nvcomp-only codecs run on a CUDA GPU", choices=("cuda", "auto"))}
     for name, what in (("cascaded", "run-length, delta and bit-packing"), ("bitcomp", "bit-packing of numbers"),
                        ("ans", "asymmetric numeral systems"), ("gdeflate", "GPU deflate")):
-        register(name, _lazy("lossless", "Nvcomp", name), options=gpu, description=f"lossless nvcomp {what}; GPU only")
+        register(name, _lazy("lossless", "Nvcomp", name), options=gpu, description=f"lossless nvcomp {what}; GPU only", sdk=1)

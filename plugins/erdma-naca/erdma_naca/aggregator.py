@@ -13,7 +13,7 @@ waits for a contribution that cannot come.
 Freshness: a JOIN counts only with a cookie the node gave the JOIN's source address moments before
 (CHALLENGE; the node keeps nothing until then), and only then does the rank's address change: results go to
 the address of the rank's last JOIN, never to where a datagram came from. Every datagram of a rank carries
-a counter the node takes once (``erdma_core.transport.integrity.Window``), so a recorded datagram sent
+a counter the node takes once (``erdma_core.sdk.integrity.Window``), so a recorded datagram sent
 again, from anywhere, is dropped: it neither moves a result nor keeps a job alive. No answer is larger than the authenticated
 datagram that caused it, or, for a datagram the node cannot authenticate (a JOIN, DATA of a job it does not
 know), than that datagram.
@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from erdma_core.protocol import dtypes, reduce_ops
-from erdma_core.transport.integrity import Window
+from erdma_core.sdk import dtypes, integrity, reduce_ops
 
 from . import header as H
 
@@ -74,7 +73,7 @@ class Job:
     granted: int
     slots: list[_Slot]
     addrs: dict[int, Addr] = field(default_factory=dict)  # where each rank's last fresh JOIN came from
-    windows: dict[int, Window] = field(default_factory=dict)  # the counters taken from each rank
+    windows: dict[int, integrity.Window] = field(default_factory=dict)  # the counters taken from each rank
     seen: float = 0.0
     left: int = 0  # bitmap of ranks that sent LEAVE
 
@@ -221,7 +220,7 @@ class Aggregator:
         self.stats.joins += 1
         job.seen = now
         job.addrs[h.rank] = addr
-        job.windows[h.rank] = Window(H.WINDOW, h.counter)
+        job.windows[h.rank] = integrity.Window(H.WINDOW, h.counter)
         job.left &= ~(1 << h.rank)
         ok = H.Header(H.JOIN_OK, job=h.job, group=h.group, status=job.granted, rank=H.NO_RANK, size=job.size,
                       counter=h.counter)

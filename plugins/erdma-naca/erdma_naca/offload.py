@@ -29,10 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.engine.offload import Fallback, OffloadCall, OffloadContext
-from erdma_core.errors import CollectiveTimeoutError, ConfigError, MismatchError, ProtocolError
-from erdma_core.protocol import dtypes
-from erdma_core.protocol.reduce_ops import ReduceOp
+from erdma_core.sdk import (
+    CollectiveTimeoutError,
+    ConfigError,
+    Fallback,
+    MismatchError,
+    OffloadCall,
+    OffloadContext,
+    ProtocolError,
+    ReduceOp,
+    dtypes,
+)
 
 from . import header as H
 from .link import Chunk, Link, NodeError, NodeGone, NodeRefused

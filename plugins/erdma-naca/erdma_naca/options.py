@@ -7,8 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from erdma_core.config.option import Option
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError, Option
 
 from . import header as H
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core import RegisterAlgorithm, RegisterEnvironment, hookimpl
+from erdma_core.sdk import RegisterAlgorithm, RegisterEnvironment, hookimpl
 
 from .options import ENVIRONMENT, OPTIONS
 
@@ -20,10 +20,10 @@ def naca(ctx: Any) -> Any:
 def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     register("allreduce", "naca", naca, offload=True, options=OPTIONS,
              description="through aggregation nodes (erdma naca serve): one round up, one down; ring on the hosts "
-                         "when none can serve")
+                         "when none can serve", sdk=1)
     for op in ("broadcast", "reduce_scatter"):
         register(op, "naca", naca, offload=True,
-                 description="through aggregation nodes; options in [algorithm.allreduce.naca]")
+                 description="through aggregation nodes; options in [algorithm.allreduce.naca]", sdk=1)
 
 
 @hookimpl

@@ -27,7 +27,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
+from erdma_core.sdk import CollectiveTimeoutError, ConfigError, ErdmaError
 
 from . import records
 from .dht import DhtNode

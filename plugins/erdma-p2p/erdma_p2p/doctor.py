@@ -17,8 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from erdma_core.transport import meet
-from erdma_core.transport.addresses import route_source
+from erdma_core.sdk import meet, route_source
 
 from . import stun
 from .relayed import allocate
@@ -173,7 +172,7 @@ def _relay(section: dict[str, Any], verdict: str) -> list[str]:
 def job_paths(init_method: str, secret: str, section: dict[str, Any], timeout: float) -> list[str]:
     """The paths the ranks of the running job at ``init_method`` (dht://) published, rank by rank until one
     has published none; one "problem: " line when the DHT cannot be joined."""
-    from erdma_core.errors import CollectiveTimeoutError, ErdmaError
+    from erdma_core.sdk import CollectiveTimeoutError, ErdmaError
 
     from .dht_store import DhtStore, parse_url
 

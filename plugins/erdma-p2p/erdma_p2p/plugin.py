@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core import Register, hookimpl
-from erdma_core.config import Option
+from erdma_core.sdk import Option, Register, hookimpl
 
 OPTIONS = {
     "server": Option(str, "", "HOST:PORT of the STUN server asked for this rank's public mapping (coturn serves "
@@ -63,7 +62,7 @@ _dht.assigns_ranks = True  # type: ignore[attr-defined]  # a process given no ra
 @hookimpl
 def erdma_register_discovery(register: Register) -> None:
     register("dht", _dht, options=DHT_OPTIONS,
-             description="a Kademlia DHT reached through bootstrap nodes (erdma dht serve): dht://HOST:PORT/JOB")
+             description="a Kademlia DHT reached through bootstrap nodes (erdma dht serve): dht://HOST:PORT/JOB", sdk=1)
 
 
 @hookimpl
@@ -94,4 +93,4 @@ def _stun(config: Any, section: dict[str, Any]) -> Any:
 def erdma_register_traversals(register: Register) -> None:
     register("stun", _stun, options=OPTIONS,
              description="advertise the STUN-mapped address of the data socket, punch NATs open (erdma-quic; the "
-                         "built-in TCP meets its peers from a mapped TCP port)")
+                         "built-in TCP meets its peers from a mapped TCP port)", sdk=1)

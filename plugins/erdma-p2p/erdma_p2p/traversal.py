@@ -20,9 +20,7 @@ import logging
 import socket
 from typing import Any
 
-from erdma_core.errors import ConfigError
-from erdma_core.transport import meet
-from erdma_core.transport.addresses import Candidate, route_source
+from erdma_core.sdk import Candidate, ConfigError, meet, route_source
 
 from . import stun
 from .relayed import RelayedSocket, allocate

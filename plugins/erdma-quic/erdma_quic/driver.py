@@ -1,5 +1,5 @@
 """A rank's mesh driven by the threads that use it, as the TCP transport drives its sockets (the core's
-``transport.progress``): a thread that posts a message builds and sends its packets itself, and a thread that
+``transport.tcp.progress``): a thread that posts a message builds and sends its packets itself, and a thread that
 waits for a request reads the socket, runs the mesh's timers and sends what follows (ACKs, the next packets),
 so a small collective never waits for another thread to be scheduled. One thread drives at a time; others
 that wait meanwhile let it complete their requests. A background thread takes over when nobody has driven
@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from erdma_core.transport.mailbox import Request
-from erdma_core.transport.wakeup import WakePipe
+from erdma_core.sdk import Request, WakePipe
 
 from .endpoint import UdpPort
 from .mesh import Event, Mesh

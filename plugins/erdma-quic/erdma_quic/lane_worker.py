@@ -24,9 +24,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
-from erdma_core.transport.leftovers import running
-from erdma_core.transport.mailbox import Request
+from erdma_core.sdk import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError, Request, running
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import parcels, tls

@@ -30,9 +30,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from erdma_core.errors import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError
-from erdma_core.transport import addresses
-from erdma_core.transport.mailbox import Request
+from erdma_core.sdk import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError, Request, addresses
 
 from . import parcels
 

@@ -36,9 +36,7 @@ from aioquic.quic.connection import QuicConnection, QuicConnectionState
 from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import SessionTicket
 
-from erdma_core.errors import PeerLostError, ProtocolError
-from erdma_core.transport.mailbox import Request
-from erdma_core.transport.wire import HELLO_ACCEPTED, HELLO_REQUEST, Hello
+from erdma_core.sdk import HELLO_ACCEPTED, HELLO_REQUEST, Hello, PeerLostError, ProtocolError, Request
 
 from .congestion import attach
 from .credentials import CredentialError

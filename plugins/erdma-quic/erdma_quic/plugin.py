@@ -8,8 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from erdma_core import Register, RegisterEnvironment, hookimpl
-from erdma_core.config.option import Option
+from erdma_core.sdk import Option, Register, RegisterEnvironment, hookimpl
 
 CONGESTION = ("bbr", "cubic", "reno")
 OPTIONS = {
@@ -60,7 +59,7 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("quic", _factory, options=OPTIONS,
-             description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank")
+             description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank", sdk=1)
 
 
 @hookimpl

@@ -24,9 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from erdma_core.errors import ProtocolError
-from erdma_core.transport.frames import FrameInbox
-from erdma_core.transport.wire import DATA, FRAME, HELLO, MAX_CONTROL_BYTES, Header, Hello
+from erdma_core.sdk import DATA, FRAME, HELLO, MAX_CONTROL_BYTES, FrameInbox, Header, Hello, ProtocolError
 
 PREFIX = struct.Struct("<BQQQ")
 KIND_HELLO, KIND_PART = 1, 2

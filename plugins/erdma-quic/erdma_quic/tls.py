@@ -16,7 +16,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.tls import CipherSuite
 from cryptography import x509
 
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError
 
 from . import credentials as cred
 from .endpoint import datagram_size

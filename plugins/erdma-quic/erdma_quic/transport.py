@@ -19,11 +19,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from erdma_core.errors import CollectiveTimeoutError, ConfigError, ProtocolError
-from erdma_core.transport import addresses
-from erdma_core.transport.base import MessageTransport, TransportContext, failed_elsewhere
-from erdma_core.transport.mailbox import Request
-from erdma_core.transport.wire import Header
+from erdma_core.sdk import (
+    CollectiveTimeoutError,
+    ConfigError,
+    Header,
+    MessageTransport,
+    ProtocolError,
+    Request,
+    TransportContext,
+    addresses,
+    failed_elsewhere,
+)
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import tls

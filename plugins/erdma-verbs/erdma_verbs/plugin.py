@@ -5,10 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core import Register, hookimpl
-from erdma_core.config.option import Option
-from erdma_core.errors import ConfigError, PluginError
-from erdma_core.transport.wire import FRAME
+from erdma_core.sdk import FRAME, ConfigError, Option, PluginError, Register, hookimpl
 
 OPTIONS = {
     "device": Option(str, "", "RDMA device (e.g. mlx5_0, rxe0); empty: the first the host has"),
@@ -60,7 +57,7 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("verbs", _factory, options=OPTIONS,
-             description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits")
+             description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits", sdk=1)
 
 
 @hookimpl

@@ -34,11 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.errors import ConfigError, PeerLostError, ProtocolError
-from erdma_core.transport.base import MessageTransport, TransportContext, await_key
-from erdma_core.transport.frames import StreamReader
-from erdma_core.transport.mailbox import Request
-from erdma_core.transport.wire import FRAME, Header
+from erdma_core.sdk import (
+    FRAME,
+    ConfigError,
+    Header,
+    MessageTransport,
+    PeerLostError,
+    ProtocolError,
+    Request,
+    StreamReader,
+    TransportContext,
+    await_key,
+)
 
 from . import rc
 from .regcache import Region, RegistrationCache

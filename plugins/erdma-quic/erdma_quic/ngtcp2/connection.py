@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from erdma_core.errors import PluginError
+from erdma_core.sdk import PluginError
 
 INSTALL = ("the compiled QUIC engine is not built: install ngtcp2's and GnuTLS's headers "
            "(apt-get install libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev pkg-config gcc), "

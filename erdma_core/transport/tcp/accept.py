@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..errors import ProtocolError
-from . import auth
-from .admission import HANDSHAKE_S, Admission, Refusals
-from .sockets import close_gently
+from ...errors import ProtocolError
+from .. import auth
+from ..admission import HANDSHAKE_S, Admission, Refusals
+from ..sockets import close_gently
 
 log = logging.getLogger("erdma.transport")
 MAX_PENDING = 512  # handshakes under way at once (each a file descriptor: well below the usual limit of 1024)

@@ -12,10 +12,10 @@ import os
 import socket
 from typing import Any
 
-from ..errors import ConfigError
-from . import addresses
-from .base import TransportContext
-from .sockets import dial, retrying
+from ...errors import ConfigError
+from .. import addresses
+from ..base import TransportContext
+from ..sockets import dial, retrying
 from .stream import BACKLOG, SocketTransport
 
 

@@ -22,11 +22,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from ..errors import IntegrityError, PeerLostError, ProtocolError
-from .frames import StreamReader
-from .integrity import SealedFrame, Sealer
-from .mailbox import Request
-from .wakeup import WakePipe
+from ...errors import IntegrityError, PeerLostError, ProtocolError
+from ..frames import StreamReader
+from ..integrity import SealedFrame, Sealer
+from ..request import Request
+from ..wakeup import WakePipe
 
 POLL = 0.2  # seconds a driver sleeps in poll before it looks at its deadline again
 QUIET = 0.05  # seconds without a driver before the background thread watches the sockets itself

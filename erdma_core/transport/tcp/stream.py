@@ -24,16 +24,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, IntegrityError, ProtocolError
-from . import addresses, auth, integrity, meet, single_copy
+from ...errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, IntegrityError, ProtocolError
+from .. import addresses, auth, integrity, meet
+from ..addresses import Candidate
+from ..base import MessageTransport, TransportContext, failed_elsewhere
+from ..frames import FrameInbox, Pool, StreamReader
+from ..mailbox import Lent
+from ..request import Request
+from ..sockets import probe_idle, recv_exact
+from ..wire import BYE, DATA, LENT, PULL, PULLED, RAW, Header, control
+from . import single_copy
 from .accept import Acceptor
-from .addresses import Candidate
-from .base import MessageTransport, TransportContext, failed_elsewhere
-from .frames import FrameInbox, Pool, StreamReader
-from .mailbox import Lent, Request
 from .progress import Channel, Progress
-from .sockets import probe_idle, recv_exact
-from .wire import BYE, DATA, LENT, PULL, PULLED, RAW, Header, control
 
 log = logging.getLogger("erdma.transport")
 _TCP_INFO_BYTES = 168  # struct tcp_info up to tcpi_delivery_rate (Linux 4.9 and later)

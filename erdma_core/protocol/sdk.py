@@ -1,0 +1,4 @@
+"""The version of the plugin SDK (``erdma_core.sdk``): what a plugin's ``register(..., sdk=N)`` is checked
+against. It goes up when a name of the SDK is removed or changes its meaning; adding a name keeps it."""
+
+VERSION = 1

@@ -1,0 +1,85 @@
+"""What a plugin of eRDMA may use of the core: this module's ``__all__``, and the public ``erdma_core`` API.
+
+A plugin imports these names from here and nothing else of ``erdma_core``'s packages (``tests/test_sdk.py``
+walks every in-tree plugin's imports and attribute accesses). Every ``register(...)`` call says which version
+of this surface the component was written for, ``register(name, factory, sdk=erdma_core.sdk.VERSION)``; a
+transport written for another version, or that says none, is refused at load (``erdma plugins`` lists it with
+the reason) and selecting it is a ``PluginError`` that names both versions.
+
+``VERSION`` goes up when a name here is removed or changes its meaning; adding a name keeps it. A plugin
+writes the number it was written for (``sdk=1``), not ``sdk=erdma_core.sdk.VERSION``, which would claim every
+version.
+
+Registration: ``VERSION``, ``hookimpl``, ``Register``, ``RegisterAlgorithm``, ``RegisterEnvironment``,
+``Option``.
+
+Transports: ``Transport`` (the protocol the engine calls), ``MessageTransport`` (the base that matches
+frames to receives and does ABORT, BYE and lost peers), ``SocketTransport`` (its base for stream sockets),
+``TransportContext`` (what ``connect`` is given), ``Request``, ``FrameInbox`` and ``StreamReader`` (the
+inbound steps a reader drives), ``DIRECT_BYTES``, ``Header``, ``Hello`` and the frame kinds and bounds of the
+wire (``DATA``, ``FRAME``, ``HELLO``, ``HELLO_ACCEPTED``, ``HELLO_REQUEST``, ``MAX_CONTROL_BYTES``),
+``await_key`` and ``failed_elsewhere`` (set-up waits that end when another rank gave up), the job's secrets
+and proofs (``auth``), frame integrity (``integrity``), published addresses and candidates (``addresses``,
+``Candidate``, ``route_source``), the meeting of two ranks' sockets (``meet``), and helpers: ``WakePipe``,
+``recv_exact``, ``retrying``, ``running``, ``address_of``.
+
+The rest: ``Store`` (what discovery gives every rank), ``Traversal``, ``Compressor``, ``Encoded``, ``Site``;
+for algorithms and offloads ``Spec``, ``Step``, ``Xfer``, ``Copy``, ``Fallback``, ``OffloadCall``,
+``OffloadContext``, ``COLLECTIVES``, ``OFFLOADABLE``, ``dtypes``, ``reduce_ops``, ``ReduceOp``; the errors.
+"""
+
+from __future__ import annotations
+
+from .algorithms.schedule import Copy, Spec, Step, Xfer
+from .compression import Compressor, Encoded, Site
+from .config.option import Option
+from .engine.offload import Fallback, OffloadCall, OffloadContext
+from .errors import (
+    AbortedError,
+    AuthenticationError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    ConfigError,
+    ErdmaError,
+    IntegrityError,
+    MismatchError,
+    PeerLostError,
+    PluginError,
+    ProtocolError,
+)
+from .plugins.hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
+from .protocol import dtypes, reduce_ops
+from .protocol.ops import COLLECTIVES, OFFLOADABLE
+from .protocol.reduce_ops import ReduceOp
+from .protocol.sdk import VERSION
+from .protocol.store import Store
+from .transport import addresses, auth, integrity, meet
+from .transport.addresses import Candidate, route_source
+from .transport.base import MessageTransport, Transport, TransportContext, await_key, failed_elsewhere
+from .transport.frames import DIRECT_BYTES, FrameInbox, StreamReader
+from .transport.leftovers import running
+from .transport.request import Request
+from .transport.sockets import recv_exact, retrying
+from .transport.tcp.single_copy import address_of
+from .transport.tcp.stream import SocketTransport
+from .transport.wakeup import WakePipe
+from .transport.wire import DATA, FRAME, HELLO, HELLO_ACCEPTED, HELLO_REQUEST, MAX_CONTROL_BYTES, Header, Hello
+from .traversal import Traversal
+
+__all__ = [
+    # registration
+    "VERSION", "Option", "Register", "RegisterAlgorithm", "RegisterEnvironment", "hookimpl",
+    # transports
+    "DATA", "DIRECT_BYTES", "FRAME", "HELLO", "HELLO_ACCEPTED", "HELLO_REQUEST", "MAX_CONTROL_BYTES", "Candidate",
+    "FrameInbox", "Header", "Hello", "MessageTransport", "Request", "SocketTransport", "StreamReader", "Transport",
+    "TransportContext", "WakePipe", "address_of", "addresses", "auth", "await_key", "failed_elsewhere", "integrity",
+    "meet", "recv_exact", "retrying", "route_source", "running",
+    # discovery, traversal, compression
+    "Compressor", "Encoded", "Site", "Store", "Traversal",
+    # algorithms and offloads
+    "COLLECTIVES", "OFFLOADABLE", "Copy", "Fallback", "OffloadCall", "OffloadContext", "ReduceOp", "Spec", "Step",
+    "Xfer", "dtypes", "reduce_ops",
+    # errors
+    "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
+    "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProtocolError",
+]
