@@ -67,7 +67,7 @@ def test_offload_answer_must_be_a_fallback(install_plugin: Any) -> None:
     for r in (0, 1):
         assert isinstance(info.value.errors[r], PluginError)
         assert "algorithm 'bad_answer' of plugin 'testoffload' returned str; expected None or " \
-               "erdma_core.engine.offload.Fallback" in str(info.value.errors[r])
+               "erdma_core.sdk.Fallback" in str(info.value.errors[r])
 
 
 def test_offload_only_for_offloadable_ops() -> None:

@@ -60,7 +60,7 @@ def test_messages_are_cut_finer_for_a_pool_so_that_every_connection_carries_a_ch
 
 
 def chunked_for_the_pool(pg):
-    return pg.rt.transport.stripes, pg._chunk_bytes
+    return pg.rt.transport.stripes, pg.runner.chunk_bytes
 
 
 @TCP_ONLY

@@ -17,7 +17,7 @@ from erdma_core.engine.plans import Plan, plan
 from erdma_core.engine.program import compile_plan
 from erdma_core.protocol.reduce_ops import ReduceOp
 from erdma_core.testing import World
-from erdma_core.transport.mailbox import Request
+from erdma_core.transport.request import Request
 
 
 def _doubling(size: int, rank: int, count: int = 8) -> Plan:
@@ -79,7 +79,7 @@ def _allreduce_sizes(pg):
         a = base * (pg.rank() + 1)
         pg.allreduce(a, algorithm="recursive_doubling")
         out.append(a.tobytes() == (base * (pg.size() * (pg.size() + 1) // 2)).tobytes())
-    return out, [c.work for c in pg._plans.values()]
+    return out, [c.work for c in pg.runner._plans.values()]
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -92,7 +92,7 @@ def test_recursive_doubling_allreduce_without_the_work_buffer(size):
 def _scratch_addresses(pg):
     a = np.ones(16384, np.float32)
     pg.allreduce(a)  # recursive doubling: its receive lands in scratch memory
-    views = [pg._scratch(16384, np.dtype(np.float32), slot) for slot in (0, 1, 2)]
+    views = [pg.runner.scratch(16384, np.dtype(np.float32), slot) for slot in (0, 1, 2)]
     return [v.ctypes.data % 4096 for v in views], bool((a == pg.size()).all())
 
 

@@ -20,15 +20,15 @@ def who_runs(pg):
     pg.allreduce(a)
     caller = threading.current_thread().name
 
-    import erdma_core.api.process_group as mod
+    import erdma_core.engine.executor as mod
 
-    orig = mod.executor.run
+    orig = mod.run
 
     def spy(*args, **kw):
         seen.append(threading.current_thread().name)
         return orig(*args, **kw)
 
-    mod.executor.run = spy
+    mod.run = spy
     try:
         pg.allreduce(a)  # blocking: this thread
         works = [pg.allreduce(np.ones(10) * i, async_op=True) for i in range(3)]  # nobody waits: the runners
@@ -41,7 +41,7 @@ def who_runs(pg):
             w.wait(30)  # a queued one is run by this thread, one already started by its runner
         pg.allreduce(a)
     finally:
-        mod.executor.run = orig
+        mod.run = orig
     return caller, seen, progressed
 
 

@@ -68,7 +68,7 @@ def _permuted_ring(pg):  # the runtime's agreed links, as relayed paths would ha
     g = pg.new_group(list(range(4)))
     arr = ((np.arange(10_000) * (g.rank() + 1)) % 1000).astype(np.float32)
     g.allreduce(arr, algorithm="ring")
-    (compiled,) = g._plans.values()
+    (compiled,) = g.runner._plans.values()
     stages = compiled.program.stages
     return g.ring, ({m.to for st in stages for m in st.sends}, {m.to for st in stages for m in st.recvs}), arr
 

@@ -8,12 +8,12 @@ import time
 import torch
 import torch.distributed as dist
 
-import erdma_core.api.process_group as pg_mod
+import erdma_core.engine.executor as pg_mod
 import erdma_core.torch  # noqa: F401
 
 dist.init_process_group("erdma")
 seen: list[str] = []
-orig = pg_mod.executor.run
+orig = pg_mod.run
 
 
 def spy(*args, **kw):
@@ -21,7 +21,7 @@ def spy(*args, **kw):
     return orig(*args, **kw)
 
 
-pg_mod.executor.run = spy
+pg_mod.run = spy
 t = torch.ones(100)
 dist.all_reduce(t)
 dist.broadcast(t, 0)

@@ -8,47 +8,33 @@ group's runner threads (or on the thread that waits for it, if none has started 
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from ..algorithms.schedule import Spec
-from ..engine import executor, topology
-from ..engine.buffers import Buffer, as_buffer, page_aligned
+from ..engine import topology
+from ..engine.buffers import Buffer, as_buffer
 from ..engine.codecs import Codecs
-from ..engine.offload import Fallback, HostChannel, Offload, OffloadCall, OffloadContext
-from ..engine.plans import plan
-from ..engine.program import Program, chunk_bytes, compile_plan
+from ..engine.offload import OffloadCall
+from ..engine.offloads import Offloads
+from ..engine.program import chunk_bytes
+from ..engine.runner import Compiled, Runner
 from ..engine.runtime import Runtime
-from ..errors import AbortedError, ConfigError, ErdmaError, PluginError
-from ..protocol import dtypes, reduce_ops
-from ..protocol.ops import OPS, buffer_sizes
+from ..errors import AbortedError, ErdmaError, PluginError
+from ..protocol import reduce_ops
 from ..protocol.reduce_ops import ReduceOp
-from ..transport.mailbox import as_bytes
-from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from .serial import Serial
 from .work import Work, bare
 
 _EMPTY = np.empty(0, np.uint8)
-log = logging.getLogger("erdma.collectives")
 
 
 _CALLS = {"destroyed": "destroy() / destroy_process_group()", "aborted": "abort()"}
-
-
-class _Compiled(NamedTuple):
-    program: Program
-    op: executor.Op | None  # the op's fields every call shares (None: no steps to run, as in most ops of a group of one)
-    work: int | None  # elements of the 'work' buffer (None: the schedule does not use one)
-    codecs: Codecs  # the runtime's codecs for this op
-    offload: Any = None  # the registered offload algorithm (``engine.offload``): no program of its own
 
 
 class ProcessGroup:
@@ -65,22 +51,20 @@ class ProcessGroup:
         # point-to-point: receives are posted at call time and waited for here; sends keep their order
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
         self._sender = Serial(f"erdma-pg{group_id}-tx")
-        self._plans: dict[tuple[Any, ...], _Compiled] = {}
-        self._chunk_bytes: int = chunk_bytes(rt.config["collectives.chunk_bytes"], rt.transport.stripes)
         self._lock = threading.Lock()
-        # scratch (one collective of the group at a time uses it, on whichever thread runs it): slots 0 and 1 for
-        # reducing receives, 2 for a schedule's 'work' buffer
-        self._arenas = [np.empty(0, np.uint8) for _ in range(3)]
-        self._views: dict[tuple[int, int, np.dtype], np.ndarray] = {}  # (slot, count, dtype) -> view of an arena
         # a ring allreduce runs through the group's ranks in this order (global ranks): as few slow links
         # (relayed paths) between neighbours as there can be; the group's own order when none is slow
         local = frozenset(frozenset(self.ranks.index(r) for r in pair) for pair in rt.slow_links
                           if all(r in self.ranks for r in pair))
         self.ring = tuple(self.ranks[i] for i in topology.ring_order(len(self.ranks), local))
-        self._offloads: dict[Any, tuple[str, Offload]] = {}  # factory -> (name, its object for this group)
-        self._host: HostChannel | None = None
-        self._counters: collections.Counter[str] = collections.Counter()
-        self._reasons: set[str] = set()
+        self.runner = Runner(transport=rt.transport, algorithm=rt.algorithm, choose=self._algorithm, job=rt.job,
+                             group=group_id, ranks=self.ranks, rank=rt.rank, timeout=rt.timeout,
+                             chunk_bytes=chunk_bytes(rt.config["collectives.chunk_bytes"], rt.transport.stripes),
+                             codecs=self._codecs, ring=self.ring)
+        self.offloads = Offloads(transport=rt.transport, algorithm=rt.algorithm, job=rt.job, group=group_id,
+                                 ranks=self.ranks, rank=rt.rank, timeout=rt.timeout,
+                                 chunk_bytes=self.runner.chunk_bytes, config=rt.config,
+                                 secret=rt.config["security.secret"].encode())
 
     def rank(self) -> int:
         return self._rank
@@ -131,7 +115,7 @@ class ProcessGroup:
     def name(self, value: str) -> None:
         with self._lock:
             self._name = value
-            self._plans.clear()  # their ops carry the label
+            self.runner.label = self.offloads.label = self.label
 
     @property
     def label(self) -> str:
@@ -158,91 +142,44 @@ class ProcessGroup:
         self.rt.codecs.issued(name)
         seq = next(self._seq)
         ckey = (name, count, dtype, reduce_op, algorithm, *spec_fields.values())
-        compiled = self._compiled(ckey, name, count, dtype, buffers["out"].itemsize, reduce_op, algorithm, spec_fields)
-        codecs = compiled.codecs
-        if codecs.lossy and key is None:
+        runner = self.runner
+        compiled = runner.cached(ckey) or runner.compiled(ckey, name, count, dtype, buffers["out"].itemsize,
+                                                          reduce_op, algorithm, spec_fields)
+        if compiled.codecs.lossy and key is None:
             key = _memory_key(buffers["out"], dtype)
         if "in" not in buffers:
             buffers["in"] = _EMPTY
-        transport, group = self.rt.transport, self.group_id
 
         def run() -> None:
-            host = compiled
+            host: Compiled | None = compiled
             if compiled.offload is not None or compiled.op is not None:
-                transport.begin(group, seq)
+                runner.begin(seq)
             if compiled.offload is not None:
-                fallback = self._offloaded(compiled.offload, OffloadCall(
-                    name, seq, buffers, dtype, count, reduce_op, spec_fields.get("root"),
-                    time.monotonic() + self.rt.timeout))
-                host = None if fallback is None else self._compiled(
-                    (*ckey, fallback.algorithm), name, count, dtype, buffers["out"].itemsize, reduce_op,
-                    fallback.algorithm, spec_fields)
-                if host is not None and host.offload is not None:
-                    raise PluginError(f"{name} algorithm {compiled.offload.name!r} fell back to "
-                                      f"{fallback.algorithm!r}, which is not a host algorithm")
-            if host is not None and host.op is not None:
-                if host.work is not None:
-                    buffers["work"] = self._scratch(host.work, buffers["out"].dtype, 2)
-                executor.run(host.program, buffers, transport, host.op.again(seq, key), self._scratch, host.codecs)
+                host = self._offloaded(compiled, ckey, name, seq, buffers, dtype, count, reduce_op, spec_fields)
+            if host is not None:
+                runner.run(host, buffers, seq, key)
             if after is not None:
                 after()
 
         return self._submit(name, run, async_op)
 
-    def _compiled(self, ckey: tuple[Any, ...], name: str, count: int, dtype: str, itemsize: int,
-                  reduce_op: ReduceOp | None, algorithm: str | None, spec_fields: dict[str, Any]) -> _Compiled:
-        compiled = self._plans.get(ckey)
-        if compiled is None:
-            compiled = self._compile(name, count, dtype, itemsize, reduce_op, algorithm, spec_fields)
-            if len(self._plans) >= 1024:
-                self._plans.clear()
-            self._plans[ckey] = compiled
-        return compiled
-
-    def _offloaded(self, component: Any, call: OffloadCall) -> Fallback | None:
-        """Run ``call`` through the group's object of the offload ``component``; its Fallback, if any, is
-        logged and counted here (the caller runs the host algorithm)."""
-        what = f"{call.op}.{component.name}"
-        try:
-            got = self._offload_for(component).run(call)
-        except ErdmaError as exc:
-            self.rt.transport.abort(exc)  # the peers must not wait for this rank until their timeout
-            raise
-        except Exception as exc:
-            self.rt.transport.abort(AbortedError(
-                f"rank {self.rt.rank}: {call.op} ({self.label}, seq {call.seq}) failed there in "
-                f"{component.name}: {type(exc).__name__}: {exc}", rank=self.rt.rank, op=call.op))
-            raise
-        if got is None:
-            self._counters[f"{what}.offloaded"] += 1
+    def _offloaded(self, compiled: Compiled, ckey: tuple[Any, ...], name: str, seq: int,
+                   buffers: dict[str, np.ndarray], dtype: str, count: int, reduce_op: ReduceOp | None,
+                   spec_fields: dict[str, Any]) -> Compiled | None:
+        """Run an offloaded collective; the host program to run instead where the offload fell back."""
+        fallback = self.offloads.run(compiled.offload, OffloadCall(
+            name, seq, buffers, dtype, count, reduce_op, spec_fields.get("root"), time.monotonic() + self.rt.timeout))
+        if fallback is None:
             return None
-        if not isinstance(got, Fallback):
-            raise PluginError(f"{call.op} algorithm {component.name!r} of plugin {component.plugin!r} returned "
-                              f"{type(got).__name__}; expected None or erdma_core.engine.offload.Fallback")
-        self._counters[f"{what}.fallback"] += 1
-        self._counters[f"{what}.fallback.{got.algorithm}"] += 1
-        first = got.reason not in self._reasons
-        self._reasons.add(got.reason)
-        log.log(logging.WARNING if first else logging.INFO, "rank %d: %s (group %d, seq %d) runs on the hosts "
-                "with %s instead of %s: %s", self.rt.rank, call.op, self.group_id, call.seq, got.algorithm,
-                component.name, got.reason)
-        return got
+        host = self.runner.compiled((*ckey, fallback.algorithm), name, count, dtype, buffers["out"].itemsize,
+                                    reduce_op, fallback.algorithm, spec_fields)
+        if host.offload is not None:
+            raise PluginError(f"{name} algorithm {compiled.offload.name!r} fell back to {fallback.algorithm!r}, "
+                              "which is not a host algorithm")
+        return host
 
-    def _offload_for(self, component: Any) -> Offload:
-        found = self._offloads.get(component.factory)
-        if found is not None:
-            return found[1]
-        if self._host is None:
-            self._host = HostChannel(transport=self.rt.transport, algorithm=self.rt.algorithm, job=self.rt.job,
-                                     group=self.group_id, ranks=self.ranks, rank=self.rt.rank,
-                                     timeout=self.rt.timeout, chunk_bytes=self._chunk_bytes)
-        _, options = self.rt.algorithm(component.op, component.name)
-        ctx = OffloadContext(job=self.rt.job, group=self.group_id, rank=self._rank, size=self.size(),
-                             ranks=self.ranks, timeout=self.rt.timeout, options=options, config=self.rt.config,
-                             host=self._host, secret=self.rt.config["security.secret"].encode())
-        made = component.factory(ctx)
-        self._offloads[component.factory] = (component.name, made)
-        return made
+    def _codecs(self, name: str) -> Codecs:
+        return self.rt.codecs.for_op(name)
 
     def counters(self) -> dict[str, int]:
         """How this group's collectives ran through offloaded algorithms: ``<op>.<algorithm>.offloaded``,
@@ -252,61 +189,11 @@ class ProcessGroup:
         ``.encoded.raw_bytes`` and ``.encoded.wire_bytes``, and, for messages sent raw, ``.small.*`` (under
         ``compression.min_bytes``), ``.skipped.*`` (``compression.policy = "auto"``), ``.declined.*`` (by the
         codec), each as ``messages`` and ``raw_bytes``."""
-        out = dict(self._counters)
+        out = self.offloads.counters()
         sender = self.rt.codecs.sender
         if sender is not None:
             out.update({f"compression.{sender.name}.{k}": v for k, v in self.rt.codecs.stats().items()})
-        for name, offload in self._offloads.values():
-            own = getattr(offload, "counters", None)
-            if own is not None:
-                out.update({f"{name}.{k}": v for k, v in own().items()})
         return out
-
-    def _compile(self, name: str, count: int, dtype: str, itemsize: int, reduce_op: ReduceOp | None,
-                 algorithm: str | None, spec_fields: dict[str, Any]) -> _Compiled:
-        """The checked plan of a collective, compiled for this group: worked out once per (op, size, dtype)."""
-        local = sum(spec_fields["send_counts"]) if name == "alltoall" else count  # alltoall's count is 0
-        algo = self._algorithm(name, local * itemsize, algorithm)
-        component, options = self.rt.algorithm(name, algo)
-        if component.offload:
-            codecs = self.rt.codecs.for_op(name)
-            if codecs.sender is not None:  # an offload moves the caller's elements as they are
-                comp = self.rt.config["compression.name"]
-                raise ConfigError(f"{name} algorithm {algo!r} runs through an offload (plugin {component.plugin!r}), "
-                                  f"which compression.name={comp!r} cannot apply to; leave {name} out of "
-                                  f"compression.ops or choose another algorithm")
-            return _Compiled(Program((), False), None, None, codecs, component)
-        # any member may stand anywhere in an allreduce ring (each ends with the same sum)
-        ranks = self.ring if name == "allreduce" and algo == "ring" else self.ranks
-        spec = Spec(name, ranks.index(self.rt.rank), self.size(), count, options=options, **spec_fields)
-        try:
-            checked = plan(component, spec)
-        except PluginError as exc:
-            self.rt.transport.abort(exc)  # the peers would otherwise wait for this rank until their timeout
-            raise
-        program = compile_plan(checked, ranks, self._chunk_bytes // itemsize, itemsize,
-                               elide=not self.rt.codecs.for_op(name).lossy)
-        op = None
-        if program.stages:  # a group of one still runs its local copies (allgather, alltoall, ...)
-            op = executor.Op(name=name, algorithm=algo, opcode=OPS[name].code, dtype=dtype,
-                             dtype_code=dtypes.code_of(dtype), numel=count, job=self.rt.job, group=self.group_id,
-                             seq=0, reduce_op=reduce_op, timeout=self.rt.timeout, ranks=ranks,
-                             rank=self.rt.rank, root=spec_fields.get("root", NO_ROOT), label=self.label)
-        return _Compiled(program, op, buffer_sizes(spec)["work"] if program.uses_work else None,
-                         self.rt.codecs.for_op(name))
-
-    def _scratch(self, count: int, dtype: np.dtype, slot: int) -> np.ndarray:
-        key = (slot, count, dtype)
-        view = self._views.get(key)
-        if view is None:
-            nbytes = count * dtype.itemsize
-            if self._arenas[slot].nbytes < nbytes:
-                self._arenas[slot] = page_aligned(nbytes)
-                self._views.clear()  # views of the old arena
-            if len(self._views) >= 64:
-                self._views.clear()
-            view = self._views[key] = self._arenas[slot][:nbytes].view(dtype)
-        return view
 
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self.size():
@@ -461,22 +348,10 @@ class ProcessGroup:
         with self._lock:
             n = self._p2p.get(key, 0)
             self._p2p[key] = n + 1
-        g = self.ranks[peer]
-        code = OPS["send"].code
-        header = Header(kind=DATA, job=self.rt.job, dtype=dtypes.code_of(buf.dtype), opcode=code,
-                        group=self.group_id | P2P_GROUP_BIT, seq=tag, tag=n, numel=buf.array.size,
-                        count=buf.array.size, nbytes=buf.array.nbytes)
-        t = self.rt.transport
-        op = executor.Op(name=kind, opcode=code, dtype=buf.dtype, dtype_code=header.dtype, numel=buf.array.size,
-                         job=self.rt.job, group=self.group_id, seq=tag, reduce_op=None, timeout=self.rt.timeout,
-                         ranks=self.ranks, rank=self.rt.rank, label=self.label)
+        done = self.runner.p2p(kind, buf.array, buf.dtype, peer, tag, n)
         if kind == "recv":
-            req = t.irecv(g, header, as_bytes(buf.array))  # posted now: matches sends in any order
-
             def wait_recv() -> None:
-                executor.finish(req, peer, op, t, "waiting for")
-                if req.encoded is not None:
-                    executor.decode(self.rt.codecs, *req.encoded, buf.array, op, t, peer)
+                done()
                 buf.commit()
 
             if not async_op:
@@ -487,10 +362,7 @@ class ProcessGroup:
                 return None
             return Work(self._recv_waiters.submit(wait_recv), kind, self.rt.rank)
 
-        def send() -> None:
-            executor.finish(t.isend(g, header, as_bytes(buf.array), op.deadline), peer, op, t, "sending to")
-
-        return self._submit(kind, send, async_op, self._sender)
+        return self._submit(kind, done, async_op, self._sender)
 
     # ---- groups and shutdown -----------------------------------------------------------------------------
     def new_group(self, ranks: Sequence[int] | None = None) -> ProcessGroup | None:
@@ -528,12 +400,7 @@ class ProcessGroup:
         self._serial.shutdown()
         self._sender.shutdown()
         self._recv_waiters.shutdown(wait=True)
-        for _, offload in self._offloads.values():
-            try:
-                offload.close()
-            except Exception:  # a plugin's close must not keep the transport open
-                log.exception("rank %d: closing an offloaded algorithm failed", self.rt.rank)
-        self._offloads.clear()
+        self.offloads.close()
 
     def __enter__(self) -> ProcessGroup:
         return self

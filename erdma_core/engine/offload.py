@@ -24,16 +24,13 @@ from typing import Any, NamedTuple, Protocol
 import attrs
 import numpy as np
 
-from ..algorithms.schedule import Options, Spec
+from ..algorithms.schedule import Options
 from ..protocol import dtypes
-from ..protocol.ops import OPS, buffer_sizes
 from ..protocol.reduce_ops import ReduceOp
 from ..transport import auth
 from ..transport.base import Transport
-from ..transport.wire import CONTROL_GROUP_BIT, NO_ROOT
-from . import executor
-from .plans import plan
-from .program import compile_plan
+from ..transport.wire import CONTROL_GROUP_BIT
+from .runner import Runner
 
 
 @attrs.frozen
@@ -74,9 +71,11 @@ class HostChannel:
 
     def __init__(self, *, transport: Transport, algorithm: Callable[[str, str], tuple[Any, Options]], job: int,
                  group: int, ranks: Sequence[int], rank: int, timeout: float, chunk_bytes: int) -> None:
-        self._transport, self._algorithm = transport, algorithm
-        self._job, self._group, self._ranks, self._rank = job, group | CONTROL_GROUP_BIT, tuple(ranks), rank
-        self._timeout, self._chunk_bytes = timeout, chunk_bytes
+        self._algorithm = algorithm
+        self._runner = Runner(transport=transport, algorithm=algorithm, choose=_named, job=job,
+                              group=group | CONTROL_GROUP_BIT, ranks=ranks, rank=rank, timeout=timeout,
+                              chunk_bytes=chunk_bytes)
+        self._size = len(self._runner.ranks)
         self._seq = itertools.count(1)
 
     def run(self, op: str, algorithm: str, buffers: Mapping[str, np.ndarray], *, count: int,
@@ -84,36 +83,35 @@ class HostChannel:
         """Run ``op`` with the host ``algorithm`` on ``buffers`` (``out``, and ``in`` where the op has one) of
         eRDMA dtype ``dtype`` (default: the numpy dtype's; bfloat16 must be named); raises
         ``CollectiveError`` naming the op and the peer as the collectives do."""
-        comp, options = self._algorithm(op, algorithm)
+        comp, _ = self._algorithm(op, algorithm)
         if comp.plugin != "builtin":
             raise ValueError(f"HostChannel runs built-in algorithms only, not {algorithm!r} of {comp.plugin!r}")
-        group_rank = self._ranks.index(self._rank)
-        spec = Spec(op, group_rank, len(self._ranks), count, root=root or 0, options=options)
         out = buffers["out"]
         dtype = dtype or dtypes.name_for_numpy(out.dtype)
-        program = compile_plan(plan(comp, spec), self._ranks, max(1, self._chunk_bytes // out.itemsize), out.itemsize)
-        bufs = {"in": np.empty(0, out.dtype), **buffers}
-        if program.uses_work:
-            bufs["work"] = np.empty(buffer_sizes(spec)["work"], out.dtype)
+        fields = {} if root is None else {"root": root}
+        compiled = self._runner.compiled((op, algorithm, count, dtype, reduce_op, root), op, count, dtype,
+                                         out.itemsize, reduce_op, algorithm, fields)
         seq = next(self._seq)
-        self._transport.begin(self._group, seq)
-        xop = executor.Op(name=op, algorithm=algorithm, opcode=OPS[op].code, dtype=dtype,
-                          dtype_code=dtypes.code_of(dtype), numel=count, job=self._job, group=self._group, seq=seq,
-                          reduce_op=reduce_op, timeout=self._timeout, ranks=self._ranks, rank=self._rank,
-                          root=NO_ROOT if root is None else root)
-        if program.stages:
-            executor.run(program, bufs, self._transport, xop)
+        self._runner.begin(seq)
+        self._runner.run(compiled, {"in": np.empty(0, out.dtype), **buffers}, seq)
 
     def allgather(self, values: Sequence[int]) -> np.ndarray:
         """Every rank's ``values`` (int64, the same length on every rank): an array of shape (size, len)."""
         mine = np.asarray(values, np.int64)
-        out = np.empty(len(self._ranks) * mine.size, np.int64)
+        out = np.empty(self._size * mine.size, np.int64)
         self.run("allgather", "ring", {"in": mine, "out": out}, count=mine.size)
-        return out.reshape(len(self._ranks), mine.size)
+        return out.reshape(self._size, mine.size)
 
     def broadcast(self, array: np.ndarray, root: int) -> None:
         """``array`` of group rank ``root`` copied into ``array`` on every rank (same size and dtype)."""
         self.run("broadcast", "tree", {"out": array.reshape(-1)}, count=array.size, root=root)
+
+
+def _named(op: str, nbytes: int, algorithm: str | None) -> str:
+    """A host collective's algorithm: the one it names (never chosen by size)."""
+    if algorithm is None:
+        raise ValueError(f"HostChannel: {op} must name its algorithm")
+    return algorithm
 
 
 @attrs.frozen

@@ -84,7 +84,7 @@ def half_finished(pg: Any, op: str, node_pid: int) -> list[np.ndarray]:
     out = []
     for i in range(7):
         if i == 3 and r == 3:
-            naca = next(iter(pg._offloads.values()))[1]
+            (naca,) = pg.offloads.objects()
             link = naca.links[naca.active]
             def deaf(timeout: float, hear: Any = link._recv) -> bytes | None:
                 d = hear(timeout)
