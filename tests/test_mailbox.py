@@ -21,19 +21,19 @@ def hdr(seq=1, tag=0, nbytes=4, numel=1, dtype=3, group=0, job=JOB, codec=0, cou
 
 
 def deliver(box, peer, h, payload):
-    buf, token = box.on_header(peer, h)
+    buf, token = box.frame(peer, h)
     if buf is not None:
         buf[:] = payload
-    box.on_payload(token)
+    box.landed(token)
 
 
 def test_posted_receive_gets_payload_in_place():
     box, out = Mailbox(0, JOB), bytearray(4)
     req = box.post_recv(1, hdr(), memoryview(out))
-    buf, token = box.on_header(1, hdr())
+    buf, token = box.frame(1, hdr())
     assert buf.obj is out  # the payload lands in the receiver's own memory
     buf[:] = b"abcd"
-    box.on_payload(token)
+    box.landed(token)
     assert req.done() and out == b"abcd"
 
 
@@ -49,18 +49,18 @@ def test_early_frame_is_kept_until_posted_and_matched_by_tag():
 
 def test_receive_posted_while_early_payload_is_in_flight():
     box, out = Mailbox(0, JOB), bytearray(4)
-    buf, token = box.on_header(1, hdr())
+    buf, token = box.frame(1, hdr())
     req = box.post_recv(1, hdr(), memoryview(out))
     assert not req.done()
     buf[:] = b"wxyz"
-    box.on_payload(token)
+    box.landed(token)
     assert req.wait(1) and out == b"wxyz"
 
 
 def test_frame_of_another_job_is_rejected():
     box = Mailbox(0, JOB)
     with pytest.raises(ProtocolError, match="carries job 0x1, this job is 0xcdef0123"):
-        box.on_header(1, hdr(job=1))
+        box.frame(1, hdr(job=1))
 
 
 def test_a_frame_no_collective_took_is_a_mismatch_not_mixed_in():
@@ -72,7 +72,7 @@ def test_a_frame_no_collective_took_is_a_mismatch_not_mixed_in():
     assert isinstance(err, MismatchError) and box.rejected == 1
     assert "rank 1 sent a message of collective #4 of group 0 (allreduce(dtype=float32, numel=1, count=1, " \
            "op=SUM)) that this rank never received" in str(err)
-    buf, token = box.on_header(1, hdr(seq=3))  # a late frame of an older collective: read, dropped, reported
+    buf, token = box.frame(1, hdr(seq=3))  # a late frame of an older collective: read, dropped, reported
     assert buf is None and token is None and box.rejected == 2
     assert len(told) == 1 and "collective #3" in str(told[0])
 
@@ -84,7 +84,7 @@ def test_a_frame_of_the_op_under_way_that_disagrees_fails_its_receives():
     box.begin(0, 5)
     req = box.post_recv(2, hdr(seq=5), memoryview(bytearray(4)))
     other = hdr(seq=5)._replace(opcode=2, redop=0, root=1)  # rank 1: broadcast from root 1
-    assert box.on_header(1, other) == (None, None)
+    assert box.frame(1, other) == (None, None)
     with pytest.raises(MismatchError, match=r"rank 1 called broadcast\(dtype=float32, numel=1, count=1, root=1\)"):
         req.wait(1)
 
@@ -92,9 +92,9 @@ def test_a_frame_of_the_op_under_way_that_disagrees_fails_its_receives():
 def test_mismatch_fails_the_receive_with_both_descriptions():
     box = Mailbox(2, JOB)
     req = box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(bytearray(8)))
-    buf, token = box.on_header(1, hdr(nbytes=4, numel=1))
+    buf, token = box.frame(1, hdr(nbytes=4, numel=1))
     assert buf is None  # the payload is read and discarded
-    box.on_payload(token)
+    box.landed(token)
     with pytest.raises(MismatchError, match=r"allreduce mismatch between ranks 2 and 1: rank 2 called "
                                             r"allreduce\(dtype=float32, numel=2, count=2, op=SUM\), rank 1 called"):
         req.wait(1)
@@ -135,12 +135,12 @@ def test_abort_reaches_a_receive_whose_payload_is_still_arriving():
     """The peer dies mid-payload: the matched receive must fail at once, not wait for its deadline."""
     box = Mailbox(0, JOB)
     req = box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(bytearray(8)))
-    buf, token = box.on_header(1, hdr(nbytes=8, numel=2))
+    buf, token = box.frame(1, hdr(nbytes=8, numel=2))
     assert buf is not None and not req.done()
     box.abort(ConnectionError("peer 1 gone"))
     with pytest.raises(ConnectionError, match="peer 1 gone"):
         req.wait(1)
-    box.on_payload(token)  # a late end of the payload changes nothing
+    box.landed(token)  # a late end of the payload changes nothing
     assert isinstance(req.error, ConnectionError)
 
 
@@ -149,16 +149,16 @@ def test_encoded_payload_lands_apart_and_is_bounded():
     the raw size allows, and the completed request carries it for the engine to decode."""
     box, out = Mailbox(0, JOB), bytearray(4000)
     req = box.post_recv(1, hdr(nbytes=4000, numel=1000), memoryview(out))
-    buf, token = box.on_header(1, hdr(nbytes=100, numel=1000, count=1000, codec=0xABC))
+    buf, token = box.frame(1, hdr(nbytes=100, numel=1000, count=1000, codec=0xABC))
     assert buf is not None and buf.obj is not out and len(buf) == 100
     buf[:] = b"x" * 100
-    box.on_payload(token)
+    box.landed(token)
     assert req.wait(1) and req.encoded is not None and bytes(req.encoded[1]) == b"x" * 100
     assert req.encoded[0].codec == 0xABC and out == bytearray(4000)
     huge = box.post_recv(1, hdr(tag=1, nbytes=4000, numel=1000), memoryview(out))
-    buf, token = box.on_header(1, hdr(tag=1, nbytes=1 << 30, numel=1000, count=1000, codec=0xABC))
+    buf, token = box.frame(1, hdr(tag=1, nbytes=1 << 30, numel=1000, count=1000, codec=0xABC))
     assert buf is None  # read and dropped, never allocated
-    box.on_payload(token)
+    box.landed(token)
     with pytest.raises(ProtocolError, match=r"sent 1073741824 encoded bytes for 4000 raw bytes \(at most 70036 allowed\)"):
         huge.wait(1)
 
@@ -166,9 +166,9 @@ def test_encoded_payload_lands_apart_and_is_bounded():
 def test_raw_payload_of_the_wrong_size_is_refused():
     box = Mailbox(0, JOB)
     req = box.post_recv(1, hdr(nbytes=8, numel=2), memoryview(bytearray(8)))
-    buf, token = box.on_header(1, hdr(nbytes=12, numel=2, count=2))
+    buf, token = box.frame(1, hdr(nbytes=12, numel=2, count=2))
     assert buf is None
-    box.on_payload(token)
+    box.landed(token)
     with pytest.raises(ProtocolError, match="rank 1 sent 12 raw bytes for 2 elements of float32; 8 expected"):
         req.wait(1)
 
@@ -195,14 +195,14 @@ def test_frames_that_arrived_before_a_peer_closed_are_still_delivered():
 
 
 def _in_two_calls(box, peer, h, payload):
-    buf, token = box.on_header(peer, h)
+    buf, token = box.frame(peer, h)
     if buf is not None:
         buf[:] = payload
-    box.on_payload(token)
+    box.landed(token)
 
 
 def _whole(box, peer, h, payload):
-    box.on_frame(peer, h, memoryview(payload))
+    box.whole(peer, h, memoryview(payload))
 
 
 def _scenario(arrive, name):
@@ -247,8 +247,8 @@ def _scenario(arrive, name):
 @pytest.mark.parametrize("name", ["posted", "early", "other size", "wrong raw bytes", "encoded", "stale",
                                   "another op under way", "p2p"])
 def test_a_whole_frame_at_once_does_what_header_then_payload_do(name):
-    """``on_frame`` (a reader holding the whole frame) takes a shortcut for the common case; every case
-    must end exactly as ``on_header`` + ``on_payload`` end it."""
+    """``whole`` (a reader holding the whole frame) takes a shortcut for the common case; every case
+    must end exactly as ``frame`` + ``landed`` end it."""
     got, want = _scenario(_whole, name), _scenario(_in_two_calls, name)
     assert got == want
     assert any(want)  # the scenario did something to compare
@@ -258,7 +258,7 @@ def test_a_whole_frame_at_once_does_what_header_then_payload_do(name):
 
 def test_a_whole_frame_of_another_job_is_rejected():
     with pytest.raises(ProtocolError, match="carries job 0x1, this job is 0xcdef0123"):
-        Mailbox(0, JOB).on_frame(1, hdr(job=1), memoryview(b"abcd"))
+        Mailbox(0, JOB).whole(1, hdr(job=1), memoryview(b"abcd"))
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -301,26 +301,26 @@ def test_memory_of_a_delivered_early_frame_serves_the_next_one():
     out that memory is kept for the next early frame (no allocation whose pages the kernel must zero), but
     never while anything still reads it: an encoded frame's payload goes to the engine to decode."""
     box, n = Mailbox(0, JOB), 1 << 20
-    first, token = box.on_header(1, hdr(tag=0, nbytes=n, numel=n // 4))
+    first, token = box.frame(1, hdr(tag=0, nbytes=n, numel=n // 4))
     first[:] = b"a" * n
-    box.on_payload(token)
+    box.landed(token)
     out = bytearray(n)
     assert box.post_recv(1, hdr(tag=0, nbytes=n, numel=n // 4), memoryview(out)).wait(1) and out == b"a" * n
-    again, token = box.on_header(1, hdr(tag=1, nbytes=n, numel=n // 4))
+    again, token = box.frame(1, hdr(tag=1, nbytes=n, numel=n // 4))
     assert again.obj is first.obj  # the same memory, not cleared: every byte is read into it before use
     again[:] = b"b" * n
-    box.on_payload(token)
+    box.landed(token)
     assert box.post_recv(1, hdr(tag=1, nbytes=n, numel=n // 4), memoryview(out)).wait(1) and out == b"b" * n
-    coded, token = box.on_header(1, hdr(tag=2, nbytes=n - 8, numel=n // 4, count=n // 4, codec=0xABC))
+    coded, token = box.frame(1, hdr(tag=2, nbytes=n - 8, numel=n // 4, count=n // 4, codec=0xABC))
     assert coded.obj is first.obj  # (the spare fits: at most twice the size asked for)
     coded[:] = b"c" * (n - 8)
-    box.on_payload(token)
+    box.landed(token)
     req = box.post_recv(1, hdr(tag=2, nbytes=n, numel=n // 4), memoryview(out))
     assert req.wait(1) and bytes(req.encoded[1]) == b"c" * (n - 8)
-    later, token = box.on_header(1, hdr(tag=3, nbytes=n, numel=n // 4))
+    later, token = box.frame(1, hdr(tag=3, nbytes=n, numel=n // 4))
     assert later.obj is not first.obj  # the encoded payload is still the engine's to decode
-    box.on_payload(token)
-    small, token = box.on_header(1, hdr(tag=4, nbytes=64))
+    box.landed(token)
+    small, token = box.frame(1, hdr(tag=4, nbytes=64))
     assert isinstance(small.obj, bytearray)  # small frames are allocated afresh
 
 

@@ -277,16 +277,16 @@ def test_a_frame_claiming_more_than_the_limit_allocates_nothing():
     try:
         with pytest.raises(ProtocolError, match=r"rank 1 sent 1099511627776 bytes ahead of their receives .* "
                                                 r"at most 1048576 are held \(security.max_early_bytes\)"):
-            box.on_header(1, h)
+            box.frame(1, h)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
     small = h._replace(nbytes=600 << 10)
-    box.on_header(1, small)
+    box.frame(1, small)
     with pytest.raises(ProtocolError, match="1228800 bytes ahead"):  # the budget is per peer, summed
-        box.on_header(1, small._replace(tag=1))
-    box.on_header(2, small._replace(tag=1))  # another peer has its own
+        box.frame(1, small._replace(tag=1))
+    box.frame(2, small._replace(tag=1))  # another peer has its own
 
 
 def big_early_send(pg, nbytes):
@@ -490,16 +490,16 @@ def test_tls_refuses_a_relay_that_ends_it_on_both_sides(tmp_path):
 
 
 def test_small_whole_frames_held_early_count_against_the_limit_until_received():
-    """Small frames a reader holds whole (``on_frame``) take the early path's shortcut: they still count
+    """Small frames a reader holds whole (``whole``) take the early path's shortcut: they still count
     against ``security.max_early_bytes`` per peer, and what a receive takes no longer counts."""
     box = Mailbox(0, 0x5EC, early_bytes=10 << 10)
     h = Header(kind=DATA, job=0x5EC, dtype=1, opcode=1, seq=1, numel=1024, count=1024, nbytes=4 << 10)
-    box.on_frame(1, h, memoryview(bytes(range(256)) * 16))
-    box.on_frame(1, h._replace(tag=1), memoryview(bytes(4 << 10)))
+    box.whole(1, h, memoryview(bytes(range(256)) * 16))
+    box.whole(1, h._replace(tag=1), memoryview(bytes(4 << 10)))
     with pytest.raises(ProtocolError, match=r"rank 1 sent 12288 bytes ahead of their receives .* at most 10240"):
-        box.on_frame(1, h._replace(tag=2), memoryview(bytes(4 << 10)))
-    box.on_frame(2, h._replace(tag=2), memoryview(bytes(4 << 10)))  # another peer has its own budget
+        box.whole(1, h._replace(tag=2), memoryview(bytes(4 << 10)))
+    box.whole(2, h._replace(tag=2), memoryview(bytes(4 << 10)))  # another peer has its own budget
     out = bytearray(4 << 10)
     req = box.post_recv(1, h, memoryview(out))
     assert req.done() and req.error is None and out == bytes(range(256)) * 16
-    box.on_frame(1, h._replace(tag=2), memoryview(bytes(4 << 10)))  # the received one no longer counts
+    box.whole(1, h._replace(tag=2), memoryview(bytes(4 << 10)))  # the received one no longer counts

@@ -139,14 +139,14 @@ def test_a_lent_message_is_read_into_a_receive_already_posted():
     pull = Puller({0x1000: b"abcd"})
     box, out = Mailbox(0, JOB, pull=pull), bytearray(4)
     req = box.post_recv(1, hdr(), memoryview(out))
-    box.on_lent(1, hdr(), Lent(0x1000, 7))
+    box.lent(1, hdr(), Lent(0x1000, 7))
     assert req.wait(1) and out == b"abcd" and pull.calls == [(1, 7, True)]
 
 
 def test_an_early_lent_message_is_read_when_its_receive_is_posted_and_holds_no_memory_here():
     pull = Puller({0x1000: b"wxyz"})
     box, out = Mailbox(0, JOB, early_bytes=0, pull=pull), bytearray(4)
-    box.on_lent(1, hdr(), Lent(0x1000, 3))  # early_bytes=0: a copied early frame would be refused
+    box.lent(1, hdr(), Lent(0x1000, 3))  # early_bytes=0: a copied early frame would be refused
     assert pull.calls == []  # nothing read before there is somewhere to put it
     req = box.post_recv(1, hdr(), memoryview(out))
     assert req.wait(1) and out == b"wxyz" and pull.calls == [(1, 3, True)]
@@ -155,7 +155,7 @@ def test_an_early_lent_message_is_read_when_its_receive_is_posted_and_holds_no_m
 def test_a_lent_message_nobody_will_receive_is_given_back_unread():
     pull = Puller({})
     box = Mailbox(0, JOB, pull=pull)
-    box.on_lent(1, hdr(seq=1), Lent(0x1000, 1))
+    box.lent(1, hdr(seq=1), Lent(0x1000, 1))
     assert isinstance(box.begin(0, 2), MismatchError)  # seq 1 was never received here
     assert pull.calls == [(1, 1, False)]
 
@@ -163,7 +163,7 @@ def test_a_lent_message_nobody_will_receive_is_given_back_unread():
 def test_a_lent_message_that_disagrees_with_its_receive_fails_it_and_is_given_back():
     pull = Puller({})
     box, out = Mailbox(0, JOB, pull=pull), bytearray(4)
-    box.on_lent(1, hdr(dtype=4), Lent(0x1000, 5))
+    box.lent(1, hdr(dtype=4), Lent(0x1000, 5))
     req = box.post_recv(1, hdr(), memoryview(out))
     with pytest.raises(MismatchError, match="allreduce mismatch between ranks 0 and 1"):
         req.wait(1)
@@ -173,16 +173,16 @@ def test_a_lent_message_that_disagrees_with_its_receive_fails_it_and_is_given_ba
 def test_a_failed_read_fails_the_receive():
     box, out = Mailbox(0, JOB, pull=lambda peer, lent, out: PeerLostError("cannot read it", peer=peer)), bytearray(4)
     req = box.post_recv(1, hdr(), memoryview(out))
-    box.on_lent(1, hdr(), Lent(0x1000, 1))
+    box.lent(1, hdr(), Lent(0x1000, 1))
     with pytest.raises(PeerLostError, match="cannot read it"):
         req.wait(1)
 
 
 def test_lent_frames_are_refused_where_nothing_can_read_them():
     with pytest.raises(ProtocolError, match="rank 1 lent a message over a connection that cannot read it"):
-        Mailbox(0, JOB).on_lent(1, hdr(), Lent(0x1000, 1))
+        Mailbox(0, JOB).lent(1, hdr(), Lent(0x1000, 1))
     with pytest.raises(ProtocolError, match="lent an encoded message"):
-        Mailbox(0, JOB, pull=Puller({})).on_lent(1, hdr(codec=9), Lent(0x1000, 1))
+        Mailbox(0, JOB, pull=Puller({})).lent(1, hdr(codec=9), Lent(0x1000, 1))
 
 
 def test_a_lent_send_completes_when_given_back_and_fails_when_the_rank_aborts():

@@ -6,15 +6,27 @@ No sockets, no threads, no clock.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext
 
 from ..errors import IntegrityError, PeerLostError, ProtocolError
 from .integrity import PIECE, SEAL, Checker, trailer
-from .mailbox import Lent, Mailbox
+from .mailbox import Lent, Mailbox, Token
 from .wire import ABORT, BYE, DATA, FRAME, LENT, MAX_PAYLOAD, PULL, PULLED, Header, abort_error
 
 _STAGE = 1 << 16  # bytes read at a time between large payloads
 DIRECT_BYTES = 1 << 15  # a payload with at least this much left is read straight into its place
+_NO_BODY = bytearray()  # a data frame's body goes to the mailbox, not here
+
+
+class Landing(NamedTuple):
+    """``FrameInbox.frame``'s token: the frame's header, the mailbox's token (a data frame's) and the
+    buffer a control frame's body is read into (empty for a data frame)."""
+
+    header: Header
+    token: Token
+    body: bytearray
 
 
 class FrameInbox:
@@ -36,20 +48,20 @@ class FrameInbox:
         self.closed_cleanly = False  # its BYE came and everything before it landed
         self.pool: Pool | None = None  # the inboxes of the peer's other connections, when it has several
 
-    def frame(self, h: Header) -> tuple[memoryview | None, object]:
+    def frame(self, h: Header) -> tuple[memoryview | None, Landing]:
         if h.kind == DATA:
-            buf, token = self.mailbox.on_header(self.peer, h)
-            return buf, (h, token)
+            buf, token = self.mailbox.frame(self.peer, h)
+            return buf, Landing(h, token, _NO_BODY)
         if h.job & 0xFFFFFFFF != self.mailbox.job32:
             raise ProtocolError(f"rank {self.rank}: control frame from rank {self.peer} carries job {h.job:#x}, "
                                 f"this job is {self.mailbox.job32:#x}")
         body = bytearray(h.nbytes)  # ABORT/BYE: Header.parse bounds them to MAX_CONTROL_BYTES
-        return memoryview(body), (h, body)
+        return memoryview(body), Landing(h, None, body)
 
     def whole(self, h: Header, payload: memoryview) -> None:
         """A whole frame at once: ``frame``, the copy and ``landed`` in one call."""
         if h.kind == DATA:
-            self.mailbox.on_frame(self.peer, h, payload)
+            self.mailbox.whole(self.peer, h, payload)
             self.completed += 1
             if self.bye_after is not None:
                 self._maybe_gone()
@@ -59,22 +71,22 @@ class FrameInbox:
             buf[:h.nbytes] = payload
         self.landed(token)
 
-    def landed(self, token: object) -> None:
-        h, rest = token  # type: ignore[misc]
+    def landed(self, landing: Landing) -> None:
+        h, token, body = landing
         if h.kind == DATA:
-            self.mailbox.on_payload(rest)
+            self.mailbox.landed(token)
             self.completed += 1
             self._maybe_gone()
         elif h.kind == ABORT:
-            self.mailbox.abort(abort_error(self.rank, self.peer, bytes(rest)))
+            self.mailbox.abort(abort_error(self.rank, self.peer, bytes(body)))
         elif h.kind == BYE:
             self.bye_after = h.seq
             self._maybe_gone()
         elif h.kind == PULL:
-            address, nbytes, ticket = LENT.unpack(rest)
+            address, nbytes, ticket = LENT.unpack(body)
             if nbytes > MAX_PAYLOAD:
                 raise ProtocolError(f"rank {self.rank}: rank {self.peer} lent a message of {nbytes} bytes")
-            self.mailbox.on_lent(self.peer, h._replace(kind=DATA, nbytes=nbytes), Lent(address, ticket))
+            self.mailbox.lent(self.peer, h._replace(kind=DATA, nbytes=nbytes), Lent(address, ticket))
             self.completed += 1
             self._maybe_gone()
         elif h.kind == PULLED:
@@ -136,7 +148,7 @@ class StreamReader:
         self._stage = bytearray(_STAGE)
         self._sv = memoryview(self._stage)
         self._start = self._have = 0  # staged bytes not consumed yet: _stage[_start:_start + _have]
-        self._token: object = None  # the frame whose payload is being read
+        self._token: Landing | None = None  # the frame whose payload is being read
         self._target: memoryview | None = None  # where its payload goes (None: dropped)
         self._left = self._done = 0
         self._big = False  # the last frame was large: read the next header alone

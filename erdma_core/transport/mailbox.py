@@ -1,11 +1,12 @@
 """Sans-IO message matching shared by transports: posted receives meet arriving frames by key.
 
-A transport's reader calls ``on_header`` when a frame header arrives and gets back the buffer to read the
-payload into (the posted receive's own memory when one is waiting and the payload is raw, so large messages
-land in place), then ``on_payload`` once the payload is in; a reader that has a whole frame at once (small
-frames) calls ``on_frame``. An encoded payload (a compressor's, ``codec`` in
-the header) lands in a buffer of its own, bounded by what the receive expects, and the completed request
-carries it for the engine to decode. A message a peer lends (``on_lent``: it stays in the peer's memory,
+The inbound steps have the names ``FrameInbox`` gives them: a transport's reader calls ``frame`` when a
+frame header arrives and gets back the buffer to read the payload into (the posted receive's own memory when
+one is waiting and the payload is raw, so large messages land in place) and a token, then ``landed(token)``
+once the payload is in; a reader that has a whole frame at once (small frames) calls ``whole``. An encoded
+payload (a compressor's, ``codec`` in the header) lands in a buffer of its own, bounded by what the receive
+expects, and the completed request carries it for the engine to decode. A message a peer lends (``lent``: it
+stays in the peer's memory,
 ``single_copy``) is read by the transport's ``pull`` straight into the receive's memory once that receive
 is posted. The collective side calls ``post_recv`` / ``begin``. No sockets here.
 """
@@ -56,6 +57,28 @@ class _Early:
         self.waiter: _Posted | None = None
 
 
+Key = tuple[int, tuple[int, int, int]]  # (peer, (group, seq, tag))
+
+
+class Deliver(NamedTuple):
+    """A frame matched to a posted receive: once it has landed, the receive completes (with ``error``, the
+    reason it cannot be used, if any)."""
+
+    key: Key
+    error: BaseException | None
+
+
+class Hold(NamedTuple):
+    """A frame no receive was posted for yet: once it has landed, it waits in ``early`` (None: a lent one,
+    whose bytes stay with the peer) for its receive."""
+
+    key: Key
+    early: _Early | None
+
+
+Token = Deliver | Hold | None  # None: nothing to do once the payload is in (dropped)
+
+
 def describe(h: Header) -> str:
     red = f", op={reduce_ops.NAMES.get(h.redop, h.redop)}" if h.redop else ""
     root = f", root={h.root}" if h.root != NO_ROOT else ""
@@ -102,9 +125,9 @@ class Mailbox:
         self.early_limit = early_bytes
         self._early_bytes: dict[int, int] = {}  # peer -> bytes held for frames that came before their receive
         self._lock = threading.Lock()
-        self._posted: dict[tuple[int, tuple[int, int, int]], _Posted] = {}
-        self._unexpected: dict[tuple[int, tuple[int, int, int]], _Early] = {}
-        self._inflight: dict[tuple[int, tuple[int, int, int]], Request] = {}  # matched, payload still arriving
+        self._posted: dict[Key, _Posted] = {}
+        self._unexpected: dict[Key, _Early] = {}
+        self._inflight: dict[Key, Request] = {}  # matched, payload still arriving
         self._floor: dict[int, int] = {}  # group -> lowest sequence still live
         self._gone: dict[int, BaseException] = {}  # peers that closed: nothing more will come from them
         self._lent: dict[tuple[int, int], tuple[Request, memoryview]] = {}  # (peer, ticket): our sends it reads
@@ -166,7 +189,7 @@ class Mailbox:
             if early is None:
                 self._posted[key] = _Posted(meta, out, req)
                 return req
-            if not early.landed:  # its payload is still being read: on_payload will deliver
+            if not early.landed:  # its payload is still being read: landed() will deliver
                 early.waiter = _Posted(meta, out, req)
                 return req
             self._release(peer, self._unexpected.pop(key))
@@ -207,9 +230,9 @@ class Mailbox:
         """The sends lent to ``peer`` and not given back, taken out (lock held)."""
         return [self._lent.pop(k)[0] for k in [k for k in self._lent if k[0] == peer]]
 
-    def on_header(self, peer: int, h: Header, lent: Lent | None = None) -> tuple[memoryview | None, object]:
-        """Return ``(buffer, token)``: read ``h.nbytes`` into ``buffer`` (None: discard), then ``on_payload(token)``.
-        ``lent``: the payload stays in the peer's memory (``on_lent``); an early one is held as it is."""
+    def frame(self, peer: int, h: Header, lent: Lent | None = None) -> tuple[memoryview | None, Token]:
+        """Return ``(buffer, token)``: read ``h.nbytes`` into ``buffer`` (None: discard), then ``landed(token)``.
+        ``lent``: the payload stays in the peer's memory (``lent``); an early one is held as it is."""
         if h.job & 0xFFFFFFFF != self.job32:
             raise ProtocolError(f"rank {self.rank}: frame from rank {peer} carries job {h.job:#x}, "
                                 f"this job is {self.job32:#x}")
@@ -231,12 +254,12 @@ class Mailbox:
                     clash = self._posted.pop(clash_key)
             if posted is None and not stale and clash is None and lent is not None:
                 self._unexpected[key] = _Early(h, None, lent)  # nothing held here: the peer keeps the bytes
-                return None, ("early", key, None)
+                return None, Hold(key, None)
             if posted is None and not stale and clash is None:
                 self._hold_early(peer, h)
                 early = _Early(h, self._spares.take(h.nbytes))
                 self._unexpected[key] = early
-                return early.data, ("early", key, early)
+                return early.data, Hold(key, early)
             if posted is not None:
                 self._inflight[key] = posted.req  # abort() must still reach it while its payload arrives
         if stale:  # a message of a collective this rank has finished: nobody here will ever take it
@@ -248,16 +271,16 @@ class Mailbox:
         assert posted is not None
         err = check_match(self.rank, peer, posted.meta, h)
         if err is not None:
-            return None, ("fail", key, err)
+            return None, Deliver(key, err)
         if h.codec != RAW:
             staged = memoryview(bytearray(h.nbytes))
             posted.req.encoded = (h, staged)
-            return staged, ("done", key, None)
-        return posted.out, ("done", key, None)
+            return staged, Deliver(key, None)
+        return posted.out, Deliver(key, None)
 
-    def on_frame(self, peer: int, h: Header, payload: memoryview) -> None:
-        """A whole frame at once (a reader that has the payload already): ``on_header``, the copy and
-        ``on_payload`` in one step. The common case, a raw frame whose receive is posted and agrees with
+    def whole(self, peer: int, h: Header, payload: memoryview) -> None:
+        """A whole frame at once (a reader that has the payload already): ``frame``, the copy and
+        ``landed`` in one step. The common case, a raw frame whose receive is posted and agrees with
         it, takes the lock once; anything else goes the long way."""
         if h.codec == RAW and h.job & 0xFFFFFFFF == self.job32:
             key = (peer, (h.group, h.seq, h.tag))
@@ -279,14 +302,14 @@ class Mailbox:
                     posted.out[:] = payload
                 posted.req.complete()
                 return
-        buf, token = self.on_header(peer, h)
+        buf, token = self.frame(peer, h)
         if buf is not None and h.nbytes:
             buf[:h.nbytes] = payload
-        self.on_payload(token)
+        self.landed(token)
 
-    def _keep_early(self, peer: int, h: Header, key: tuple[int, tuple[int, int, int]], payload: memoryview) -> bool:
+    def _keep_early(self, peer: int, h: Header, key: Key, payload: memoryview) -> bool:
         """(Lock held.) A small raw frame with no receive posted for it, kept whole until one is; False where
-        ``on_header`` must judge it (stale, a posted receive of the same op to check it against, large).
+        ``frame`` must judge it (stale, a posted receive of the same op to check it against, large).
         Over the early limit it is refused here as there."""
         group, seq, nbytes = h.group, h.seq, h.nbytes
         if nbytes >= Spares.SMALL:
@@ -308,38 +331,41 @@ class Mailbox:
                                 "(security.max_early_bytes)")
         self._early_bytes[peer] = held
 
-    def on_lent(self, peer: int, h: Header, lent: Lent) -> None:
+    def lent(self, peer: int, h: Header, lent: Lent) -> None:
         """A DATA frame whose ``h.nbytes`` raw payload bytes ``peer`` lends: read into its receive now when
         that is posted, else once it is (``post_recv``); given back unread when nobody will receive it."""
         if self.pull is None:
             raise ProtocolError(f"rank {self.rank}: rank {peer} lent a message over a connection that cannot read it")
         if h.codec != RAW:
             raise ProtocolError(f"rank {self.rank}: rank {peer} lent an encoded message (codec {h.codec:#x})")
-        buf, token = self.on_header(peer, h, lent)
-        if token is not None and token[0] == "early":  # type: ignore[index]
+        buf, token = self.frame(peer, h, lent)
+        if isinstance(token, Hold):
             return
         error = self.pull(peer, lent, buf)
         if error is not None and token is not None:
-            token = ("done", token[1], error)  # type: ignore[index]
-        self.on_payload(token)
+            token = token._replace(error=error)
+        self.landed(token)
 
-    def on_payload(self, token: object) -> None:
+    def landed(self, token: Token) -> None:
+        """The payload ``frame`` gave a buffer for is in."""
         if token is None:
             return
-        kind, a, b = token  # type: ignore[misc]
-        if kind != "early":
+        if isinstance(token, Deliver):
             with self._lock:
-                req = self._inflight.pop(a, None)
+                req = self._inflight.pop(token.key, None)
             if req is not None:
-                req.complete(b)
+                req.complete(token.error)
+            return
+        key, early = token
+        if early is None:  # a lent frame's bytes stay with the peer until its receive is posted
             return
         with self._lock:
-            b.landed = True
-            if b.waiter is None:
+            early.landed = True
+            if early.waiter is None:
                 return
-            if self._unexpected.pop(a, None) is not None:
-                self._release(a[0], b)
-        self._deliver(a[0], b.waiter, b)
+            if self._unexpected.pop(key, None) is not None:
+                self._release(key[0], early)
+        self._deliver(key[0], early.waiter, early)
 
     def waiting_on(self) -> set[int]:
         """The peers this rank has posted receives for that have not completed (a transport that cannot
