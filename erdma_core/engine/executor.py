@@ -11,25 +11,22 @@ reduction.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import NamedTuple
 
 import numpy as np
 
-from ..compression import Site
-from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, ErdmaError, ProtocolError
+from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, ErdmaError
 from ..protocol import reduce_ops
 from ..protocol.reduce_ops import ReduceOp
 from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
 from ..transport.request import Request
-from ..transport.wire import DATA, NO_ROOT, RAW, Header, make_header
-from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
+from ..transport.wire import DATA, NO_ROOT, RAW, make_header
+from .codecs import Codecs
+from .coded import Coded, decode
 from .program import Msg, Program, Stage
 
 ScratchFor = Callable[[int, np.dtype, int], np.ndarray]
@@ -102,12 +99,11 @@ def run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpor
 
 def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
          scratch_for: ScratchFor | None, codecs: Codecs) -> None:
-    fwd = Forwarding() if codecs.lossy else None
-    raw = codecs.sender is None
+    coded = Coded(codecs, op, buffers, transport) if codecs.sender is not None else None
     # sends a step keeps under way at once: one (the next is posted once the last is written), or over a
     # pool of connections (``Transport.stripes``) one per connection, so that each has data to carry; an
     # encoded message's bytes may be a codec's reused memory, so those still go one at a time
-    window = transport.stripes if raw else 1
+    window = transport.stripes if coded is None else 1
     stages = program.stages
     last = len(stages) - 1
     seq, deadline, numel = op.seq, op.deadline, op.numel
@@ -116,31 +112,21 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
     for i, st in enumerate(stages):
         for c in st.copies:
             buffers[c.dst][c.dst_offset:c.dst_offset + c.count] = buffers[c.src][c.src_offset:c.src_offset + c.count]
-            if fwd is not None:
-                fwd.copied(c.src, c.src_offset, c.dst, c.dst_offset, c.count)
-        exchanged: list[tuple[int, str, int, int]] = []
-        if fwd is not None and st.sends_copied:
-            exchanged = _encode_copies(st, i, buffers, op, codecs, fwd)
+        if coded is not None:
+            coded.step(i, st)
         pending = posted if posted is not None else _post(st, i & 1, buffers, transport, op, head, scratch_for)
         posted = None
         if i < last and stages[i + 1].early:
             posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         done = 0
-        sends = st.sends
-        # compression.pipeline: message k + 1 encodes on the helper thread while message k is sent (see _prepare)
-        ahead = not raw and codecs.pipeline and len(sends) > 1
-        got = _prepare(codecs, fwd, op, i, sends[0], buffers) if ahead else None
         sending: deque[tuple[Request, int]] = deque()  # sends under way: a pool takes ``window`` at once
         try:
-            for k, m in enumerate(sends):
-                if raw:
+            for k, m in enumerate(st.sends):
+                if coded is None:
                     payload = as_bytes(buffers[m.buf][m.offset:m.offset + m.count])
                     header = make_header((*head, m.tag, seq, RAW, 0, numel, m.count, m.nbytes))
                 else:
-                    codec, meta, payload = (_collect(got, fwd, op, m, transport) if ahead
-                                            else _outgoing(codecs, fwd, op, i, m, buffers[m.buf]))
-                    if ahead and k + 1 < len(sends):
-                        got = _prepare(codecs, fwd, op, i, sends[k + 1], buffers)
+                    codec, meta, payload = coded.outgoing(k)
                     header = make_header((*head, m.tag, seq, codec, meta, numel, m.count, len(payload)))
                 req = transport.isend(m.to, header, payload, deadline)
                 if not req.finished or req.error is not None:
@@ -148,135 +134,18 @@ def _run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transpo
                     while sending and (len(sending) >= window or sending[0][0].finished):
                         finish(*sending.popleft(), op, transport, "sending to")
                 while done < len(pending) and pending[done][0].finished:
-                    _land(pending[done], buffers, op, transport, codecs, fwd, exchanged)
+                    _land(pending[done], buffers, op, transport, codecs, coded)
                     done += 1
             while sending:
                 finish(*sending.popleft(), op, transport, "sending to")
         except BaseException:
-            if ahead:
-                _abandon(got, op)
+            if coded is not None:
+                coded.abandon()
             raise
         if i < last and stages[i + 1].after_sends:  # what the sends read is free: post before peers send
             posted = _post(stages[i + 1], (i + 1) & 1, buffers, transport, op, head, scratch_for)
         for item in pending[done:]:
-            _land(item, buffers, op, transport, codecs, fwd, exchanged)
-
-
-class _Job(NamedTuple):
-    """A message to encode afresh: the elements, where error feedback keeps its residual, and where they lie."""
-
-    view: np.ndarray
-    site: Site | None
-    buf: str
-    lo: int
-    hi: int
-
-
-class _Running(NamedTuple):
-    """A ``_Job`` encoding on the codecs' helper thread (``Codecs.ahead``)."""
-
-    job: _Job
-    future: Future[Outgoing | None]
-
-
-def _outgoing(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg, arr: np.ndarray) -> Outgoing:
-    """What goes on the wire for message ``m`` of ``arr``: raw, forwarded as it came, or encoded afresh."""
-    got = _choose(codecs, fwd, op, step, m, arr)
-    if type(got) is _Job:
-        return _settle(fwd, got, _encode(codecs, op.dtype, got, fwd is not None))
-    return got  # type: ignore[return-value]
-
-
-def _choose(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg, arr: np.ndarray) -> Outgoing | _Job:
-    """``_outgoing``'s decision, without the encoding: an Outgoing (raw, or forwarded as it came) or a _Job."""
-    buf, off, cnt = m.buf, m.offset, m.count
-    view = arr[off:off + cnt]
-    if codecs.sender is None or view.nbytes < codecs.min_bytes or not codecs.worth(m.to, view.nbytes):
-        if codecs.sender is not None:
-            codecs.counted("small" if view.nbytes < codecs.min_bytes else "skipped", view.nbytes)
-        if fwd is not None and buf != "in":
-            fwd.record(buf, off, off + cnt, None)  # a peer now holds these exact values
-        return RAW, 0, as_bytes(view)
-    if fwd is not None and buf != "in":
-        found = fwd.lookup(buf, off, off + cnt)
-        if found is MIXED or found is None:
-            fwd.record(buf, off, off + cnt, None)
-            return RAW, 0, as_bytes(view)
-        if found is not OWN:
-            return found  # type: ignore[no-any-return]
-    site = Site(op.key, op.name, op.algorithm, step, off, cnt) if op.key is not None else None
-    return _Job(view, site, buf, off, off + cnt)
-
-
-def _encode(codecs: Codecs, dtype: str, job: _Job, keep: bool) -> Outgoing | None:
-    """Encode ``job``; ``keep`` (a lossy compressor's Forwarding): the elements become what peers decode.
-    Touches only the job's elements, so it may run on the helper thread."""
-    out = codecs.encode(job.view, dtype, job.site)
-    if out is not None and keep and job.buf != "in":
-        codecs.decode_own(out, dtype, job.view)  # this rank keeps what its peers will see
-    return out
-
-
-def _settle(fwd: Forwarding | None, job: _Job, out: Outgoing | None) -> Outgoing:
-    """What goes on the wire for an encoded ``job`` (raw if the codec declined), recorded for forwarding."""
-    if fwd is not None and job.buf != "in":
-        fwd.record(job.buf, job.lo, job.hi, out)
-    return out if out is not None else (RAW, 0, as_bytes(job.view))
-
-
-def _prepare(codecs: Codecs, fwd: Forwarding | None, op: Op, step: int, m: Msg,
-             buffers: Mapping[str, np.ndarray]) -> Outgoing | _Running:
-    """Message ``m``'s Outgoing, or its encoding started on the helper thread. Deciding before the previous
-    message is sent is safe: a step's receives never land where a later send of the step reads (``program``),
-    and the decisions (encode, forward as it came, or raw) are still taken here, in message order."""
-    got = _choose(codecs, fwd, op, step, m, buffers[m.buf])
-    if type(got) is _Job:
-        return _Running(got, codecs.ahead(_encode, codecs, op.dtype, got, fwd is not None))
-    return got  # type: ignore[return-value]
-
-
-def _abandon(got: Outgoing | _Running | None, op: Op) -> None:
-    """A step failed while an encoding ran ahead: it writes into the buffer, so let it end first (bounded)."""
-    if type(got) is _Running and not got.future.cancel():
-        with contextlib.suppress(BaseException):
-            got.future.exception(timeout=max(0.0, op.deadline - time.monotonic()))
-
-
-def _collect(got: Outgoing | _Running, fwd: Forwarding | None, op: Op, m: Msg, transport: Transport) -> Outgoing:
-    """``_prepare``'s result, once its encoding is done (within the op's deadline)."""
-    if type(got) is not _Running:
-        return got  # type: ignore[return-value]
-    try:
-        out = got.future.result(timeout=max(0.0, op.deadline - time.monotonic()))
-    except FutureTimeout:
-        err = CollectiveTimeoutError(
-            f"rank {op.rank}: {op.name} ({op.label}, seq {op.seq}) hit its timeout of {op.timeout:.1f}s "
-            f"encoding a message for rank {op.ranks[m.peer]}", rank=op.rank, op=op.name)
-        transport.abort(err)
-        raise err from None
-    return _settle(fwd, got.job, out)
-
-
-def _encode_copies(st: Stage, i: int, buffers: Mapping[str, np.ndarray], op: Op, codecs: Codecs,
-                   fwd: Forwarding) -> list[tuple[int, str, int, int]]:
-    """Lossy compressor: a step that sends a copy (``Copy('out', ..., 'work', ...)``, then send 'work') encodes
-    it now, before any receive of the step lands, and the copy's source takes the decoded values too. A rank
-    that sends its elements and also reduces into them (recursive doubling) then combines the same values its
-    peer received; the sends below forward these bytes. Returns the source ranges so exchanged, with the
-    peer: ``(peer, buffer, start, end)``."""
-    exchanged = []
-    for m in st.sends:
-        off, cnt = m.offset, m.count
-        for c in st.copies:
-            if c.dst != m.buf or c.src == "in" or not (c.dst_offset <= off and off + cnt <= c.dst_offset + c.count):
-                continue
-            src = c.src_offset + off - c.dst_offset
-            exchanged.append((m.peer, c.src, src, src + cnt))
-            if fwd.lookup(m.buf, off, off + cnt) is OWN:
-                out = _outgoing(codecs, fwd, op, i, m, buffers[m.buf])
-                buffers[c.src][src:src + cnt] = buffers[m.buf][off:off + cnt]
-                fwd.record(c.src, src, src + cnt, out if out[0] != RAW else None)
-    return exchanged
+            _land(item, buffers, op, transport, codecs, coded)
 
 
 def _post(st: Stage, slot: int, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
@@ -302,42 +171,20 @@ def _post(st: Stage, slot: int, buffers: Mapping[str, np.ndarray], transport: Tr
 
 
 def _land(item: _Pending, buffers: Mapping[str, np.ndarray], op: Op, transport: Transport, codecs: Codecs,
-          fwd: Forwarding | None, exchanged: Sequence[tuple[int, str, int, int]] = ()) -> None:
+          coded: Coded | None) -> None:
     req, m, scratch = item
     if not req.finished or req.error is not None:
         finish(req, m.peer, op, transport, "waiting for")
+    if coded is not None:
+        coded.landed(req, m, scratch)
+        return
     off, cnt = m.offset, m.count
-    if req.encoded is not None:
-        header, payload = req.encoded
-        decode(codecs, header, payload, scratch if scratch is not None else buffers[m.buf][off:off + cnt], op,
+    if req.encoded is not None:  # a peer that compresses: decoded here, whatever this rank sends with
+        decode(codecs, *req.encoded, scratch if scratch is not None else buffers[m.buf][off:off + cnt], op,
                transport, m.peer)
-        if fwd is not None and scratch is None:
-            fwd.record(m.buf, off, off + cnt, (header.codec, header.meta, payload))
-    elif fwd is not None and scratch is None:
-        fwd.record(m.buf, off, off + cnt, None)
     if scratch is not None:
         assert op.reduce_op is not None
         reduce_ops.reduce_into(buffers[m.buf][off:off + cnt], scratch, op.reduce_op, op.dtype)
-        if fwd is not None:
-            # the elements are this rank's own now, unless it exchanged them with this peer in this step: then
-            # the peer holds the same sum, and a later send of it must go raw (an encoder's state differs
-            # from rank to rank, so two ranks encoding the same values need not agree)
-            same = any(p == m.peer and b == m.buf and lo <= off and off + cnt <= hi for p, b, lo, hi in exchanged)
-            if same:
-                fwd.record(m.buf, off, off + cnt, None)
-            else:
-                fwd.forget(m.buf, off, off + cnt)
-
-
-def decode(codecs: Codecs, header: Header, payload: memoryview, out: np.ndarray, op: Op, transport: Transport,
-           peer: int) -> None:
-    """Decode a message from group rank ``peer``; a payload that cannot be decoded fails the job."""
-    try:
-        codecs.decode(header, payload, op.dtype, out, op.rank, op.ranks[peer])
-    except ProtocolError as exc:
-        err = ProtocolError(f"{op.name} ({op.label}, seq {op.seq}) failed on rank {op.rank}: {exc}")
-        transport.abort(err)
-        raise err from exc
 
 
 def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) -> None:

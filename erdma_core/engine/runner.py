@@ -21,6 +21,7 @@ from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from . import executor
 from .buffers import page_aligned
 from .codecs import Codecs
+from .coded import decode
 from .plans import plan
 from .program import Program, compile_plan
 
@@ -147,7 +148,7 @@ class Runner:
         def received() -> None:
             executor.finish(req, peer, op, t, "waiting for")
             if req.encoded is not None:
-                executor.decode(self._codecs(kind), *req.encoded, array, op, t, peer)
+                decode(self._codecs(kind), *req.encoded, array, op, t, peer)
 
         return received
 
