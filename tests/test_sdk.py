@@ -144,6 +144,36 @@ def test_every_in_tree_registration_says_its_sdk_version_as_a_number() -> None:
             if not (isinstance(v, ast.Constant) and v.value == sdk.VERSION)} == {}
 
 
+def _mypy(*files: Path) -> subprocess.CompletedProcess[str]:
+    flags = ["--ignore-missing-imports", "--follow-imports=silent", "--no-incremental", "--cache-dir", os.devnull,
+             "--no-error-summary"]
+    return subprocess.run([sys.executable, "-m", "mypy", *flags, *map(str, files)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+
+
+def test_mypy_checks_every_registration_against_the_register_protocols(tmp_path: Path) -> None:
+    """The registration hooks take ``Register``/``RegisterAlgorithm``/``RegisterEnvironment``: mypy checks
+    every in-tree plugin's calls against them, and finds a call that is wrong."""
+    checked = _mypy(*(p / "plugin.py" for p in PLUGINS))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    wrong = tmp_path / "wrongplug.py"
+    wrong.write_text(textwrap.dedent('''
+        from erdma_core.sdk import Register, RegisterAlgorithm, hookimpl
+
+        @hookimpl
+        def erdma_register_transports(register: Register) -> None:
+            register("x", object, sdk="1")
+
+        @hookimpl
+        def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
+            register("allreduce", object, sdk=1)
+    '''))
+    found = _mypy(wrong)
+    assert found.returncode == 1
+    assert 'Argument "sdk" to "__call__" of "Register" has incompatible type "str"; expected "int | None"' in found.stdout
+    assert 'Missing positional argument "schedule_fn" in call to "__call__" of "RegisterAlgorithm"' in found.stdout
+
+
 def test_a_plugin_written_for_another_sdk_version_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "versionsplug.py").write_text(textwrap.dedent('''
         from erdma_core.sdk import hookimpl
