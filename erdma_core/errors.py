@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
+    "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProtocolError",
+]
+
 
 class ErdmaError(RuntimeError):
     """Base class of every error eRDMA raises on purpose."""

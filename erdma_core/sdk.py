@@ -34,19 +34,8 @@ from .algorithms.schedule import Copy, Spec, Step, Xfer
 from .compression import Compressor, Encoded, Site
 from .config.option import Option
 from .engine.offload import Fallback, OffloadCall, OffloadContext
-from .errors import (
-    AbortedError,
-    AuthenticationError,
-    CollectiveError,
-    CollectiveTimeoutError,
-    ConfigError,
-    ErdmaError,
-    IntegrityError,
-    MismatchError,
-    PeerLostError,
-    PluginError,
-    ProtocolError,
-)
+from .errors import *  # noqa: F403  (every error: errors.__all__)
+from .errors import __all__ as _ERRORS
 from .plugins.hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 from .protocol import dtypes, reduce_ops
 from .protocol.ops import COLLECTIVES, OFFLOADABLE
@@ -80,6 +69,5 @@ __all__ = [
     "COLLECTIVES", "OFFLOADABLE", "Copy", "Fallback", "OffloadCall", "OffloadContext", "ReduceOp", "Spec", "Step",
     "Xfer", "dtypes", "reduce_ops",
     # errors
-    "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
-    "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProtocolError",
+    *_ERRORS,
 ]
