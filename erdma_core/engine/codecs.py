@@ -232,6 +232,9 @@ class Codecs:
             self.decode_s = _average(self.decode_s, (time.perf_counter() - start) / out.nbytes)
 
 
+NO_CODECS = Codecs(None, 0, lambda cid: None)  # nothing to send with, nothing to decode with: every message raw
+
+
 class Forwarding:
     """One collective's record, for a lossy compressor, of element ranges that hold exactly what a peer
     sent (or what this rank sent encoded): a send of exactly such a range forwards those bytes as they came;

@@ -25,12 +25,11 @@ from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
 from ..transport.request import Request
 from ..transport.wire import DATA, NO_ROOT, RAW, make_header
-from .codecs import Codecs
+from .codecs import NO_CODECS, Codecs
 from .coded import Coded, decode
 from .program import Msg, Program, Stage
 
 ScratchFor = Callable[[int, np.dtype, int], np.ndarray]
-_NO_CODECS = Codecs(None, 0, lambda cid: None)
 
 
 class _OpFields(NamedTuple):
@@ -79,7 +78,7 @@ _Pending = tuple[Request, Msg, "np.ndarray | None"]
 
 
 def run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
-        scratch_for: ScratchFor | None = None, codecs: Codecs = _NO_CODECS) -> None:
+        scratch_for: ScratchFor | None = None, codecs: Codecs = NO_CODECS) -> None:
     """Execute ``program``; raise a CollectiveError naming this rank, the op and the peer on failure.
 
     ``scratch_for(count, dtype, slot)`` lends the memory reducing receives land in (slots 0 and 1, used by

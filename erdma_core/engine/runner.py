@@ -20,13 +20,12 @@ from ..transport.mailbox import as_bytes
 from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from . import executor
 from .buffers import page_aligned
-from .codecs import Codecs
+from .codecs import NO_CODECS, Codecs
 from .coded import decode
 from .plans import plan
 from .program import Program, compile_plan
 
 _CACHED = 1024  # compiled collectives a runner keeps (a job that makes more starts the cache again)
-_NO_CODECS = Codecs(None, 0, lambda cid: None)
 
 
 class Compiled(NamedTuple):
@@ -52,7 +51,7 @@ class Runner:
         self.ring = tuple(ring or ranks)
         self.timeout, self.chunk_bytes = timeout, chunk_bytes
         self._algorithm, self._choose = algorithm, choose
-        self._codecs = codecs or (lambda op: _NO_CODECS)
+        self._codecs = codecs or (lambda op: NO_CODECS)
         self._label = ""
         self._plans: dict[Hashable, Compiled] = {}
         # scratch (one collective of the group at a time uses it, on whichever thread runs it): slots 0 and 1 for
