@@ -47,11 +47,13 @@ def erdma_register_transports(register: Register) -> None:
     """Register transport factories.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager`` once, when the plugin manager is built.
-    Arguments: ``register(name, factory, *, options=None, description="")``. ``factory(config, section)``
-    returns an object that satisfies ``erdma_core.transport.base.Transport`` (most subclass
-    ``erdma_core.transport.base.MessageTransport``, or ``erdma_core.transport.tcp.stream.SocketTransport`` for
-    stream sockets); it must be cheap to import and do heavy imports (aioquic, pyverbs) only when called.
-    ``options`` is a dict of ``erdma_core.config.Option`` declaring the keys of the section
+    Arguments: ``register(name, factory, *, options=None, description="", sdk=None)``. ``factory(config,
+    section)`` returns an object that satisfies ``erdma_core.sdk.Transport`` (most subclass
+    ``erdma_core.sdk.MessageTransport``, or ``erdma_core.sdk.SocketTransport`` for stream sockets); it must be
+    cheap to import and do heavy imports (aioquic, pyverbs) only when called. ``sdk`` is the version of
+    ``erdma_core.sdk`` the transport was written for, as a number: a transport that says another than
+    ``erdma_core.sdk.VERSION``, or none, is refused (logged, listed by ``erdma plugins``, a PluginError when
+    selected). ``options`` is a dict of ``erdma_core.sdk.Option`` declaring the keys of the section
     ``[transport.<name>]``; ``section`` is that section's values, ``config`` the whole
     ``erdma_core.config.Config``. Returns: nothing. Not firstresult, not historic: every plugin's
     implementation is called.
@@ -64,11 +66,11 @@ def erdma_register_discovery(register: Register) -> None:
     ``discovery.init_method`` (``env``, ``tcp``, ``file``, ...).
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(scheme,
-    factory, *, options=None, description="")``. ``factory(url, rank, world_size, timeout, config)``
-    returns an ``erdma_core.discovery.Store`` (set, get with a timeout, add, close) that every rank of the job
-    shares. A factory with the attribute ``assigns_ranks = True`` is called with ``rank=None`` when the
-    process was given no rank (no ``init(rank=...)``, no ``RANK``): the ranks then agree on theirs through
-    the method, and the store's ``rank`` attribute says this process's. Returns: nothing. Every
+    factory, *, options=None, description="", sdk=None)`` (``sdk`` as for transports, checked when given).
+    ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.sdk.Store`` (set, get with a
+    timeout, add, close) that every rank of the job shares. A factory with the attribute ``assigns_ranks = True`` is
+    called with ``rank=None`` when the process was given no rank (no ``init(rank=...)``, no ``RANK``): the ranks
+    then agree on theirs through the method, and the store's ``rank`` attribute says this process's. Returns: nothing. Every
     implementation is called.
     """
 
@@ -78,11 +80,11 @@ def erdma_register_traversals(register: Register) -> None:
     """Register NAT traversal strategies.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
-    factory, *, options=None, description="")``; ``factory(config, section)`` returns an
-    ``erdma_core.traversal.Traversal``: its ``advertise(host, port) -> (host, port)`` is called at set-up,
-    once for each address the transport listens on (QUIC striping workers have one each), and returns the
-    address peers should dial. Optionally ``udp_socket() -> socket | None``, called once before the
-    transport connects: a bound UDP socket a datagram transport (QUIC) must use instead of its own (a
+    factory, *, options=None, description="", sdk=None)`` (``sdk`` as for transports, checked when given);
+    ``factory(config, section)`` returns an ``erdma_core.sdk.Traversal``: its ``advertise(host, port) ->
+    (host, port)`` is called at set-up, once for each address the transport listens on (QUIC striping workers have
+    one each), and returns the address peers should dial. Optionally ``udp_socket() -> socket | None``, called once
+    before the transport connects: a bound UDP socket a datagram transport (QUIC) must use instead of its own (a
     hole-punched NAT mapping); ``punch(host, port) -> bytes | None``; and ``udp_sockets(count) -> list``,
     more sockets prepared the same way for a transport that stripes (raises ``ConfigError`` when it cannot);
     ``candidates(host, port) -> list[Candidate]`` and ``dial_plan(candidates) -> (list[Candidate], seconds)``
@@ -96,11 +98,11 @@ def erdma_register_compressors(register: Register) -> None:
     """Register compressors.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
-    factory, *, options=None, description="")``; ``factory(config, section)`` returns an
-    ``erdma_core.compression.Compressor``. Its wire id is ``erdma_core.transport.wire.codec_id(name)``; two
-    names with the same id are refused. The executor calls the configured compressor's ``encode`` for each
-    message of at least ``compression.min_bytes`` and any installed compressor's ``decode`` for a message
-    that names it. Returns: nothing. Every implementation is called.
+    factory, *, options=None, description="", sdk=None)`` (``sdk`` as for transports, checked when given);
+    ``factory(config, section)`` returns an ``erdma_core.sdk.Compressor``. Its wire id is
+    ``erdma_core.transport.wire.codec_id(name)``; two names with the same id are refused. The executor calls the
+    configured compressor's ``encode`` for each message of at least ``compression.min_bytes`` and any installed
+    compressor's ``decode`` for a message that names it. Returns: nothing. Every implementation is called.
     """
 
 
@@ -110,7 +112,8 @@ def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     collective with an endpoint outside the group (an aggregation node, a switch).
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(op, name,
-    schedule_fn, *, options=None, description="", offload=False)``; ``op`` is one of
+    schedule_fn, *, options=None, description="", offload=False, sdk=None)`` (``sdk``: the SDK version it was
+    written for; one that says another than ``erdma_core.sdk.VERSION`` is refused); ``op`` is one of
     ``erdma_core.protocol.ops.COLLECTIVES``; ``options`` declares the keys of ``[algorithm.<op>.<name>]``.
 
     A schedule (``offload=False``): ``schedule_fn(spec)`` takes an ``erdma_core.algorithms.schedule.Spec``
