@@ -19,7 +19,6 @@ import numpy as np
 
 from ..engine import topology
 from ..engine.buffers import Buffer, as_buffer
-from ..engine.codecs import Codecs
 from ..engine.offload import OffloadCall
 from ..engine.offloads import Offloads
 from ..engine.program import chunk_bytes
@@ -60,7 +59,7 @@ class ProcessGroup:
         self.runner = Runner(transport=rt.transport, algorithm=rt.algorithm, choose=self._algorithm, job=rt.job,
                              group=group_id, ranks=self.ranks, rank=rt.rank, timeout=rt.timeout,
                              chunk_bytes=chunk_bytes(rt.config["collectives.chunk_bytes"], rt.transport.stripes),
-                             codecs=self._codecs, ring=self.ring)
+                             codecs=rt.codecs.for_op, ring=self.ring)
         self.offloads = Offloads(transport=rt.transport, algorithm=rt.algorithm, job=rt.job, group=group_id,
                                  ranks=self.ranks, rank=rt.rank, timeout=rt.timeout,
                                  chunk_bytes=self.runner.chunk_bytes, config=rt.config,
@@ -177,9 +176,6 @@ class ProcessGroup:
             raise PluginError(f"{name} algorithm {compiled.offload.name!r} fell back to {fallback.algorithm!r}, "
                               "which is not a host algorithm")
         return host
-
-    def _codecs(self, name: str) -> Codecs:
-        return self.rt.codecs.for_op(name)
 
     def counters(self) -> dict[str, int]:
         """How this group's collectives ran through offloaded algorithms: ``<op>.<algorithm>.offloaded``,
