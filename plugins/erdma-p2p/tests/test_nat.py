@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from erdma_p2p.lab.jobs import CONNECT_S, RELAY, TURN_HOSTS, run_job
+from erdma_p2p.lab.jobs import CONNECT_S, RELAY, TURN_HOSTS, run_job, wait_started
 from erdma_p2p.lab.natlab import RFC3489, STUN, NatLab, available
 
 HERE = Path(__file__).resolve().parent
@@ -60,7 +60,7 @@ def test_ranks_behind_nats_find_each_other_through_the_dht(tmp_path):
         node = lab.serve_dht()  # killed with the namespace
 
         def ask_the_doctor() -> None:  # while the job runs: what each rank published about its paths
-            time.sleep(4.0)
+            wait_started(tmp_path, 3)
             env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
             doctor.append(subprocess.run(["ip", "netns", "exec", lab.ns("pub"), sys.executable, "-m",
                                           "erdma_core.cli", "doctor"], capture_output=True, text=True, timeout=60,
@@ -187,7 +187,8 @@ def test_pairs_that_no_direct_path_joins_relay_through_turn(tmp_path, symmetric,
 def test_a_direct_path_that_breaks_mid_job_falls_back_to_the_relay(tmp_path):
     with NatLab(2, tmp_path) as lab:
         def break_the_direct_path() -> None:
-            time.sleep(3.0)  # connected directly by then (in about a second), and allreducing for 8 s
+            started = wait_started(tmp_path, 2)  # connected, and allreducing for 8 s
+            assert started == [{"1": "direct"}, {"0": "direct"}], started
             lab.block_direct(0, 1)
 
         fast = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
@@ -253,7 +254,7 @@ def test_a_refused_relay_fails_clearly(tmp_path):
 def test_a_relay_that_dies_mid_job_fails_every_rank_clearly(tmp_path):
     with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
         def kill_the_relay() -> None:
-            time.sleep(CONNECT_S)  # connected (or failed) by then, and allreducing
+            wait_started(tmp_path, 2)  # connected, and allreducing
             lab.stop_turn()
 
         results = run_job(lab, tmp_path, iters=10**6, count=1000, during=kill_the_relay,

@@ -4,6 +4,9 @@ with the addresses this rank published and how it reaches each peer (direct or r
 
     JOB_PAUSE=SECONDS python -m erdma_p2p.lab.job ITERS COUNT    (JOB_PAUSE: a pause after each allreduce; default none)
 
+JOB_STARTED=DIR: after its first allreduce the rank writes DIR/RANK, the paths to its peers as JSON (what a test
+that breaks something mid-job waits for: ``jobs.wait_started``).
+
 JOB_RING=group-order runs the allreduces in a group whose ring ignores slow (relayed) links: a baseline.
 """
 
@@ -13,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -52,10 +56,12 @@ def main() -> int:
                               "after_s": time.monotonic() - t0}), flush=True)
             return 1
         wrong += int(not np.array_equal(arr, want))
+        if i == 0 and os.environ.get("JOB_STARTED"):
+            _started(os.environ["JOB_STARTED"], r, pg)
         time.sleep(pause)
     seconds = time.monotonic() - t0
     lanes = getattr(pg.rt.transport, "lane_stats", dict)()  # erdma-quic striping: parts per lane
-    paths = {str(peer): how.split()[-1] for peer, how in getattr(pg.rt.transport, "paths", dict)().items()}
+    paths = _paths(pg)
     print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds,
                       "allreduce_s": in_allreduce,
                       "paths": paths, "ring": list(pg.ring),
@@ -63,6 +69,17 @@ def main() -> int:
           flush=True)
     world.destroy()
     return 0
+
+
+def _paths(pg: erdma_core.ProcessGroup) -> dict[str, str]:
+    """How this rank reaches each peer: "direct" or "relayed", by peer."""
+    return {str(peer): how.split()[-1] for peer, how in getattr(pg.rt.transport, "paths", dict)().items()}
+
+
+def _started(folder: str, rank: int, pg: erdma_core.ProcessGroup) -> None:
+    where = Path(folder) / str(rank)
+    where.with_suffix(".tmp").write_text(json.dumps(_paths(pg)))
+    where.with_suffix(".tmp").rename(where)  # whole or not there
 
 
 if __name__ == "__main__":

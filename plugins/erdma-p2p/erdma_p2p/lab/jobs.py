@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,11 +21,28 @@ RELAY = {"ERDMA_TRAVERSAL": "stun", "ERDMA_TRAVERSAL_STUN_RELAY": f"{STUN[0]}:{S
 TURN_HOSTS = (STUN[0], STUN_CHECK[0])  # coturn relays from either of its addresses
 
 
+def wait_started(tmp: Path, ranks: int, timeout: float = CONNECT_S + 60) -> list[dict[str, str]]:
+    """Wait until ``ranks`` ranks of the job ``run_job(lab, tmp, ...)`` runs have finished their first allreduce
+    (connected to their peers): each one's paths to its peers ("direct" or "relayed", by peer), by rank. A
+    test that breaks something mid-job calls it from ``during`` instead of sleeping for a while: under load a
+    rank's start can take longer than any fixed wait. RuntimeError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sorted((tmp / "started").glob("[0-9]*"), key=lambda f: int(f.name))
+        if len(found) >= ranks:
+            return [json.loads(f.read_text()) for f in found]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(found)} of {ranks} ranks finished a first allreduce within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
 def run_job(lab: NatLab, tmp: Path, iters: int = 20, count: int = 50000, during: Callable[[], None] | None = None,
             **env: str) -> list[dict]:
     """Run job.py on every site's host; ``during()`` runs while the ranks do (and may break things)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_") or k == "ERDMA_TRANSPORT_QUIC_ENGINE"}
+    (tmp / "started").mkdir(exist_ok=True)
     base |= {"WORLD_SIZE": str(lab.sites), "ERDMA_INIT_METHOD": f"file://{tmp}/store", "ERDMA_TRANSPORT": "quic",
+             "JOB_STARTED": str(tmp / "started"),
              "ERDMA_SECRET": "nat-test", "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
              "ERDMA_TIMEOUTS_CONNECT": str(CONNECT_S), **env}
     procs = [subprocess.Popen(["ip", "netns", "exec", lab.host(i), sys.executable, "-m", "erdma_p2p.lab.job", str(iters),
