@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # `make test`'s suites, each one run even when one before it failed: lint, the core's tests, PyTorch's own
 # distributed tests (a pytest process of their own: they set process-wide env), each plugin's in its folder
-# (erdma-quic's on its default engine, the compiled one; erdma-verbs' in a qemu guest that boots first and runs
-# beside all of these), then the core's collective tests again over QUIC on
+# (erdma-quic's on its default engine, the compiled one), then the core's collective tests again over QUIC on
 # aioquic (the reference engine), and its collective, failure and progress tests over QUIC on the compiled
-# engine (ngtcp2) striped across a worker and over DPDK's memif (erdma-dpdk). Each suite runs on pytest-xdist
+# engine (ngtcp2) striped across a worker and over DPDK's memif (erdma-dpdk); erdma-verbs' suite, in a qemu
+# guest, boots first and runs beside all of these. Each suite runs on pytest-xdist
 # workers (TEST_WORKERS, 3 by default; the core's tests one by one, the others a file at a time, the elastic
 # churn test and PyTorch's tests alone): most tests wait on their ranks, sockets and timeouts, so on two
 # cores one test's waiting is another's running. Ends with each step's outcome, wall and CPU seconds, and the
@@ -54,10 +54,11 @@ step() {  # step NAME DIR COMMAND...: run COMMAND in DIR; pytest commands write 
 
 pytest_cmd() {  # pytest_cmd XML NAME ARGS...: pytest, quiet, its files spread over the workers, timings to XML
     # (a later --dist in ARGS wins: the core's tests go one by one; each worker makes its own shared worlds,
-    # which costs little over TCP and much over QUIC, so the re-runs go by file)
+    # which costs little over TCP and much over QUIC, so the others go by file, and a file's tests on shared
+    # worlds by world size: erdma_core.testing.pytest_plugin's groups for --dist loadgroup)
     local xml=$1 name=$2
     shift 2
-    "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadfile --junitxml="$xml" \
+    "$PY" -m pytest -q -p no:randomly -n "${TEST_WORKERS:-3}" --dist loadgroup --junitxml="$xml" \
         -o junit_suite_name="$name" "$@"
 }
 
@@ -68,10 +69,10 @@ pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest as a step
 }
 
 # erdma-verbs' suite boots a qemu guest, which keeps a core busy for many minutes and waits on nothing here. It
-# starts first and runs beside everything up to the core's re-runs, which need the cores and wait for it: beside
-# the plugins' suites alone, its 1,030 s under load were the run's longest step, 500 s of them with nothing
-# else of ours running (a test world's set-up waits at least 120 s, erdma_core.testing.world.INIT_TIMEOUT,
-# long enough for the guest's ranks beside the core's tests)
+# starts first (its image began building beside `make test`'s installs) and runs beside every other step: the
+# two sides took about as long as each other under load (1,577 s the guest, 1,553 s the steps up to the
+# plugins'), and the re-runs waited for it, 6 minutes on the critical path (a test world's set-up waits at
+# least 120 s, erdma_core.testing.world.INIT_TIMEOUT, long enough for the guest's ranks beside the core's tests)
 guest=plugins/erdma-verbs
 if [[ -f $guest/pyproject.toml ]]; then
     (start=$(date +%s)
@@ -96,14 +97,6 @@ TEST_WORKERS=0 pytest_in "PyTorch's distributed tests" tests/torch_suite -p no:c
 for p in plugins/*/ examples/erdma-example/; do
     [[ -f $p/pyproject.toml && ${p%/} != "$guest" ]] && pytest_in "$(basename "$p")" "$p"
 done
-if [[ -n ${guest_pid:-} ]]; then
-    echo "=== erdma-verbs (ran beside the steps above)"
-    wait "$guest_pid"
-    cat "$junit/guest.log"
-    read -r rc seconds < "$junit/guest.rc" || { rc=1; seconds=0; }
-    guest_cpu=$(cpu_in "$junit/guest.times" 2>/dev/null)
-    record "erdma-verbs (beside)" "$rc" "$seconds" "${guest_cpu:-0}"
-fi
 core_again=(tests/test_collectives.py tests/test_failures.py tests/test_progress.py)  # by file: shared worlds
 # aioquic, the reference engine, moves the collectives' data; how a peer's failure or a stall shows is the
 # mesh's, the same code for both engines (erdma-quic's tests/test_mesh.py runs its outage and 0-RTT
@@ -116,6 +109,15 @@ ERDMA_TRANSPORT=quic ERDMA_TRANSPORT_QUIC_SECRET=ci-secret ERDMA_TRANSPORT_QUIC_
 # up to 4 ranks: 8 polling ranks on two busy cores went 19 s without hearing each other (peer_timeout 10 s) in
 # one run of two under load; 8-rank schedules run on TCP in the core's step
 ERDMA_TRANSPORT=dpdk PYTEST_ERDMA_WORLDS=1,2,3,4 pytest_in "core over DPDK (memif)" . "${core_again[@]}"
+
+if [[ -n ${guest_pid:-} ]]; then
+    echo "=== erdma-verbs (ran beside the steps above)"
+    wait "$guest_pid"
+    cat "$junit/guest.log"
+    read -r rc seconds < "$junit/guest.rc" || { rc=1; seconds=0; }
+    guest_cpu=$(cpu_in "$junit/guest.times" 2>/dev/null)
+    record "erdma-verbs (beside)" "$rc" "$seconds" "${guest_cpu:-0}"
+fi
 
 echo
 echo "=== summary"

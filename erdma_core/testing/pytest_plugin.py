@@ -49,3 +49,22 @@ def erdma_shared_world() -> Iterator[WorldFactory]:
     yield _factory({}, opened)
     for w in opened:
         w.close()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup``: a test with no ``xdist_group`` mark of its own goes with the
+    rest of its file (as ``--dist loadfile`` sends it), except that a test on ``erdma_shared_world`` with a
+    ``size`` parameter goes with its file's tests of that size: those share their worlds (kept per worker, and
+    costly to set up over QUIC), and a file's sizes spread over the workers. An explicit
+    ``@pytest.mark.xdist_group(name)`` wins: a file's long tests can run beside each other."""
+    if not getattr(config.option, "loadgroup", False):  # what pytest-xdist sets for --dist loadgroup, on workers too
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        group = item.nodeid.split("::", 1)[0]
+        size = getattr(getattr(item, "callspec", None), "params", {}).get("size")
+        if size is not None and "erdma_shared_world" in getattr(item, "fixturenames", ()):
+            group += f":{size}"
+        item.add_marker(pytest.mark.xdist_group(group))
