@@ -15,10 +15,16 @@ $(VENV)/.core: pyproject.toml
 # every plugin distribution, and the example plugin of docs/plugins.md (installed and tested like one)
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml))) examples/erdma-example/
 
+# erdma-verbs' guest image (minutes: erdma_verbs/guest/build.sh) starts building beside the installs; its tests
+# wait for it to finish (or build it themselves when this build failed or could not start)
+GUEST_BUILD := plugins/erdma-verbs/erdma_verbs/guest/build.sh
+
 # system packages first: erdma-dpdk and erdma-quic compile their C shims against DPDK's / ngtcp2's headers
 # when they are installed
 $(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS)) $(wildcard plugins/*/setup.py)
 	scripts/system-deps.sh test
+	if [ -f $(GUEST_BUILD) ] && [ "$$(id -u)" = 0 ] && command -v mmdebstrap > /dev/null; then \
+		nohup bash $(GUEST_BUILD) > $(VENV)/guest-build.log 2>&1 & fi
 	$(PIP) install -q -e '.[test]' 'torch==2.13.0' $(addprefix -e ,$(PLUGINS))
 	touch $@
 

@@ -38,7 +38,8 @@ def missing() -> str | None:
 
 
 def image() -> Path:
-    """The cached guest for this version of ``build.sh``, built first when there is none (about 2 minutes)."""
+    """The cached guest for this version of ``build.sh``, built first when there is none (about 2 minutes; a
+    build already under way, such as the one ``make test`` starts beside its installs, is waited for)."""
     where = CACHE / hashlib.sha256(BUILD.read_bytes()).hexdigest()[:16]
     if not (where / ".done").exists():
         try:

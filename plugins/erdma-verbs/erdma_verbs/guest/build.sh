@@ -3,10 +3,16 @@
 # initramfs with virtio and 9p, rdma-core, pyverbs, numpy, pytest) as an ext4 image, and a PID 1 that runs the
 # shared folder's .guest-cmd and writes its exit status back. Needs root, mmdebstrap and e2fsprogs.
 #   build.sh DIR     writes DIR/root.ext4, DIR/vmlinuz, DIR/initrd.img (DIR/.done when complete)
+#   build.sh         the same into the cache folder guest.image() reads: $ERDMA_GUEST_CACHE (/var/cache/erdma-guest)
+#                    / the first 16 hex digits of this script's SHA-256 (`make test` starts it beside its installs)
+# One build at a time per DIR (a lock beside it); a build that finds DIR/.done has nothing to do.
 set -euo pipefail
-out=$1
+out=${1:-${ERDMA_GUEST_CACHE:-/var/cache/erdma-guest}/$(sha256sum "$0" | cut -c1-16)}
 mkdir -p "$out"
-rm -rf "$out/root" "$out/rootfs.tar" "$out/.done"
+exec 9> "$out.lock"
+flock 9
+[[ -f $out/.done ]] && exit 0
+rm -rf "$out/root" "$out/rootfs.tar"
 mmdebstrap --variant=minbase \
     --include=linux-image-amd64,initramfs-tools,kmod,iproute2,rdma-core,ibverbs-providers,ibverbs-utils,python3,python3-pyverbs,python3-numpy,python3-pytest,openmpi-bin \
     --customize-hook='printf "9p\n9pnet\n9pnet_virtio\nvirtio_pci\nvirtio_blk\n" >> "$1/etc/initramfs-tools/modules"' \
