@@ -15,7 +15,10 @@ def slowest(n: int, files: list[str]) -> list[tuple[float, str]]:
             continue  # a step that failed before pytest wrote its report
         for suite in ET.parse(f).iter("testsuite"):
             for case in suite.iter("testcase"):
-                where = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "")
+                name = case.get("name", "")
+                if name.rfind("@") > name.rfind("]"):  # --dist loadgroup's "@group" suffix
+                    name = name[:name.rfind("@")]
+                where = case.get("classname", "").replace(".", "/") + ".py::" + name
                 cases.append((float(case.get("time", 0)), f"{suite.get('name')}: {where}"))
     return sorted(cases, reverse=True)[:n]
 
