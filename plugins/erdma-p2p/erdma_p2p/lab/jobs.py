@@ -28,7 +28,7 @@ def wait_started(tmp: Path, ranks: int, timeout: float = CONNECT_S + 60) -> list
     rank's start can take longer than any fixed wait. RuntimeError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        found = sorted((tmp / "started").glob("[0-9]*"), key=lambda f: int(f.name))
+        found = sorted((f for f in (tmp / "started").iterdir() if f.name.isdigit()), key=lambda f: int(f.name))
         if len(found) >= ranks:
             return [json.loads(f.read_text()) for f in found]
         if time.monotonic() > deadline:
