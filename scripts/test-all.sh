@@ -70,7 +70,7 @@ pytest_in() {  # pytest_in NAME DIR ARGS...: that folder's pytest as a step
 
 # erdma-verbs' suite boots a qemu guest, which keeps a core busy for many minutes and waits on nothing here. It
 # starts first (its image began building beside `make test`'s installs) and runs beside every other step: the
-# two sides took about as long as each other under load (1,577 s the guest, 1,553 s the steps up to the
+# two sides took about as long as each other under load (1,579 s the guest, 1,573 s the steps up to the
 # plugins'), and the re-runs waited for it, 6 minutes on the critical path (a test world's set-up waits at
 # least 120 s, erdma_core.testing.world.INIT_TIMEOUT, long enough for the guest's ranks beside the core's tests)
 guest=plugins/erdma-verbs
