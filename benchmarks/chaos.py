@@ -4,7 +4,8 @@ a real 3-member etcd cluster, under a stream of random events, then as many oute
 
     python -m benchmarks.chaos --events 1200 --json chaos.json
 
-Events, one every ``--gap`` seconds on average (exponential gaps): a member SIGKILLed (while more than 3 members,
+Events, one every ``--gap`` seconds on average (exponential gaps; with ``--one-at-a-time``, each gap drawn
+only once the job completed an outer step after the event before): a member SIGKILLed (while more than 3 members,
 peers that printed outer steps, run), a member SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts later (one at
 a time, while more than 3 members run), a new peer (while fewer than 6 run), the etcd leader or another etcd member
 SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while
@@ -24,6 +25,7 @@ import os
 import random
 import re
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -35,8 +37,10 @@ from erdma_core.testing.elastic import ElasticJob, Peer, python
 from erdma_core.testing.etcd import EtcdCluster, missing
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTER = re.compile(r"^outer (\d+) epoch (\d+) members (\d+) \[.*\] hash (\w+) loss ([\d.]+)")
+OUTER = re.compile(r"^outer (\d+) epoch (\d+) members (\d+) \[(.*)\] hash (\w+) loss ([\d.]+)")
 FINAL = re.compile(r"^final loss ([\d.]+)")
+RECOVERY_S = 1.5  # seconds a recovery is allowed in the steps --one-at-a-time plans for (300 events at a mean
+# gap of 2 s, overlapping: median 0.53 s)
 
 
 def _p99(xs: list[float]) -> float:
@@ -49,17 +53,17 @@ class Soak:
         self.job, self.cluster, self.rng, self.liveness = job, cluster, rng, liveness
         self.stopped: tuple[Peer, float] | None = None  # a SIGSTOPped peer and when to continue it
         self.etcd_down: tuple[int, float] | None = None  # an etcd member killed and when to start it
-        self.events: list[tuple[float, str]] = []
+        self.events: list[tuple[float, str, str | None]] = []  # (when, kind, the member killed or stopped)
         self.started = time.monotonic()
 
-    def steps(self) -> list[tuple[float, int]]:
-        """(when, outer step) of every outer line of every peer so far."""
+    def steps(self) -> list[tuple[float, int, str]]:
+        """(when, outer step, its members) of every outer line of every peer so far."""
         out = []
         for p in self.job.peers:
             for t, line in zip(p.times, p.lines, strict=False):
                 m = OUTER.match(line)
                 if m:
-                    out.append((t, int(m.group(1))))
+                    out.append((t, int(m.group(1)), m.group(4)))
         return out
 
     def due(self, now: float) -> None:
@@ -87,8 +91,10 @@ class Soak:
         if not kinds:  # 6 peers run, none of them a member yet, and an etcd member is down: nothing to do now
             return
         kind = self.rng.choice(kinds)
+        victim = None
         if kind == "kill":
-            self.rng.choice(members).kill()
+            victim = self.rng.choice(members)
+            victim.kill()
         elif kind == "stop":
             victim = self.rng.choice(members)
             os.kill(victim.pid, signal.SIGSTOP)
@@ -101,7 +107,14 @@ class Soak:
             i = lead if kind == "etcd-leader" else self.rng.choice([k for k in range(3) if k != lead])
             self.cluster.kill(i)
             self.etcd_down = (i, now + self.rng.uniform(2.0, 5.0))
-        self.events.append((now, kind))
+        self.events.append((now, kind, None if victim is None else f"{socket.gethostname()}:{victim.pid}"))
+
+
+def _recovered(steps: list[tuple[float, int, str]], at: float, before: int, victim: str | None) -> float | None:
+    """When the job recovered from an event at ``at`` (the last outer step then: ``before``): the first outer
+    step completed after it, by members without ``victim`` (the member killed or stopped); None: not yet."""
+    return min((t for t, s, names in steps if t > at and s > before and (victim is None or victim not in
+                                                                      names.split(", "))), default=None)
 
 
 def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace, outer: int, events: int,
@@ -117,18 +130,25 @@ def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace,
         start = time.monotonic()
         nxt = start + 5.0 + rng.expovariate(1 / args.gap)
         hang = False
+        waiting: tuple[float, int, str | None] | None = None  # --one-at-a-time: the last event (when, the outer
+        # step then, its victim) until the job recovered from it
         while job.live():
             now = time.monotonic()
             soak.due(now)
             seen = soak.steps()
-            last = max((t for t, _ in seen), default=start)
-            if now - last > args.hang_s and not (seen and max(s for _, s in seen) >= outer):
+            last = max((t for t, _, _ in seen), default=start)
+            top = max((s for _, s, _ in seen), default=0)
+            if now - last > args.hang_s and not (seen and top >= outer):
                 hang = True
                 break
-            if len(soak.events) < events and now >= nxt and (not seen or max(s for _, s in seen) < outer - 5):
+            if waiting is not None and _recovered(seen, *waiting) is not None:
+                waiting, nxt = None, now + rng.expovariate(1 / args.gap)  # recovered: the next event's gap
+            if len(soak.events) < events and now >= nxt and waiting is None and (not seen or top < outer - 5):
                 soak.event(now)
                 nxt = now + rng.expovariate(1 / args.gap)
-                print(f"\r{len(soak.events)}/{events} events, outer step {max((s for _, s in seen), default=0)}",
+                if args.one_at_a_time and soak.events and soak.events[-1][0] == now:
+                    waiting = (now, top, soak.events[-1][2])
+                print(f"\r{len(soak.events)}/{events} events, outer step {top}",
                       end="", file=sys.stderr, flush=True)
             time.sleep(0.05)
         if soak.stopped is not None:
@@ -146,14 +166,13 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
         mine = [int(m.group(1)) for m in map(OUTER.match, p.lines) if m]
         doubled += len(mine) - len(set(mine))
         for m in filter(None, map(OUTER.match, p.lines)):
-            hashes[int(m.group(1))].add(m.group(4))
+            hashes[int(m.group(1))].add(m.group(5))
     steps = sorted(soak.steps())
     recovery: dict[str, list[float]] = collections.defaultdict(list)
     timeline: list[tuple[float, str, float | None, bool]] = []  # (seconds in, kind, recovery, alone)
-    times = [at for at, _ in soak.events]
-    for i, (at, kind) in enumerate(soak.events):
-        before = max((s for t, s in steps if t <= at), default=0)
-        after = next((t for t, s in steps if t > at and s > before), None)
+    times = [at for at, _, _ in soak.events]
+    for i, (at, kind, victim) in enumerate(soak.events):
+        after = _recovered(steps, at, max((s for t, s, _ in steps if t <= at), default=0), victim)
         if after is not None:
             recovery[kind].append(after - at)
         # alone: no other event in the 2 liveness timeouts before it, nor before its recovery ended
@@ -161,11 +180,11 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
             (i + 1 == len(times) or times[i + 1] > after)
         timeline.append((round(at - soak.started, 2), kind, None if after is None else round(after - at, 3), alone))
     first: dict[int, float] = {}
-    for t, step in steps:
+    for t, step, _ in steps:
         first.setdefault(step, t)
     gaps = [first[k + 1] - first[k] for k in first if k + 1 in first]
     finals = [float(m.group(1)) for p in job.peers for m in map(FINAL.match, p.lines) if m]
-    return {"events": collections.Counter(k for _, k in soak.events), "seconds": round(took, 1),
+    return {"events": collections.Counter(k for _, k, _ in soak.events), "seconds": round(took, 1),
             "hangs": int(hang or None in codes), "divergent": sum(len(h) > 1 for h in hashes.values()),
             "doubled": doubled, "lost": len(set(range(1, outer + 1)) - set(hashes)),
             "odd_exits": [c for c in codes if c not in (0, -9)],
@@ -177,7 +196,11 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=60)
-    ap.add_argument("--gap", type=float, default=2.0, help="mean seconds between events")
+    ap.add_argument("--gap", type=float, default=2.0, help="mean seconds between events (with --one-at-a-time: "
+                    "from the job's recovery from one to the next)")
+    ap.add_argument("--one-at-a-time", action="store_true", help="draw the next event's gap only once an outer "
+                    "step completed after the last event (a failure at a time, as torchft's soak injects them; "
+                    "a stopped member's SIGCONT and an etcd member's restart still come when they are due)")
     ap.add_argument("--liveness", type=float, default=3.0, help="elastic.liveness_timeout of the peers")
     ap.add_argument("--step-time", type=float, default=0.01, help="diloco.py --step-time (20 inner steps)")
     ap.add_argument("--hang-s", type=float, default=60.0, help="no outer step for this long: a hang")
@@ -198,7 +221,8 @@ def main() -> int:
         with EtcdCluster(3, Path(tmp)) as cluster:
             probe = run_job(calm_dir, cluster, args, 30, 0, random.Random(0))
             step_s = probe["step_s"] or 0.5
-            outer = int(args.events * args.gap / step_s * 1.1) + 40  # the events end before the job does (30 events
+            per_event = args.gap + (RECOVERY_S if args.one_at_a_time else 0.0)
+            outer = int(args.events * per_event / step_s * 1.1) + 40  # the events end before the job does (30 events
             # ran through 193 steps of 323 with 1.3 here: 6.4 steps an event where this allows 8)
             chaos = run_job(chaos_dir, cluster, args, outer, args.events, random.Random(args.seed))
             calm = None
@@ -206,8 +230,9 @@ def main() -> int:
                 (calm_dir / "again").mkdir()
                 calm = run_job(calm_dir / "again", cluster, args, outer, 0, random.Random(0), step_time=0.0)
     bound = args.liveness + 2 * step_s
+    spacing = "one at a time, mean gap after recovery" if args.one_at_a_time else "mean gap"
     print(f"{sum(chaos['events'].values())} events over {chaos['seconds']} s ({dict(chaos['events'])}), 4-6 peers, "
-          f"etcd 3 members, liveness {args.liveness} s, {outer} outer steps")
+          f"etcd 3 members, liveness {args.liveness} s, {outer} outer steps, {spacing} {args.gap} s")
     print(f"hangs {chaos['hangs']}, divergent steps {chaos['divergent']}, steps printed twice {chaos['doubled']}, "
           f"steps nobody printed {chaos['lost']}, odd exit codes {chaos['odd_exits']}")
     print(f"undisturbed outer step {step_s:.3f} s; recovery bound = liveness + 2 steps = {bound:.2f} s")

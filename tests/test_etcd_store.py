@@ -341,23 +341,33 @@ def test_a_held_key_lives_while_its_lease_is_renewed_and_goes_when_it_is_not(clu
     assert not s.renew(lease)
 
 
-def test_liveness_on_etcd_is_a_lease_that_runs_out(cluster: etcd.EtcdCluster) -> None:
-    """Members' signs of life on etcd are keys under leases: one that stops renewing (as a SIGSTOPped peer, or
-    one that left) is counted out once etcd lets its lease run out; those that renew are never counted out."""
+def test_liveness_on_etcd_counts_out_a_member_whose_beats_stop_even_while_its_lease_lives(
+        cluster: etcd.EtcdCluster) -> None:
+    """Members' signs of life on etcd are counts put under leases and heard through one watch: a member whose
+    counts stop for the timeout is counted out even though its lease is still renewed (as etcd's new leader
+    renews every lease); one that left is counted out once its lease runs out; those that beat never are."""
     keys = Keys("live")
     a, b, c = (Liveness(_store(cluster.url("live")), keys, m, 2.0) for m in "abc")
     assert a.leased and _there(_store(cluster.url("live")), keys("alive", "b"))
+    held = _store(cluster.url("live"))
+    lease = held.hold(keys("alive", "d"), b"1", 2.0)
     calls: list[int] = []
-    a.watch(("a", "b", "c"), lambda: calls.append(1))
-    time.sleep(3.0)  # past the timeout, every member renewing
-    assert a.lapsed() == set()
+    a.watch(("a", "b", "c", "d"), lambda: calls.append(1))
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:  # past the timeout, every member beating; d only renews its lease
+        assert held.renew(lease)
+        assert a.lapsed() <= {"d"}
+        time.sleep(0.3)
+    until(lambda: a.lapsed() == {"d"}, "the member whose counts stopped counted out", 20)
+    assert _there(held, keys("alive", "d")), "d's lease ran out: the test did not show counts at work"
     c.close()
-    until(lambda: a.lapsed() == {"c"}, "the member that left counted out", 20)
-    b._stop.set()  # b's thread stops renewing; its lease runs out in etcd
+    until(lambda: a.lapsed() == {"c", "d"}, "the member that left counted out", 20)
+    b._stop.set()  # b's thread stops beating
     b._thread.join(5)
-    until(lambda: a.lapsed() == {"b", "c"}, "the member that stopped renewing counted out", 20)
-    assert len(calls) == 2
+    until(lambda: a.lapsed() == {"b", "c", "d"}, "the member that stopped beating counted out", 20)
+    assert len(calls) == 3
     a.close()
+    held.close()
 
 
 def test_etcd_s_own_tls_and_users_are_passed_through(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 serves it: an elastic job goes on while a majority of the cluster's members is up, whoever started it.
 It speaks etcd's v3 API through etcd's own JSON gateway (``/v3/kv/...``, ``/v3/watch``, ``/v3/lease/...``)
 with the standard library's HTTP client: nothing to install on the peers. ``hold``/``renew`` keep a
-key alive under a lease (an elastic member's sign of life: etcd deletes it once the member stops renewing).
+key alive under a lease (an elastic member's sign of life: etcd deletes it once the member stops renewing),
+``set_leased`` puts a new value under it, and ``changes`` watches every key under a prefix.
 
 Keys live under ``PREFIX/``, one prefix per job. Every value is sealed with the job's secret (HMAC-SHA256 of
 the key and the value, 16 bytes appended), so a value written by someone without the secret, or copied from
@@ -182,6 +183,107 @@ class EtcdStore:
         """Renew ``lease`` for its whole TTL; False when it had already expired (its keys are gone)."""
         out = self._call("/v3/lease/keepalive", {"ID": str(lease)})
         return int(_get(out.get("result", out), "TTL") or 0) > 0
+
+    def set_leased(self, key: str, value: bytes, lease: int) -> None:
+        """Put ``key`` under ``lease`` (from ``hold``): a new value that goes with the lease."""
+        k = self._key(key)
+        self._call("/v3/kv/put", {"key": _b64(k), "value": _b64(self._seal(k, value)), "lease": str(lease)})
+
+    def changes(self, prefix: str, revision: int, timeout: float) -> tuple[list[tuple[str, bytes | None]], int]:
+        """What happened under ``prefix`` from ``revision`` on, as it comes for ``timeout`` seconds: (key under
+        the prefix, value) for a put, (key, None) for a deletion (a lease that ran out), and the revision to
+        go on from. ``revision`` 0, or one etcd compacted away: the keys there now, as puts, first. A watch
+        that a member ends is taken up on the next member from the same revision, so nothing is missed; when
+        no member served any of the time, ErdmaError. A value not sealed with the job's secret is left out."""
+        start = self._key(prefix)
+        end = start[:-1] + bytes([start[-1] + 1])
+        out: list[tuple[str, bytes | None]] = []
+        if revision <= 0:
+            revision = self._scan(start, end, out)
+        deadline = time.monotonic() + timeout
+        served = False
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                revision, compacted = self._watch_range(start, end, revision, left, out)
+                served = True
+            except _Retry:
+                self._at = (self._at + 1) % len(self.endpoints)  # take the watch up on the next member
+                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                continue
+            if compacted:
+                revision = self._scan(start, end, out)
+        if not served:
+            raise ErdmaError(f"discovery: no etcd member of {self.where} served a watch of {prefix!r} for "
+                             f"{timeout:.2f}s")
+        return out, revision
+
+    def _scan(self, start: bytes, end: bytes, out: list[tuple[str, bytes | None]]) -> int:
+        """The keys in [start, end) now, as puts onto ``out``; the revision to watch from after them."""
+        got = self._call("/v3/kv/range", {"key": _b64(start), "range_end": _b64(end)})
+        for kv in got.get("kvs") or ():
+            self._keep(start, kv, out, deleted=False)
+        return int(_get(got["header"], "revision")) + 1
+
+    def _keep(self, start: bytes, kv: dict[str, Any], out: list[tuple[str, bytes | None]], *, deleted: bool) -> None:
+        k = base64.b64decode(kv.get("key", ""))
+        if deleted:
+            out.append((k[len(start):].decode(errors="replace"), None))
+            return
+        try:
+            out.append((k[len(start):].decode(errors="replace"), self._open(k, kv.get("value", ""))))
+        except AuthenticationError as exc:
+            log.warning("%s", exc)
+
+    def _watch_range(self, start: bytes, end: bytes, revision: int, timeout: float,
+                     out: list[tuple[str, bytes | None]]) -> tuple[int, bool]:
+        """Events in [start, end) from ``revision`` onto ``out`` for ``timeout`` seconds on the member tried
+        first: (the revision after the last one seen, whether etcd compacted ``revision`` away). _Retry when
+        the member could not be reached or ended the watch."""
+        i = self._at
+        try:
+            conn = self._connect(i, timeout)
+            with self._lock:
+                headers = self._headers(i)
+            body = {"create_request": {"key": _b64(start), "range_end": _b64(end), "start_revision": str(revision)}}
+            conn.request("POST", "/v3/watch", json.dumps(body).encode(), headers)
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException, _Stale) as exc:
+            raise _Retry(str(exc)) from None
+        deadline = time.monotonic() + timeout
+        try:
+            if resp.status != 200:
+                raise _Retry(f"HTTP {resp.status}")
+            decoder, buf = json.JSONDecoder(), ""
+            while (left := deadline - time.monotonic()) > 0:
+                if conn.sock is not None:
+                    conn.sock.settimeout(left)
+                try:
+                    chunk = resp.read1(65536)
+                except TimeoutError:
+                    break  # nothing more before the deadline
+                if not chunk:
+                    raise _Retry("the member ended the watch")
+                buf += chunk.decode()
+                while buf.strip():
+                    try:
+                        msg, at = decoder.raw_decode(buf.lstrip())
+                    except ValueError:
+                        break
+                    buf = buf.lstrip()[at:]
+                    result = msg.get("result") or {}
+                    if int(_get(result, "compact_revision") or 0) > 0:
+                        return revision, True
+                    if "error" in msg or result.get("canceled"):
+                        raise _Retry(str(msg.get("error") or result.get("cancel_reason") or "watch canceled"))
+                    for event in result.get("events") or ():
+                        kv = event.get("kv") or {}
+                        self._keep(start, kv, out, deleted=event.get("type", "PUT") == "DELETE")
+                        revision = max(revision, int(_get(kv, "mod_revision") or 0) + 1)
+            return revision, False
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Retry(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            conn.close()
 
     def close(self) -> None:
         with self._lock:

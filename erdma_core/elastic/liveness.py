@@ -1,20 +1,26 @@
 """Members' signs of life in the job's store, so that a member that hangs is out in seconds.
 
-Each peer's beat thread renews its own sign of life every ``timeout / 4`` seconds, on a store client of its own
-(a long wait of the peer's main thread on its client must not hold its beats back). On a store with leases
-(etcd: ``hold``/``renew``) the sign is a key ``alive/<id>`` under a lease of ``timeout`` seconds that the thread
-keeps alive: the store deletes the key when the lease runs out, so the store itself, not a reader's clock,
-judges a member that stopped. A member that leaves lets its lease run out (it voted itself out already: the
-others need not hear it from the store too). On another store (the TCP store) the sign is a counter under the
-same key that the thread bumps.
+Each peer's beat thread gives a sign of life of its own, on a store client of its own (a long wait of the
+peer's main thread on its client must not hold its beats back), and judges the epoch's other members'. A
+member has *lapsed* when no sign of it came for ``timeout`` seconds (SIGSTOP, a stuck process, a machine gone
+without closing its connections), or never came within ``timeout`` of being watched. Then ``on_lapse`` runs
+once (the group aborts the epoch's ProcessGroup, so that a collective waiting on that member ends now rather
+than at ``timeouts.collective``) and the ballot that follows counts the member dead.
 
-The same thread reads the signs of the epoch's other members. A member has *lapsed* when its leased key is gone
-(or never appeared within ``timeout`` of being watched), or when its counter has not moved for ``timeout``
-seconds (SIGSTOP, a stuck process, a machine gone without closing its connections). Then ``on_lapse`` runs once
-(the group aborts the epoch's ProcessGroup, so that a collective waiting on that member ends now rather than at
-``timeouts.collective``) and the ballot that follows counts the member dead. With counters, a pause of this
-peer's own (it was not scheduled, or its store did not answer for half the timeout) restarts every member's
-clock: nobody is judged on a silence this peer could not have seen.
+On a store with leases and watches (etcd: ``hold``/``renew``/``set_leased``/``changes``) the sign is a key
+``alive/<id>`` under a lease of ``timeout`` seconds: the thread puts a new count in it every ``timeout / 8``
+seconds, renews the lease every ``timeout / 4``, and watches every member's key in one watch, so a sign is
+heard as it comes. The lease is the store's own judgement on top: when it runs out, etcd deletes the key and
+the deletion counts the member out at once (a member that leaves lets its lease run out; it voted itself out
+already). The lease alone would not do: etcd's new leader gives every lease its whole TTL again, so a member
+stopped just before etcd's leader died would be found an election and a TTL later. On another store (the TCP
+store) the sign is a counter under the same key that the thread bumps every ``timeout / 4`` seconds and reads
+back for every member.
+
+Silence is judged on this peer's clock, so a pause of its own restarts every member's clock: when this peer
+was not scheduled, its store did not answer for half the timeout, or (watching) its own new count did not come
+back through the watch in the same round (a member cut off from etcd's quorum hears nobody), nobody is judged
+on a silence this peer could not have seen.
 """
 
 from __future__ import annotations
@@ -45,8 +51,11 @@ class Liveness:
         self._lapsed: set[str] = set()
         self._stop = threading.Event()
         self._beat = 0
-        self.leased = all(callable(getattr(store, f, None)) for f in ("hold", "renew"))
+        self.leased = all(callable(getattr(store, f, None)) for f in ("hold", "renew", "set_leased", "changes"))
+        self.period = timeout / 8 if self.leased else timeout / 4  # between two beats
         self._lease: int | None = None  # the lease this member's key lives under (a store with leases)
+        self._renewed = 0.0
+        self._revision = 0  # where the watch of the signs goes on from (0: read what is there first)
         self._beat_once()
         self._thread = threading.Thread(target=self._run, name="erdma-elastic-beat", daemon=True)
         self._thread.start()
@@ -75,54 +84,89 @@ class Liveness:
 
     def _beat_once(self) -> None:
         key = self._keys("alive", self._me)
+        self._beat += 1
+        beat = str(self._beat).encode()
         if not self.leased:
-            self._beat += 1
-            self._store.set(key, str(self._beat).encode())
+            self._store.set(key, beat)
             return
         store: Any = self._store
+        now = time.monotonic()
+        if self._lease is not None and now - self._renewed < self.timeout / 4:
+            try:
+                store.set_leased(key, beat, self._lease)
+                return
+            except ErdmaError:  # etcd no longer has the lease ("requested lease not found"): see below
+                self._renewed = 0.0
         if self._lease is not None and store.renew(self._lease):
+            self._renewed = now
+            store.set_leased(key, beat, self._lease)
             return
         if self._lease is not None:  # it ran out: the others may have counted this member out (it finds out
             # at its next ballot and joins again); a sign of life from now on, for whoever watches it next
             log.warning("elastic: this member's lease in the store ran out (it did not run for %.1fs)", self.timeout)
-        self._lease = store.hold(key, b"alive", self.timeout)
+        self._lease, self._renewed = store.hold(key, beat, self.timeout), now
 
     def _run(self) -> None:
         last = time.monotonic()
-        while not self._stop.wait(self.timeout / 4):
+        while not self._stop.is_set():
             try:
                 self._beat_once()
-                with self._lock:
-                    members = self._members
-                beats = {m: self._read(m) for m in members}
+                heard = self._listen() if self.leased else self._poll()
             except ErdmaError as exc:  # the store is away: no judgement on what could not be read
                 log.debug("elastic: a beat or a read of the others' failed: %s", exc)
-                beats = None
+                heard = None
+                self._stop.wait(self.period)
             now = time.monotonic()
-            paused = now - last > self.timeout / 2 or beats is None
+            paused = now - last > self.timeout / 2 or heard is None
             last = now
-            if beats is not None:
-                self._judge(beats, now, paused)
+            if heard is not None:
+                self._judge(*heard, now, paused)
 
-    def _read(self, member: str) -> bytes:
-        try:
-            return self._store.get(self._keys("alive", member), 0.0)
-        except CollectiveTimeoutError:
-            return b""
-
-    def _judge(self, beats: dict[str, bytes], now: float, paused: bool) -> None:
-        new: list[str] = []
+    def _poll(self) -> tuple[set[str], set[str], bool]:
+        """(members whose counter moved, members gone, whether this peer heard itself) on a store without
+        watches: wait a period, then read every member's counter."""
+        self._stop.wait(self.period)
         with self._lock:
-            for m, beat in beats.items():
+            members, seen = self._members, dict(self._seen)
+        moved = set()
+        for m in members:
+            try:
+                beat = self._store.get(self._keys("alive", m), 0.0)
+            except CollectiveTimeoutError:
+                continue
+            if m in seen and beat != seen[m][0]:
+                moved.add(m)
+                with self._lock:
+                    if m in self._seen:
+                        self._seen[m] = (beat, self._seen[m][1])
+        return moved, set(), True
+
+    def _listen(self) -> tuple[set[str], set[str], bool]:
+        """(members heard, members whose key etcd deleted, whether this peer's own new count came back) over a
+        period of watching every member's key."""
+        store: Any = self._store
+        events, self._revision = store.changes(self._keys("alive") + "/", self._revision, self.period)
+        heard, gone = set(), set()
+        for member, value in events:
+            if value is None:
+                gone.add(member)
+                heard.discard(member)
+            else:
+                heard.add(member)
+                gone.discard(member)
+        return heard, gone, self._me in heard
+
+    def _judge(self, heard: set[str], gone: set[str], me: bool, now: float, paused: bool) -> None:
+        new: list[str] = []
+        paused = paused or not me  # a watch that did not bring back this peer's own beat heard nobody
+        with self._lock:
+            for m in self._members:
                 if m not in self._seen:
-                    continue  # no longer watched
-                before, since = self._seen[m]
-                # with leases the store judged (a key that was there and is gone: its lease ran out); with
-                # counters, one that has not moved for the timeout, unless this peer paused
-                alive = bool(beat) if self.leased else (beat != before or paused)
-                if alive:
+                    continue
+                beat, since = self._seen[m]
+                if m in heard or (paused and m not in gone):
                     self._seen[m] = (beat, now)
-                elif ((self.leased and before) or now - since > self.timeout) and m not in self._lapsed:
+                elif (m in gone or now - since > self.timeout) and m not in self._lapsed:
                     self._lapsed.add(m)
                     new.append(m)
             on_lapse = self._on_lapse
