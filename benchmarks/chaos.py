@@ -4,16 +4,17 @@ a real 3-member etcd cluster, under a stream of random events, then as many oute
 
     python -m benchmarks.chaos --events 1200 --json chaos.json
 
-Events, one every ``--gap`` seconds on average (exponential gaps; with ``--one-at-a-time``, each gap drawn
-only once the job completed an outer step after the event before): a member SIGKILLed (while more than 3 members,
-peers that printed outer steps, run), a member SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts later (one at
-a time, while more than 3 members run), a new peer (while fewer than 6 run), the etcd leader or another etcd member
+Events, one every ``--gap`` seconds on average (exponential gaps; with ``--one-at-a-time``, each gap drawn only
+once the job recovered from the event before, as below): a member SIGKILLed (while more than 3 members, peers that
+printed outer steps, run), a member SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts later (one at a time,
+while more than 3 members run), a new peer (while fewer than 6 run), the etcd leader or another etcd member
 SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while
 peers run), outer steps whose state hash differs between peers, outer steps a peer printed twice or that nobody
-printed, the time from each event to the next outer step completed after it (median and p99 by kind, against the
-bound the issue sets: the liveness timeout plus two outer steps of a 30-step undisturbed run made first; and for
-the events alone, with no other event in the two liveness timeouts before one nor before its recovery ended), and
-the final loss beside the undisturbed run's.
+printed, recovery times: from each event to the next outer step completed after it, for a kill or a stop by
+members without the victim (the step after one may still be a step the victim had voted for); their median and
+p99 by kind, against the bound the issue sets (the liveness timeout plus two outer steps of a 30-step undisturbed
+run made first), and for the events alone (no other event in the two liveness timeouts before one nor before its
+recovery ended); and the final loss beside the undisturbed run's.
 """
 
 from __future__ import annotations
@@ -203,6 +204,8 @@ def main() -> int:
                     "a stopped member's SIGCONT and an etcd member's restart still come when they are due)")
     ap.add_argument("--liveness", type=float, default=3.0, help="elastic.liveness_timeout of the peers")
     ap.add_argument("--step-time", type=float, default=0.01, help="diloco.py --step-time (20 inner steps)")
+    ap.add_argument("--outer-steps", type=int, default=0, help="outer steps of the job (0: enough for the events "
+                    "at the undisturbed step's pace; no event comes in the last 5)")
     ap.add_argument("--hang-s", type=float, default=60.0, help="no outer step for this long: a hang")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the numbers here")
@@ -222,8 +225,9 @@ def main() -> int:
             probe = run_job(calm_dir, cluster, args, 30, 0, random.Random(0))
             step_s = probe["step_s"] or 0.5
             per_event = args.gap + (RECOVERY_S if args.one_at_a_time else 0.0)
-            outer = int(args.events * per_event / step_s * 1.1) + 40  # the events end before the job does (30 events
-            # ran through 193 steps of 323 with 1.3 here: 6.4 steps an event where this allows 8)
+            outer = args.outer_steps or int(args.events * per_event / step_s * 1.1) + 40  # the events end before
+            # the job does (30 events ran through 193 steps of 323 with 1.3 here: 6.4 steps an event where this
+            # allows 8; with --one-at-a-time --gap 1, 187 events took 745 steps where this allowed 1,970)
             chaos = run_job(chaos_dir, cluster, args, outer, args.events, random.Random(args.seed))
             calm = None
             if not args.no_calm:  # the same steps undisturbed, for the final loss only: no sleeping in them
@@ -236,7 +240,8 @@ def main() -> int:
     print(f"hangs {chaos['hangs']}, divergent steps {chaos['divergent']}, steps printed twice {chaos['doubled']}, "
           f"steps nobody printed {chaos['lost']}, odd exit codes {chaos['odd_exits']}")
     print(f"undisturbed outer step {step_s:.3f} s; recovery bound = liveness + 2 steps = {bound:.2f} s")
-    print("  kind          n   median    p99  (s, event to the next outer step)")
+    print("  kind          n   median    p99  (s, event to the next outer step; after a kill or stop, one without "
+          "the victim)")
     everything = []
     for kind, xs in sorted(chaos["recovery"].items()):
         everything += xs

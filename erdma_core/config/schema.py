@@ -59,11 +59,11 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
             "join_timeout": Option(float, 600.0, "seconds a peer waits to be admitted to an elastic job",
                                    minimum=0.001, maximum=MAX_TIMEOUT),
             "liveness_timeout": Option(float, 5.0, "seconds without a member's sign of life in the job's store "
-                                       "(each member renews one every quarter of this: a counter, or on etcd a key "
-                                       "under a lease of this many seconds, at least etcd's minimum) after which "
-                                       "the others count it out, ending the collective or the set-up that waits "
-                                       "on it; 0: off (a hung "
-                                       "member is then found at timeouts.collective)", minimum=0.0,
+                                       "(a counter each member bumps every quarter of this; on etcd every eighth, "
+                                       "heard through a watch, in a key under a lease of this many seconds, at "
+                                       "least etcd's minimum) after which the others count it out, ending the "
+                                       "collective or the set-up that waits on it; 0: off (a hung member is then "
+                                       "found at timeouts.collective)", minimum=0.0,
                                        maximum=MAX_TIMEOUT),
         },
         "timeouts": {
