@@ -11,10 +11,11 @@ while more than 3 members run), a new peer (while fewer than 6 run), the etcd le
 SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while
 peers run), outer steps whose state hash differs between peers, outer steps a peer printed twice or that nobody
 printed, recovery times: from each event to the next outer step completed after it, for a kill or a stop by
-members without the victim (the step after one may still be a step the victim had voted for); their median and
-p99 by kind, against the bound the issue sets (the liveness timeout plus two outer steps of a 30-step undisturbed
-run made first), and for the events alone (no other event in the two liveness timeouts before one nor before its
-recovery ended); and the final loss beside the undisturbed run's.
+members without that member (the step after one may still be a step it had voted for) or, if it was not
+counted out, after it ran again, for a join by members with the newcomer; their median and p99 by kind against
+the bound the issue sets (the liveness timeout plus two outer steps of a 30-step undisturbed run made first),
+the events never recovered from, and the events alone (no other event in the two liveness timeouts before one
+nor before its recovery ended); and the final loss beside the undisturbed run's.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Soak:
         self.job, self.cluster, self.rng, self.liveness = job, cluster, rng, liveness
         self.stopped: tuple[Peer, float] | None = None  # a SIGSTOPped peer and when to continue it
         self.etcd_down: tuple[int, float] | None = None  # an etcd member killed and when to start it
-        self.events: list[tuple[float, str, str | None]] = []  # (when, kind, the member killed or stopped)
+        self.events: list[tuple[float, str, str | None]] = []  # (when, kind, the peer killed, stopped or started)
+        self.continued: dict[str, list[float]] = {}  # a stopped member -> when it was sent SIGCONT
         self.started = time.monotonic()
 
     def steps(self) -> list[tuple[float, int, str]]:
@@ -67,9 +69,14 @@ class Soak:
                     out.append((t, int(m.group(1)), m.group(4)))
         return out
 
+    def back(self, at: float, peer: str | None) -> float | None:
+        """When ``peer``, stopped at ``at``, was sent SIGCONT (None: not yet, or it was not stopped)."""
+        return min((t for t in self.continued.get(peer or "", ()) if t > at), default=None)
+
     def due(self, now: float) -> None:
         if self.stopped and now >= self.stopped[1]:
             os.kill(self.stopped[0].pid, signal.SIGCONT)
+            self.continued.setdefault(f"{socket.gethostname()}:{self.stopped[0].pid}", []).append(now)
             self.stopped = None
         if self.etcd_down and self.cluster is not None and now >= self.etcd_down[1]:
             self.cluster.start(self.etcd_down[0])
@@ -92,30 +99,39 @@ class Soak:
         if not kinds:  # 6 peers run, none of them a member yet, and an etcd member is down: nothing to do now
             return
         kind = self.rng.choice(kinds)
-        victim = None
+        peer = None
         if kind == "kill":
-            victim = self.rng.choice(members)
-            victim.kill()
+            peer = self.rng.choice(members)
+            peer.kill()
         elif kind == "stop":
-            victim = self.rng.choice(members)
-            os.kill(victim.pid, signal.SIGSTOP)
-            self.stopped = (victim, now + self.rng.uniform(1.5, 3.0) * self.liveness)
+            peer = self.rng.choice(members)
+            os.kill(peer.pid, signal.SIGSTOP)
+            self.stopped = (peer, now + self.rng.uniform(1.5, 3.0) * self.liveness)
         elif kind == "join":
-            self.job.start()
+            peer = self.job.start()  # the newcomer: absorbed once the job steps with it
         else:
             assert self.cluster is not None
             lead = self.cluster.leader()
             i = lead if kind == "etcd-leader" else self.rng.choice([k for k in range(3) if k != lead])
             self.cluster.kill(i)
             self.etcd_down = (i, now + self.rng.uniform(2.0, 5.0))
-        self.events.append((now, kind, None if victim is None else f"{socket.gethostname()}:{victim.pid}"))
+        self.events.append((now, kind, None if peer is None else f"{socket.gethostname()}:{peer.pid}"))
 
 
-def _recovered(steps: list[tuple[float, int, str]], at: float, before: int, victim: str | None) -> float | None:
+def _recovered(steps: list[tuple[float, int, str]], at: float, before: int, kind: str, peer: str | None,
+               back: float | None) -> float | None:
     """When the job recovered from an event at ``at`` (the last outer step then: ``before``): the first outer
-    step completed after it, by members without ``victim`` (the member killed or stopped); None: not yet."""
-    return min((t for t, s, names in steps if t > at and s > before and (victim is None or victim not in
-                                                                      names.split(", "))), default=None)
+    step completed after it; for a kill or a stop, by members without the ``peer`` killed or stopped, or by any
+    members once the stopped peer ran again (``back``: it was not counted out while stopped, and the job
+    waited for it); for a join, by members with the newcomer ``peer``. None: not yet."""
+    def absorbed(names: str) -> bool:
+        if peer is None:
+            return True
+        if kind == "join":
+            return peer in names.split(", ")
+        return peer not in names.split(", ")
+    return min((t for t, s, names in steps if t > at and s > before and (
+        absorbed(names) or (back is not None and t > back))), default=None)
 
 
 def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace, outer: int, events: int,
@@ -131,8 +147,8 @@ def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace,
         start = time.monotonic()
         nxt = start + 5.0 + rng.expovariate(1 / args.gap)
         hang = False
-        waiting: tuple[float, int, str | None] | None = None  # --one-at-a-time: the last event (when, the outer
-        # step then, its victim) until the job recovered from it
+        waiting: tuple[float, int, str, str | None] | None = None  # --one-at-a-time: the last event (when, the
+        # outer step then, its kind and peer) until the job recovered from it
         while job.live():
             now = time.monotonic()
             soak.due(now)
@@ -142,13 +158,14 @@ def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace,
             if now - last > args.hang_s and not (seen and top >= outer):
                 hang = True
                 break
-            if waiting is not None and _recovered(seen, *waiting) is not None:
-                waiting, nxt = None, now + rng.expovariate(1 / args.gap)  # recovered: the next event's gap
+            if waiting is not None and (_recovered(seen, *waiting, soak.back(waiting[0], waiting[3])) is not None
+                                        or now - waiting[0] > args.hang_s):  # recovered, or never will: go on
+                waiting, nxt = None, now + rng.expovariate(1 / args.gap)
             if len(soak.events) < events and now >= nxt and waiting is None and (not seen or top < outer - 5):
                 soak.event(now)
                 nxt = now + rng.expovariate(1 / args.gap)
                 if args.one_at_a_time and soak.events and soak.events[-1][0] == now:
-                    waiting = (now, top, soak.events[-1][2])
+                    waiting = (now, top, *soak.events[-1][1:])
                 print(f"\r{len(soak.events)}/{events} events, outer step {top}",
                       end="", file=sys.stderr, flush=True)
             time.sleep(0.05)
@@ -172,8 +189,9 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
     recovery: dict[str, list[float]] = collections.defaultdict(list)
     timeline: list[tuple[float, str, float | None, bool]] = []  # (seconds in, kind, recovery, alone)
     times = [at for at, _, _ in soak.events]
-    for i, (at, kind, victim) in enumerate(soak.events):
-        after = _recovered(steps, at, max((s for t, s, _ in steps if t <= at), default=0), victim)
+    for i, (at, kind, peer) in enumerate(soak.events):
+        after = _recovered(steps, at, max((s for t, s, _ in steps if t <= at), default=0), kind, peer,
+                           soak.back(at, peer))
         if after is not None:
             recovery[kind].append(after - at)
         # alone: no other event in the 2 liveness timeouts before it, nor before its recovery ended
@@ -190,6 +208,7 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
             "doubled": doubled, "lost": len(set(range(1, outer + 1)) - set(hashes)),
             "odd_exits": [c for c in codes if c not in (0, -9)],
             "recovery": {k: v for k, v in recovery.items()}, "timeline": timeline,
+            "unrecovered": sum(r is None for _, _, r, _ in timeline),
             "step_s": statistics.median(gaps) if gaps else None,
             "final_loss": sorted(set(finals))}
 
@@ -240,8 +259,8 @@ def main() -> int:
     print(f"hangs {chaos['hangs']}, divergent steps {chaos['divergent']}, steps printed twice {chaos['doubled']}, "
           f"steps nobody printed {chaos['lost']}, odd exit codes {chaos['odd_exits']}")
     print(f"undisturbed outer step {step_s:.3f} s; recovery bound = liveness + 2 steps = {bound:.2f} s")
-    print("  kind          n   median    p99  (s, event to the next outer step; after a kill or stop, one without "
-          "the victim)")
+    print("  kind          n   median    p99  (s, event to the next outer step: after a kill or stop one without "
+          "that member, after a join one with the newcomer)")
     everything = []
     for kind, xs in sorted(chaos["recovery"].items()):
         everything += xs
@@ -249,6 +268,7 @@ def main() -> int:
     if everything:
         print(f"  {'all':<12}{len(everything):>3} {statistics.median(everything):8.2f} {_p99(everything):6.2f}"
               f"  ({'within' if _p99(everything) <= bound else 'above'} the bound)")
+    print(f"  events never recovered from (no such step by the end): {chaos['unrecovered']}")
     alone = [r for _, _, r, lone in chaos["timeline"] if lone and r is not None]
     if alone:  # events that overlapped no other: what one failure costs by itself
         print(f"  {'alone':<12}{len(alone):>3} {statistics.median(alone):8.2f} {_p99(alone):6.2f}"
