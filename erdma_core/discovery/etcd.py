@@ -33,6 +33,7 @@ import os
 import ssl
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -253,33 +254,21 @@ class EtcdStore:
         try:
             if resp.status != 200:
                 raise _Retry(f"HTTP {resp.status}")
-            decoder, buf = json.JSONDecoder(), ""
-            while (left := deadline - time.monotonic()) > 0:
-                if conn.sock is not None:
-                    conn.sock.settimeout(left)
-                try:
-                    chunk = resp.read1(65536)
-                except TimeoutError:
-                    break  # nothing more before the deadline
-                if not chunk:
-                    raise _Retry("the member ended the watch")
-                buf += chunk.decode()
-                while buf.strip():
-                    try:
-                        msg, at = decoder.raw_decode(buf.lstrip())
-                    except ValueError:
-                        break
-                    buf = buf.lstrip()[at:]
-                    result = msg.get("result") or {}
-                    if int(_get(result, "compact_revision") or 0) > 0:
-                        return revision, True
-                    if "error" in msg or result.get("canceled"):
-                        raise _Retry(str(msg.get("error") or result.get("cancel_reason") or "watch canceled"))
-                    for event in result.get("events") or ():
-                        kv = event.get("kv") or {}
-                        self._keep(start, kv, out, deleted=event.get("type", "PUT") == "DELETE")
-                        revision = max(revision, int(_get(kv, "mod_revision") or 0) + 1)
+            for msg in _stream(conn, resp, deadline):
+                result = msg.get("result") or {}
+                if int(_get(result, "compact_revision") or 0) > 0:
+                    return revision, True
+                if "error" in msg or result.get("canceled"):
+                    raise _Retry(str(msg.get("error") or result.get("cancel_reason") or "watch canceled"))
+                for event in result.get("events") or ():
+                    kv = event.get("kv") or {}
+                    self._keep(start, kv, out, deleted=event.get("type", "PUT") == "DELETE")
+                    revision = max(revision, int(_get(kv, "mod_revision") or 0) + 1)
             return revision, False
+        except TimeoutError:  # nothing more before the deadline
+            return revision, False
+        except EOFError:
+            raise _Retry("the member ended the watch") from None
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}") from None
         finally:
@@ -444,34 +433,43 @@ class EtcdStore:
             resp = conn.getresponse()
             if resp.status != 200:
                 return None
-            decoder, buf = json.JSONDecoder(), ""
-            while (left := deadline - time.monotonic()) > 0:
-                if conn.sock is not None:
-                    conn.sock.settimeout(left)
-                chunk = resp.read1(65536)
-                if not chunk:
+            for msg in _stream(conn, resp, deadline):
+                result = msg.get("result") or {}
+                if "error" in msg or result.get("canceled"):
                     return None
-                buf += chunk.decode()
-                while buf.strip():
-                    try:
-                        msg, end = decoder.raw_decode(buf.lstrip())
-                    except ValueError:
-                        break
-                    buf = buf.lstrip()[end:]
-                    result = msg.get("result") or {}
-                    if "error" in msg or result.get("canceled"):
-                        return None
-                    for event in result.get("events") or ():
-                        if event.get("type", "PUT") == "PUT":
-                            return self._open(k, event["kv"].get("value", ""))
+                for event in result.get("events") or ():
+                    if event.get("type", "PUT") == "PUT":
+                        return self._open(k, event["kv"].get("value", ""))
             return None
-        except TimeoutError:  # nothing came before the deadline: no sign against this member
+        except (TimeoutError, EOFError):  # nothing came before the deadline, or the watch ended: no sign
+            # against this member
             return None
         except (OSError, http.client.HTTPException, _Retry, _Stale):
             self._at = (i + 1) % len(self.endpoints)  # this member may be gone: the next read tries another
             return None
         finally:
             conn.close()
+
+
+def _stream(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+            deadline: float) -> Iterator[dict[str, Any]]:
+    """The JSON messages of a watch's answer as they come, until ``deadline``; TimeoutError when nothing
+    more came by then, EOFError when the member ended the answer."""
+    decoder, buf = json.JSONDecoder(), ""
+    while (left := deadline - time.monotonic()) > 0:
+        if conn.sock is not None:
+            conn.sock.settimeout(left)
+        chunk = resp.read1(65536)
+        if not chunk:
+            raise EOFError
+        buf += chunk.decode()
+        while buf.strip():
+            try:
+                msg, end = decoder.raw_decode(buf.lstrip())
+            except ValueError:
+                break
+            buf = buf.lstrip()[end:]
+            yield msg
 
 
 class _Stale(Exception):
