@@ -2,7 +2,8 @@
 a real 3-member etcd cluster, under a stream of random events, then as many outer steps undisturbed (with no
 ``--step-time`` sleeps: that run is there for its final loss; ``--no-calm`` skips it).
 
-    python -m benchmarks.chaos --events 1200 --json chaos.json
+    python -m benchmarks.chaos --events 1200 --one-at-a-time --gap 1 --json chaos.json   # docs/benchmarks.md's run
+    python -m benchmarks.chaos --events 300 --json chaos.json                          # events overlapping
 
 Events, one every ``--gap`` seconds on average (exponential gaps; with ``--one-at-a-time``, each gap drawn only
 once the job recovered from the event before, as below): a member SIGKILLed (while more than 3 members, peers that
@@ -45,6 +46,11 @@ RECOVERY_S = 1.5  # seconds a recovery is allowed in the steps --one-at-a-time p
 # gap of 2 s, overlapping: median 0.53 s)
 
 
+def _name(peer: Peer) -> str:
+    """The name an elastic member goes by in the outer lines (host:pid)."""
+    return f"{socket.gethostname()}:{peer.pid}"
+
+
 def _p99(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
@@ -76,7 +82,7 @@ class Soak:
     def due(self, now: float) -> None:
         if self.stopped and now >= self.stopped[1]:
             os.kill(self.stopped[0].pid, signal.SIGCONT)
-            self.continued.setdefault(f"{socket.gethostname()}:{self.stopped[0].pid}", []).append(now)
+            self.continued.setdefault(_name(self.stopped[0]), []).append(now)
             self.stopped = None
         if self.etcd_down and self.cluster is not None and now >= self.etcd_down[1]:
             self.cluster.start(self.etcd_down[0])
@@ -115,7 +121,7 @@ class Soak:
             i = lead if kind == "etcd-leader" else self.rng.choice([k for k in range(3) if k != lead])
             self.cluster.kill(i)
             self.etcd_down = (i, now + self.rng.uniform(2.0, 5.0))
-        self.events.append((now, kind, None if peer is None else f"{socket.gethostname()}:{peer.pid}"))
+        self.events.append((now, kind, None if peer is None else _name(peer)))
 
 
 def _recovered(steps: list[tuple[float, int, str]], at: float, before: int, kind: str, peer: str | None,
