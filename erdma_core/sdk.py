@@ -11,14 +11,15 @@ writes the number it was written for (``sdk=1``), not ``sdk=erdma_core.sdk.VERSI
 version.
 
 Registration: ``VERSION``, ``hookimpl``, ``Register``, ``RegisterAlgorithm``, ``RegisterEnvironment``,
-``Option``.
+``Option``, ``Check`` (a component's rules over the config, ``register(..., check=)``).
 
 Transports: ``Transport`` (the protocol the engine calls), ``MessageTransport`` (the base that matches
 frames to receives and does ABORT, BYE and lost peers), ``SocketTransport`` (its base for stream sockets),
 ``TransportContext`` (what ``connect`` is given), ``Request``, ``FrameInbox`` and ``StreamReader`` (the
 inbound steps a reader drives), ``DIRECT_BYTES``, ``Header``, ``Hello`` and the frame kinds and bounds of the
 wire (``DATA``, ``FRAME``, ``HELLO``, ``HELLO_ACCEPTED``, ``HELLO_REQUEST``, ``MAX_CONTROL_BYTES``),
-``await_key`` and ``failed_elsewhere`` (set-up waits that end when another rank gave up), the job's secrets
+``await_key`` and ``failed_elsewhere`` (set-up waits that end when another rank gave up; ``FAILED_PREFIX``: the keys
+a rank that gave up writes its reason to, which a store that cleans up at close leaves for the others), the job's secrets
 and proofs (``auth``), frame integrity (``integrity``), published addresses and candidates (``addresses``,
 ``Candidate``, ``route_source``), the meeting of two ranks' sockets (``meet``), and helpers: ``WakePipe``,
 ``recv_exact``, ``retrying``, ``running``, ``address_of``.
@@ -36,7 +37,7 @@ from .config.option import Option
 from .engine.offload import Fallback, OffloadCall, OffloadContext
 from .errors import *  # noqa: F403  (every error: errors.__all__)
 from .errors import __all__ as _ERRORS
-from .plugins.hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
+from .plugins.hookspecs import Check, Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 from .protocol import dtypes, reduce_ops
 from .protocol.ops import COLLECTIVES, OFFLOADABLE
 from .protocol.reduce_ops import ReduceOp
@@ -44,7 +45,7 @@ from .protocol.sdk import VERSION
 from .protocol.store import Store
 from .transport import addresses, auth, integrity, meet
 from .transport.addresses import Candidate, route_source
-from .transport.base import MessageTransport, Transport, TransportContext, await_key, failed_elsewhere
+from .transport.base import FAILED_PREFIX, MessageTransport, Transport, TransportContext, await_key, failed_elsewhere
 from .transport.frames import DIRECT_BYTES, FrameInbox, StreamReader
 from .transport.leftovers import running
 from .transport.request import Request
@@ -57,9 +58,10 @@ from .traversal import Traversal
 
 __all__ = [
     # registration
-    "VERSION", "Option", "Register", "RegisterAlgorithm", "RegisterEnvironment", "hookimpl",
+    "VERSION", "Check", "Option", "Register", "RegisterAlgorithm", "RegisterEnvironment", "hookimpl",
     # transports
-    "DATA", "DIRECT_BYTES", "FRAME", "HELLO", "HELLO_ACCEPTED", "HELLO_REQUEST", "MAX_CONTROL_BYTES", "Candidate",
+    "DATA", "DIRECT_BYTES", "FAILED_PREFIX", "FRAME", "HELLO", "HELLO_ACCEPTED", "HELLO_REQUEST", "MAX_CONTROL_BYTES",
+    "Candidate",
     "FrameInbox", "Header", "Hello", "MessageTransport", "Request", "SocketTransport", "StreamReader", "Transport",
     "TransportContext", "WakePipe", "address_of", "addresses", "auth", "await_key", "failed_elsewhere", "integrity",
     "meet", "recv_exact", "retrying", "route_source", "running",

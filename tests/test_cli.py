@@ -79,6 +79,28 @@ def test_a_bad_rank_count_is_a_usage_error_not_a_traceback(command, value, says)
     assert "Traceback" not in r.stderr
 
 
+def test_run_refuses_more_ranks_than_its_bound_unless_told(tmp_path):
+    """-n above --max-ranks (256) starts nothing and says which flag lifts the bound; with the flag, it runs."""
+    marker = tmp_path / "started"
+    r = erdma("run", "-n", "100000", "--", "/usr/bin/touch", str(marker))
+    assert r.returncode == 2 and not marker.exists()
+    assert r.stderr.strip() == ("erdma run: -n 100000 is above --max-ranks 256, the most processes erdma run starts on "
+                                "this host unless told (--max-ranks 100000 lifts it)"), r.stderr
+    r = erdma("run", "-n", "3", "--max-ranks", "2", "--", "/usr/bin/touch", str(marker))
+    assert r.returncode == 2 and "--max-ranks 3 lifts it" in r.stderr and not marker.exists()
+    r = erdma("run", "-n", "3", "--max-ranks", "3", "--", "/usr/bin/touch", str(marker))
+    assert r.returncode == 0 and marker.exists(), r.stderr
+
+
+@pytest.mark.parametrize(("program", "why"), [("/nonexistent/binary", "No such file or directory"),
+                                              ("no-such-program-erdma", "not found on PATH"),
+                                              ("/tmp", "not an executable file")])
+def test_run_says_in_one_line_which_command_cannot_start(program, why):
+    r = erdma("run", "-n", "2", "--", program)
+    assert r.returncode == 127
+    assert r.stderr.strip() == f"erdma run: cannot start {program!r}: {why}", r.stderr
+
+
 def test_bench_prints_validated_table():
     r = erdma("bench", "-n", "2", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1")
     assert r.returncode == 0, r.stderr

@@ -19,8 +19,9 @@ from ..engine.codecs import Codecs, parse_ops
 from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
+from ..protocol.ops import COLLECTIVES
 from ..transport import auth
-from ..transport.base import TransportContext, failure_key
+from ..transport.base import TransportContext, failed_elsewhere, failure_key
 from ..transport.tcp.stream import SocketTransport
 from .process_group import ProcessGroup
 
@@ -29,7 +30,9 @@ _default: ProcessGroup | None = None
 
 def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None = None,
                 comps: Components | None = None, **overrides: Any) -> cfg.Config:
-    """The effective config: ``config`` is a path to erdma.toml, a dict of dotted keys, or a Config."""
+    """The effective config: ``config`` is a path to erdma.toml, a dict of dotted keys, or a Config (taken as
+    it is). Every value is checked against its option and every selected component's rules (``check_config``):
+    what cannot take effect is a ConfigError here, before this process contacts anyone."""
     if isinstance(config, cfg.Config):
         return config
     comps = comps or components()
@@ -43,8 +46,27 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config 
     schema |= comps.option_sections()
     declared = {name: doc for name, (_, doc) in comps.environment.items()}
     if isinstance(config, Mapping):
-        return cfg.build(schema, overrides={**config, **overrides}, declared_env=declared)
-    return cfg.build(schema, file=config, overrides=overrides, declared_env=declared)
+        conf = cfg.build(schema, overrides={**config, **overrides}, declared_env=declared)
+    else:
+        conf = cfg.build(schema, file=config, overrides=overrides, declared_env=declared)
+    check_config(conf, comps)
+    return conf
+
+
+def check_config(conf: cfg.Config, comps: Components) -> None:
+    """The rules between keys: the core's, then each selected component's (``register(..., check=)``)."""
+    auth.require(conf["security.secret"].encode(), conf["security.require_secret"])
+    compressed = parse_ops(conf["compression.ops"], True) or frozenset(COLLECTIVES)  # (a bad value raises here)
+    compressed &= parse_ops(conf["compression.ops"], False) or frozenset(COLLECTIVES)  # whether lossy or not
+    if conf["compression.name"] != "none":
+        for op in sorted(compressed):
+            name = conf.section("collectives").get(op)
+            algo = comps.algorithms.get(op, {}).get(name)
+            if algo is not None and algo.offload:
+                raise ConfigError(f"config key 'collectives.{op}': value {name!r} runs through an offload (plugin "
+                                  f"{algo.plugin!r}), which compression.name={conf['compression.name']!r} cannot apply "
+                                  f"to; choose another algorithm, or leave {op} out of compression.ops")
+    comps.check(conf)
 
 
 def _env_int(name: str, given: int | None, needed_by: str) -> int:
@@ -91,9 +113,9 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     global _default
     comps = components()
     connect_timeout = conf["timeouts.connect"]
+    job = None
     try:
         secret = conf["security.secret"].encode()
-        auth.require(secret, conf["security.require_secret"])
         job = _agree_job(store, rank, world_size, secret, connect_timeout)
         traversal = comps.create("traversal", conf["traversal.name"], conf, conf.section(
             f"traversal.{conf['traversal.name']}"))
@@ -116,7 +138,11 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         slow_peers = getattr(transport, "slow_peers", None)
         mine = slow_peers() if callable(slow_peers) else None
         slow = topology.agree(store, rank, world_size, mine, connect_timeout) if mine is not None else frozenset()
-    except BaseException:
+    except BaseException as exc:
+        if job is not None and isinstance(exc, ErdmaError) and failed_elsewhere(store, job) is None:
+            # this rank's own reason (not one it heard): the others' set-up waits end with it, not at a timeout
+            said = str(exc)
+            _tell(store, job, exc if said.startswith(f"rank {rank}") else ErdmaError(f"rank {rank}: {said}"))
         store.close()
         raise
     rt = Runtime(rank=rank, world_size=world_size, config=conf, components=comps, store=store, transport=transport,

@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, NoReturn
 
+MAX_RANKS = 256  # processes `erdma run -n` starts on one host unless --max-ranks says more
 GRACE_S = 5.0
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -105,6 +107,18 @@ def _pump(src: IO[bytes], dst: IO[str], prefix: str) -> None:
             return
 
 
+def unstartable(program: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Why ``program`` cannot be started (not found on PATH, not there, not executable), or None."""
+    path = (env or os.environ).get("PATH", os.defpath)
+    if os.sep not in program:
+        return None if shutil.which(program, path=path) else "not found on PATH"
+    if not os.path.exists(program):
+        return "No such file or directory"
+    if os.path.isdir(program) or not os.access(program, os.X_OK):
+        return "not an executable file"
+    return None
+
+
 def local_env(env: Mapping[str, str], nprocs: int, config: str | None) -> dict[str, str]:
     """What every process this launcher starts on this host gets, on top of ``env``: unbuffered output, the
     config file, and a share of the cores for its intra-op threads."""
@@ -135,8 +149,14 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None = None, env: Mapp
         try:
             for rank in range(nprocs):
                 stopping.check()
-                p, threads = spawn(list(cmd), {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                   f"[rank {rank}] " if prefix else None)
+                try:
+                    p, threads = spawn(list(cmd), {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                       f"[rank {rank}] " if prefix else None)
+                except OSError as exc:  # (unstartable() said it could be: it went, or the host is out of processes)
+                    stop(procs)
+                    sys.stderr.write(f"erdma run: cannot start rank {rank} ({cmd[0]!r}): {exc.strerror or exc}; "
+                                     "stopped the other ranks\n")
+                    return 127
                 procs.append(p)
                 pumps += threads
             failed = _wait(procs, timeout, stopping)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from pathlib import Path
@@ -23,14 +24,30 @@ def _ranks(text: str) -> int:
     return n
 
 
-def _run(args: argparse.Namespace) -> int:
+def _check_config(path: str | None) -> None:
+    """The config the ranks will load (./erdma.toml, ERDMA_CONFIG and ERDMA_*): fail here, once, rather than in
+    every rank. Without a secret in the environment, the launcher gives the ranks one (a new one, or the one
+    --secret-file names), which the check assumes."""
     from ..api.join import load_config
 
+    given = os.environ.get("ERDMA_SECRET") or os.environ.get("ERDMA_SECURITY_SECRET")
+    load_config(path, **({} if given else {"security.secret": "(the one erdma run gives its ranks)"}))
+
+
+def _run(args: argparse.Namespace) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         print("erdma run: give the command after --, e.g. erdma run -n 4 -- python train.py", file=sys.stderr)
         return 2
-    load_config(args.config)  # ./erdma.toml, ERDMA_CONFIG and ERDMA_*: fail here, once, rather than in every rank
+    if args.nprocs > args.max_ranks:
+        print(f"erdma run: -n {args.nprocs} is above --max-ranks {args.max_ranks}, the most processes erdma run starts "
+              f"on this host unless told (--max-ranks {args.nprocs} lifts it)", file=sys.stderr)
+        return 2
+    why = launcher.unstartable(cmd[0])
+    if why is not None:
+        print(f"erdma run: cannot start {cmd[0]!r}: {why}", file=sys.stderr)
+        return 127
+    _check_config(args.config)
     if args.elastic and args.join:
         print("erdma run: --elastic serves a job's store, --join joins one: give one of them", file=sys.stderr)
         return 2
@@ -55,7 +72,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..api.join import load_config
     from . import bench
 
     if args.compare == "gloo":
@@ -69,7 +85,7 @@ def _bench(args: argparse.Namespace) -> int:
         print("erdma bench: --backend mpi runs under mpirun: mpirun -n N python -m erdma_core.cli.bench "
               "--backend mpi", file=sys.stderr)
         return 2
-    load_config(args.config)
+    _check_config(args.config)
     cmd = [sys.executable, "-m", "erdma_core.cli.bench", *bench.forwarded(args)]
     return launcher.run(args.nprocs, cmd, config=args.config, prefix=False)
 
@@ -143,6 +159,8 @@ def add_core_commands(sub: Any) -> None:
 
     run = sub.add_parser("run", help="start N local ranks of a command")
     run.add_argument("-n", "--nprocs", type=_ranks, required=True)
+    run.add_argument("--max-ranks", type=_ranks, default=launcher.MAX_RANKS, help="the most processes -n may ask for "
+                     f"on this host (default {launcher.MAX_RANKS}): a guard against a typo starting thousands")
     run.add_argument("--config", default=None)
     run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with [rank N]")
     run.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")

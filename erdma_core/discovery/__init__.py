@@ -14,7 +14,27 @@ from ..protocol.store import Store
 from .etcd import EtcdStore, etcd_store
 from .store import FileStore, TCPStore
 
-__all__ = ["EtcdStore", "FileStore", "Store", "TCPStore", "env_store", "etcd_store", "file_store", "tcp_store"]
+__all__ = ["EtcdStore", "FileStore", "Store", "TCPStore", "check_file", "check_tcp", "env_store", "etcd_store",
+           "file_store", "tcp_store"]
+
+
+def check_tcp(config: Any, section: dict[str, Any]) -> None:
+    """``tcp://``'s URL names a host and a port (``register(..., check=)``)."""
+    url = config["discovery.init_method"]
+    try:
+        parsed = urlparse(url)
+        ok = bool(parsed.hostname and parsed.port)
+    except ValueError:  # a port that is not a number, or out of range
+        ok = False
+    if not ok:
+        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a host and a port: tcp://HOST:PORT")
+
+
+def check_file(config: Any, section: dict[str, Any]) -> None:
+    """``file://``'s URL names a path (``register(..., check=)``)."""
+    url = config["discovery.init_method"]
+    if not urlparse(url).path:
+        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a path: file:///PATH")
 
 
 def tcp_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:

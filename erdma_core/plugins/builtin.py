@@ -71,8 +71,10 @@ def erdma_register_discovery(register: Register) -> None:
     from ..discovery import etcd
 
     register("env", discovery.env_store, description="MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, as torchrun sets", sdk=1)
-    register("tcp", discovery.tcp_store, description="key-value store served by rank 0 at tcp://host:port", sdk=1)
-    register("file", discovery.file_store, description="key-value store in a shared folder, file:///path", sdk=1)
+    register("tcp", discovery.tcp_store, description="key-value store served by rank 0 at tcp://host:port", sdk=1,
+             check=discovery.check_tcp)
+    register("file", discovery.file_store, description="key-value store in a shared folder, file:///path", sdk=1,
+             check=discovery.check_file)
     register("etcd", discovery.etcd_store, options=etcd.OPTIONS,
              description="key-value store on an etcd cluster, etcd://host:port[,host:port...]/prefix", sdk=1)
 

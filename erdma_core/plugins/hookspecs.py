@@ -21,11 +21,21 @@ hookspec = pluggy.HookspecMarker("erdma")
 hookimpl = pluggy.HookimplMarker("erdma")
 
 
+Check = Callable[[Any, dict[str, Any]], None]
+"""``check(config, section)``: a component's rules over the whole config (``Config``) and its own section's values,
+as ``register(..., check=)`` gives it. Called on every rank when the config is loaded (``erdma_core.load_config``:
+``init``, ``erdma run`` before it starts any rank, ``erdma config show``), only while the component is selected,
+before the rank contacts anyone: it raises ``ConfigError`` naming the key, the value and what is valid for a
+setting that cannot take effect (two settings that cannot go together, a value its ``Option`` bounds cannot
+say). It touches no network and no file beyond reading one it is named (a CA file); what depends on other
+hosts is the factory's, at set-up."""
+
+
 class Register(Protocol):
     """What the registration hooks of transports, discovery methods, traversals and compressors are given."""
 
     def __call__(self, name: str, factory: Callable[..., Any], *, options: Mapping[str, Option] | None = None,
-                 description: str = "", sdk: int | None = None) -> None: ...
+                 description: str = "", sdk: int | None = None, check: Check | None = None) -> None: ...
 
 
 class RegisterAlgorithm(Protocol):
@@ -33,7 +43,7 @@ class RegisterAlgorithm(Protocol):
 
     def __call__(self, op: str, name: str, schedule_fn: Callable[..., Any], *,
                  options: Mapping[str, Option] | None = None, description: str = "", offload: bool = False,
-                 sdk: int | None = None) -> None: ...
+                 sdk: int | None = None, check: Check | None = None) -> None: ...
 
 
 class RegisterEnvironment(Protocol):
@@ -47,7 +57,9 @@ def erdma_register_transports(register: Register) -> None:
     """Register transport factories.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager`` once, when the plugin manager is built.
-    Arguments: ``register(name, factory, *, options=None, description="", sdk=None)``. ``factory(config,
+    Arguments: ``register(name, factory, *, options=None, description="", sdk=None, check=None)``.
+    ``check(config, section)`` (every registration hook takes one; ``Check`` above says when it is called and
+    what it may do) refuses settings that cannot take effect, before any rank contacts another. ``factory(config,
     section)`` returns an object that satisfies ``erdma_core.sdk.Transport`` (most subclass
     ``erdma_core.sdk.MessageTransport``, or ``erdma_core.sdk.SocketTransport`` for stream sockets); it must be
     cheap to import and do heavy imports (aioquic, pyverbs) only when called. ``sdk`` is the version of
@@ -66,7 +78,8 @@ def erdma_register_discovery(register: Register) -> None:
     ``discovery.init_method`` (``env``, ``tcp``, ``file``, ...).
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(scheme,
-    factory, *, options=None, description="", sdk=None)`` (``sdk`` as for transports, checked when given).
+    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports, checked when given;
+    ``check`` as for transports).
     ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.sdk.Store`` (set, get with a
     timeout, add, close) that every rank of the job shares. A factory with the attribute ``assigns_ranks = True`` is
     called with ``rank=None`` when the process was given no rank (no ``init(rank=...)``, no ``RANK``): the ranks
@@ -80,7 +93,8 @@ def erdma_register_traversals(register: Register) -> None:
     """Register NAT traversal strategies.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
-    factory, *, options=None, description="", sdk=None)`` (``sdk`` as for transports, checked when given);
+    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports, checked when given;
+    ``check`` as for transports);
     ``factory(config, section)`` returns an ``erdma_core.sdk.Traversal``: its ``advertise(host, port) ->
     (host, port)`` is called at set-up, once for each address the transport listens on (QUIC striping workers have
     one each), and returns the address peers should dial. Optionally ``udp_socket() -> socket | None``, called once
@@ -98,7 +112,8 @@ def erdma_register_compressors(register: Register) -> None:
     """Register compressors.
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
-    factory, *, options=None, description="", sdk=None)`` (``sdk`` as for transports, checked when given);
+    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports, checked when given;
+    ``check`` as for transports);
     ``factory(config, section)`` returns an ``erdma_core.sdk.Compressor``. Its wire id is
     ``erdma_core.transport.wire.codec_id(name)``; two names with the same id are refused. The executor calls the
     configured compressor's ``encode`` for each message of at least ``compression.min_bytes`` and any installed
@@ -112,8 +127,9 @@ def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     collective with an endpoint outside the group (an aggregation node, a switch).
 
     Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(op, name,
-    schedule_fn, *, options=None, description="", offload=False, sdk=None)`` (``sdk``: the SDK version it was
-    written for; one that says another than ``erdma_core.sdk.VERSION`` is refused); ``op`` is one of
+    schedule_fn, *, options=None, description="", offload=False, sdk=None, check=None)`` (``sdk``: the SDK version
+    it was written for; one that says another than ``erdma_core.sdk.VERSION`` is refused; ``check`` as for
+    transports, called while ``[collectives]`` names the algorithm for ``op``); ``op`` is one of
     ``erdma_core.protocol.ops.COLLECTIVES``; ``options`` declares the keys of ``[algorithm.<op>.<name>]``.
 
     A schedule (``offload=False``): ``schedule_fn(spec)`` takes an ``erdma_core.algorithms.schedule.Spec``

@@ -50,6 +50,7 @@ class Component:
     op: str = ""
     offload: bool = False  # an algorithm whose factory makes an ``engine.offload.Offload``, not a schedule
     sdk: int | None = None  # the version of ``erdma_core.sdk`` it says it was written for
+    check: hookspecs.Check | None = None  # its rules over the config (``hookspecs.Check``)
 
     @property
     def section(self) -> str:
@@ -143,6 +144,32 @@ class Components:
                               + did_you_mean(name, list(self.algorithms.get(op, {})))
                               + self.hint("algorithm")(name)) from None
 
+    def selected(self, config: Any) -> list[Component]:
+        """The components ``config`` selects: its transport, traversal, compressor, discovery method (the
+        init_method's scheme) and the algorithms ``[collectives]`` names."""
+        from urllib.parse import urlparse
+
+        url = config["discovery.init_method"]
+        names = {"transport": config["transport.name"], "traversal": config["traversal.name"],
+                 "compressor": config["compression.name"], "discovery": urlparse(url).scheme or url}
+        out = [self.by_kind[k][n] for k, n in names.items() if n in self.by_kind[k]]
+        return out + [algos[name] for op, algos in self.algorithms.items()
+                      if (name := config.section("collectives").get(op)) in algos]
+
+    def check(self, config: Any) -> None:
+        """Every selected component's rules over ``config`` (``hookspecs.Check``): the first that fails raises
+        its ConfigError; a check that fails otherwise is a PluginError naming it."""
+        for comp in self.selected(config):
+            if comp.check is None:
+                continue
+            try:
+                comp.check(config, config.section(comp.section))
+            except ErdmaError:
+                raise
+            except Exception as exc:
+                raise PluginError(f"{comp.kind} {comp.name!r} from plugin {comp.plugin!r}: its config check failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
     def option_sections(self) -> dict[str, dict[str, Option]]:
         """Plugin-declared config sections: ``[<kind>.<name>]``, ``[algorithm.<op>.<name>]``."""
         comps = [c for kind in self.by_kind.values() for c in kind.values()]
@@ -233,13 +260,14 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
 
     def registrar(kind: str) -> Callable[..., None]:
         def register(name: str, factory: Callable[..., Any], *, options: Mapping[str, Option] | None = None,
-                     description: str = "", sdk: int | None = None) -> None:
+                     description: str = "", sdk: int | None = None, check: hookspecs.Check | None = None) -> None:
             if name in comps.by_kind[kind]:
                 raise PluginError(f"{kind} {name!r} registered twice: by {comps.by_kind[kind][name].plugin!r} "
                                   f"and {current['plugin']!r}")
             if refused(kind, name, sdk):
                 return
-            comp = Component(kind, name, factory, current["plugin"], dict(options or {}), description, sdk=sdk)
+            comp = Component(kind, name, factory, current["plugin"], dict(options or {}), description, sdk=sdk,
+                             check=check)
             if kind == "compressor":
                 cid = codec_id(name)
                 other = comps.codecs.get(cid)
@@ -252,7 +280,7 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
 
     def register_algorithm(op: str, name: str, schedule_fn: Callable[..., Any], *,
                            options: Mapping[str, Option] | None = None, description: str = "",
-                           offload: bool = False, sdk: int | None = None) -> None:
+                           offload: bool = False, sdk: int | None = None, check: hookspecs.Check | None = None) -> None:
         from ..protocol.ops import COLLECTIVES, OFFLOADABLE
 
         if op not in COLLECTIVES:
@@ -268,7 +296,7 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
         if refused("algorithm", f"{op} {name}", sdk):
             return
         mine[name] = Component("algorithm", name, schedule_fn, current["plugin"], dict(options or {}), description, op,
-                               offload, sdk)
+                               offload, sdk, check)
 
     def register_env(name: str, description: str) -> None:
         if not name.startswith("ERDMA_"):

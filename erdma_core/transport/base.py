@@ -51,9 +51,12 @@ class TransportContext:
     # acknowledge what this rank sent (``MessageTransport.linger``)
 
 
+FAILED_PREFIX = "erdma/failed/"  # a store that cleans up what it wrote at close keeps these: the others read them
+
+
 def failure_key(job: int) -> str:
     """The store key a rank that cannot take part in job ``job`` writes its reason to."""
-    return f"erdma/failed/{job & 0xFFFFFFFFFFFFFFFF:016x}"
+    return f"{FAILED_PREFIX}{job & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def failed_elsewhere(store: Store, job: int) -> str | None:

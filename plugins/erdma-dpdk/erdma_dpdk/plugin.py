@@ -56,7 +56,8 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("dpdk", _factory, options=OPTIONS,
-             description="DPDK userspace packet I/O (memif, af_packet) with a reliable stream in C", sdk=1)
+             description="DPDK userspace packet I/O (memif, af_packet) with a reliable stream in C", sdk=1,
+             check=lambda config, section: check_options(section))
 
 
 @hookimpl

@@ -7,7 +7,7 @@ from typing import Any
 
 from erdma_core.sdk import RegisterAlgorithm, RegisterEnvironment, hookimpl
 
-from .options import ENVIRONMENT, OPTIONS
+from .options import ENVIRONMENT, OPTIONS, settings
 
 
 def naca(ctx: Any) -> Any:
@@ -16,14 +16,19 @@ def naca(ctx: Any) -> Any:
     return Naca(ctx)
 
 
+def _check(config: Any, section: dict[str, Any]) -> None:
+    """The nodes, the admission secret's file and the timers parse (``options.settings``)."""
+    settings(config.section("algorithm.allreduce.naca"))
+
+
 @hookimpl
 def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     register("allreduce", "naca", naca, offload=True, options=OPTIONS,
              description="through aggregation nodes (erdma naca serve): one round up, one down; ring on the hosts "
-                         "when none can serve", sdk=1)
+                         "when none can serve", sdk=1, check=_check)
     for op in ("broadcast", "reduce_scatter"):
         register(op, "naca", naca, offload=True,
-                 description="through aggregation nodes; options in [algorithm.allreduce.naca]", sdk=1)
+                 description="through aggregation nodes; options in [algorithm.allreduce.naca]", sdk=1, check=_check)
 
 
 @hookimpl

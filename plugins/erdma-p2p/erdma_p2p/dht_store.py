@@ -25,32 +25,24 @@ import os
 import socket
 import time
 from typing import Any
-from urllib.parse import urlparse
 
-from erdma_core.sdk import CollectiveTimeoutError, ConfigError, ErdmaError
+from erdma_core.sdk import FAILED_PREFIX, CollectiveTimeoutError, ConfigError, ErdmaError
 
 from . import records
+from .checks import bootstrap_nodes, check_dht
 from .dht import DhtNode
 
 WRITE_TRIES = 3  # rounds of store RPCs a write gets before it fails
 
 
 def parse_url(url: str) -> tuple[list[tuple[str, int]], str]:
-    """``(bootstrap addresses, job name)`` of a ``dht://`` URL; ConfigError naming the key otherwise."""
-    parsed = urlparse(url)
-    job = parsed.path.strip("/")
-    form = "dht://HOST:PORT[,HOST:PORT...]/JOB"
-    if not parsed.netloc or not job:
-        raise ConfigError(f"config key 'discovery.init_method': value {url!r} needs bootstrap nodes and a job name: "
-                          f"{form} (the job name is the same on every rank, and new for each run)")
+    """``(bootstrap addresses, job name)`` of a ``dht://`` URL, the hosts resolved; ConfigError naming the key
+    otherwise."""
+    given, job = bootstrap_nodes(url)
     nodes = []
-    for item in parsed.netloc.split(","):
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"config key 'discovery.init_method': bootstrap node {item!r} in {url!r} is not "
-                              f"HOST:PORT ({form})")
+    for host, port in given:
         try:
-            nodes.append((socket.gethostbyname(host), int(port)))
+            nodes.append((socket.gethostbyname(host), port))
         except OSError as exc:
             raise ConfigError(f"config key 'discovery.init_method': bootstrap host {host!r} does not resolve: "
                               f"{exc}") from None
@@ -172,7 +164,7 @@ class DhtStore:
         return sum(shares.values())
 
     def close(self) -> None:
-        for key in list(self._mine):
+        for key in [k for k in self._mine if not k.startswith(FAILED_PREFIX)]:  # (why this rank gave up: kept)
             try:
                 self._write(key, b"", deleted=True)
             except ErdmaError:  # best effort: the records expire anyway
@@ -192,11 +184,9 @@ def _shares(value: bytes) -> dict[str, int]:
 
 
 def dht_store(url: str, rank: int | None, world_size: int, timeout: float, config: Any) -> DhtStore:
+    check_dht(config, {})  # (as load_config did: a store made from a config built otherwise)
     bootstrap, job = parse_url(url)
-    secret = config["security.secret"].encode() if config is not None else b""
-    if not secret:
-        raise ConfigError("config key 'security.secret': the dht:// discovery signs the job's records with it and "
-                          "ignores records not signed with it; set the same secret on every rank (ERDMA_SECRET)")
+    secret = config["security.secret"].encode()
     store = DhtStore(bootstrap, job, secret, timeout=timeout, section=config.section("discovery.dht"))
     try:
         store.rank = rank if rank is not None else store.assign(world_size, timeout)

@@ -101,7 +101,7 @@ def report(section: dict[str, Any]) -> list[str]:
         return ["NAT: not probed (set traversal.stun.server, e.g. ERDMA_TRAVERSAL_STUN_SERVER=HOST:3478)"]
     try:
         server = server_address(server_text)
-        check = server_address(check_text, "config key 'traversal.stun.check_server'") if check_text else None
+        check = server_address(check_text, "traversal.stun.check_server") if check_text else None
         found = diagnose(server, check, timeout)
     except (stun.StunError, OSError, ValueError) as exc:
         return [f"problem: NAT probe through {server_text}: {exc}"]
@@ -114,7 +114,7 @@ def report(section: dict[str, Any]) -> list[str]:
     lines += _tcp(server, check, timeout)
     if section["classify_server"]:
         try:
-            where = server_address(section["classify_server"], "config key 'traversal.stun.classify_server'")
+            where = server_address(section["classify_server"], "traversal.stun.classify_server")
         except ValueError as exc:
             return [f"problem: {exc}"]
         lines.append(classify(where, max(CLASSIFY_S, section["timeout"])))
@@ -150,7 +150,7 @@ def _relay(section: dict[str, Any], verdict: str) -> list[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.bind(("0.0.0.0", 0))
-        relayed = allocate(sock, server_address(section["relay"], "config key 'traversal.stun.relay'"),
+        relayed = allocate(sock, server_address(section["relay"], "traversal.stun.relay"),
                            section["relay_user"], section["relay_password"], section["timeout"])
         addr = relayed.client.relayed
         relayed.close()

@@ -7,6 +7,8 @@ from typing import Any
 
 from erdma_core.sdk import Option, Register, hookimpl
 
+from .checks import check_dht, check_stun
+
 OPTIONS = {
     "server": Option(str, "", "HOST:PORT of the STUN server asked for this rank's public mapping (coturn serves "
                      "STUN on 3478)"),
@@ -62,7 +64,8 @@ _dht.assigns_ranks = True  # type: ignore[attr-defined]  # a process given no ra
 @hookimpl
 def erdma_register_discovery(register: Register) -> None:
     register("dht", _dht, options=DHT_OPTIONS,
-             description="a Kademlia DHT reached through bootstrap nodes (erdma dht serve): dht://HOST:PORT/JOB", sdk=1)
+             description="a Kademlia DHT reached through bootstrap nodes (erdma dht serve): dht://HOST:PORT/JOB", sdk=1,
+             check=check_dht)
 
 
 @hookimpl
@@ -93,4 +96,4 @@ def _stun(config: Any, section: dict[str, Any]) -> Any:
 def erdma_register_traversals(register: Register) -> None:
     register("stun", _stun, options=OPTIONS,
              description="advertise the STUN-mapped address of the data socket, punch NATs open (erdma-quic; the "
-                         "built-in TCP meets its peers from a mapped TCP port)", sdk=1)
+                         "built-in TCP meets its peers from a mapped TCP port)", sdk=1, check=check_stun)

@@ -23,40 +23,33 @@ from typing import Any
 from erdma_core.sdk import Candidate, ConfigError, meet, route_source
 
 from . import stun
+from .checks import check_stun, stun_server
 from .relayed import RelayedSocket, allocate
 
 log = logging.getLogger("erdma.p2p")
 PUNCH = b"\x00erdma-punch"  # not a QUIC packet (the fixed bit is 0): a QUIC endpoint drops it
 
 
-def server_address(value: str, what: str = "config key 'traversal.stun.server'") -> tuple[str, int]:
-    """``HOST:PORT`` of a STUN server, resolved; a ConfigError naming ``what`` otherwise."""
-    host, sep, port = value.rpartition(":")
-    if not value or not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what}: value {value!r} is not HOST:PORT of a STUN server "
-                          "(e.g. stun.example.org:3478; coturn serves STUN on 3478)")
+def server_address(value: str, key: str = "traversal.stun.server") -> tuple[str, int]:
+    """``HOST:PORT`` of a STUN server, resolved; a ConfigError naming the key otherwise."""
+    host, port = stun_server(value, key)
     try:
-        return socket.gethostbyname(host), int(port)
+        return socket.gethostbyname(host), port
     except OSError as exc:
-        raise ConfigError(f"{what}: host {host!r} does not resolve: {exc}") from None
+        raise ConfigError(f"config key {key!r}: host {host!r} does not resolve: {exc}") from None
 
 
 class StunTraversal:
     def __init__(self, config: Any, section: dict[str, Any]) -> None:
+        check_stun(config, section)  # (as load_config did: a traversal made from a config built otherwise)
         self.server = server_address(section["server"])
         self.timeout = section["timeout"]
         self.check_timeout = section["check_timeout"]
         self.bind = (section["bind_address"] or "0.0.0.0", section["port"])
         self.punches = section["punch"]
-        self.relay = server_address(section["relay"], "config key 'traversal.stun.relay'") if section["relay"] else None
+        self.relay = server_address(section["relay"], "traversal.stun.relay") if section["relay"] else None
         self.always = section["relay_when"] == "always"
         self.credentials = (section["relay_user"], section["relay_password"])
-        if self.relay is not None and not all(self.credentials):
-            raise ConfigError("config key 'traversal.stun.relay': a TURN server needs traversal.stun.relay_user and "
-                              "traversal.stun.relay_password (its long-term credentials)")
-        if self.always and self.relay is None:
-            raise ConfigError("config key 'traversal.stun.relay_when': value 'always' needs traversal.stun.relay "
-                              "(a TURN server); set it, or relay_when = 'fallback'")
         self.mapped: stun.Mapped | None = None
         self.relayed: stun.Mapped | None = None  # the relay allocation's address
         self.sock: RelayedSocket | None = None  # the data socket, when it has a relay allocation

@@ -40,6 +40,7 @@ from erdma_core.sdk import HELLO_ACCEPTED, HELLO_REQUEST, Hello, PeerLostError, 
 
 from .congestion import attach
 from .credentials import CredentialError
+from .retry import RetryGate, initial
 from .streams import Inbound, StreamPlaced, hello_stream, numbered
 
 log = logging.getLogger("erdma.quic")
@@ -52,7 +53,10 @@ UNREACHABLE_GRACE = 3 * PROBE_AFTER
 REDIAL_DELAY = 0.05  # seconds between a connection's end and the first redial
 REDIAL_RETRY = 0.5  # seconds a redial may go unanswered before another replaces it (a fresh first flight)
 MAX_PENDING = 64  # accepted connections not yet identified
+PER_SOURCE = MAX_PENDING // 2  # ... of them from one host (more from it make room among its own)
+RETRY_ABOVE = MAX_PENDING // 4  # with this many under way, a first Initial is answered with a Retry (``retry``)
 CID_LENGTH = 8
+_ENDED = (QuicConnectionState.CLOSING, QuicConnectionState.DRAINING, QuicConnectionState.TERMINATED)
 Ticket = SessionTicket | bytes  # a session ticket the dialler keeps: aioquic's, or the compiled engine's (opaque)
 Configure = Callable[[bool, Any, "int | None", "Ticket | None"], QuicConfiguration]
 Identify = Callable[[Any, list[Any], set[int]], int]
@@ -117,6 +121,8 @@ class Connection(QuicConnection):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         attach(self)
+        if not self._is_client:  # a stranger's failed handshake is the mesh's to report, at its pace (``_say``)
+            self._logger = _Quiet(self._logger.logger, self._logger.extra)
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
@@ -126,6 +132,29 @@ class Connection(QuicConnection):
     def took_nothing(self) -> bool:
         """An accepted connection that could read nothing of its first datagram (no Initial)."""
         return self._state is QuicConnectionState.FIRSTFLIGHT
+
+    def ended(self) -> bool:
+        """Closing, draining or over: nothing more is read from it (aioquic says ``ConnectionTerminated`` only
+        once its closing period is over)."""
+        return self._state in _ENDED
+
+    def end_reason(self) -> str:
+        """Once ``ended``: why, as the close said it."""
+        ev = self._close_event
+        return (ev.reason_phrase or f"error code {ev.error_code:#x}") if ev is not None else "closed"
+
+    def free(self) -> None:
+        """The mesh is done with this connection (a stranger's: dropped, refused or ended before anyone was
+        identified on it), which is used no more: let go of what it holds now. aioquic's connection refers to
+        itself from its parts (bound methods as the callbacks of its TLS context, loss recovery, packet
+        protection and frame handlers), which only the cyclic collector would free; dropping its attributes and
+        those of its parts frees it at once."""
+        for part in list(vars(self).values()):
+            for value in part.values() if isinstance(part, dict) else part if isinstance(part, list | tuple) else [part]:
+                inner = getattr(value, "__dict__", None)  # a part that calls back into this connection
+                if isinstance(inner, dict) and any(getattr(v, "__self__", None) is self for v in inner.values()):
+                    inner.clear()
+        self.__dict__.clear()
 
     def demux_token(self) -> int | None:
         """The token the endpoint's receive fast path reports for this connection (``heard``); None: it has
@@ -167,6 +196,13 @@ class Connection(QuicConnection):
     def describe(self) -> str:
         """The congestion controller's state, for the log."""
         return f"{self._loss._cc.get_log_data()}, srtt {self._loss._rtt_smoothed:.5f} s"
+
+
+class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aioquic's connection log with its warnings (one per failed handshake) said at DEBUG."""
+
+    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self.debug(msg, *args, **kwargs)
 
 
 class Outgoing:
@@ -255,6 +291,11 @@ class Mesh:
         self._by_cid: dict[bytes, Session] = {}
         self._by_token: dict[int, Session] = {}  # sessions the receive fast path reports by token
         self._pending: list[Session] = []  # accepted, not yet identified and settled
+        self._gate = RetryGate()
+        self._stateless: list[tuple[bytes, Any]] = []  # Retry packets to send: (datagram, address)
+        self._done: list[Session] = []  # forgotten; their connections are let go of after the next output
+        self.retries = 0  # Retry packets sent
+        self._quiet_until, self._unsaid = 0.0, 0  # ``_say``'s
         self._tickets: dict[bytes, tuple[SessionTicket, int]] = {}  # issued to diallers: label -> (ticket, rank)
         self._dirty: dict[int, Session] = {}
         self._events: deque[Event] = deque()
@@ -430,12 +471,15 @@ class Mesh:
         """What is due, as ``(datagram, address)``: a datagram is ``bytes``, or a whole batch of them (the
         compiled engine's ``Run``) where the socket side asked its connections for those."""
         self._now = now
-        out: list[tuple[bytes, Any]] = []
+        out: list[tuple[Any, Any]] = self._stateless
+        self._stateless = []
         while self._dirty:
             dirty, self._dirty = self._dirty, {}
             for s in dirty.values():
                 if s in self._sessions:
                     self._service(s, out)
+        while self._done:
+            self._release(self._done.pop())
         return out
 
     def get_timer(self) -> float | None:
@@ -506,22 +550,61 @@ class Mesh:
         self._adopt(s)
         return s
 
-    def _accept(self, dcid: bytes, addr: Any) -> Session | None:
+    def _admit(self, data: bytes, dcid: bytes, addr: Any) -> Session | None:
+        """A datagram for no connection of this endpoint's: a new connection when it is a client's first
+        Initial, the endpoint takes connections (a lower rank, not closing) and either the table of handshakes
+        under way is below ``RETRY_ABOVE`` or the Initial carries this endpoint's Retry token for its sender's
+        address; a Retry (and nothing kept) for another first Initial; nothing for the rest."""
         if self.closing or not self._diallers():
             return None
-        if len(self._pending) >= MAX_PENDING:  # make room: a flood of first flights never locks a rank out
-            oldest = self._pending[0]
-            log.warning("rank %d: %d QUIC handshakes under way; dropped the oldest, from %s", self.s.rank,
-                        MAX_PENDING, oldest.addr)
-            self.refusals.append(f"{oldest.addr[0]}:{oldest.addr[1]}: dropped, {MAX_PENDING} handshakes under way")
-            oldest.terminated = True
-            self._forget(oldest)
+        packet = initial(data)
+        if packet is None:  # another packet type (0-RTT or Handshake of a connection gone), a runt, garbage
+            self.bad_datagrams += 1
+            return None
+        original, retried = dcid, None
+        if packet.token:
+            found = self._gate.original(packet, addr, self._now)
+            if found is None:  # another endpoint's, an old one, or forged: nothing is kept for it
+                self.bad_datagrams += 1
+                return None
+            original, retried = found, dcid
+        elif len(self._pending) >= RETRY_ABOVE:
+            self._stateless.append((self._gate.retry(packet, addr, self._now), addr))
+            self.retries += 1
+            return None
+        s = self._accept(original, retried, addr)
+        self._by_cid[dcid] = s
+        self._adopt(s)
+        return s
+
+    def _accept(self, original: bytes, retried: bytes | None, addr: Any) -> Session:
+        """A connection for a client's Initial (``original``: its first destination id; ``retried``: the id of
+        the Retry it answered, or None). The table of handshakes under way holds at most ``MAX_PENDING``, at
+        most ``PER_SOURCE`` of them from one host: a new one beyond either bound drops the oldest of its own
+        host's, else the oldest of the host that holds most, so a flood of first flights from a few hosts
+        never locks a rank out."""
+        mine = [p for p in self._pending if p.addr[0] == addr[0]]
+        victim = None
+        if len(mine) >= PER_SOURCE:
+            victim = mine[0]
+        elif len(self._pending) >= MAX_PENDING:
+            hosts: dict[str, list[Session]] = {}
+            for p in self._pending:
+                hosts.setdefault(p.addr[0], []).append(p)
+            victim = max(hosts.values(), key=len)[0]
+        if victim is not None:
+            self._say("rank %d: %d QUIC handshakes under way (%d from %s); dropped the oldest of %s's", self.s.rank,
+                      len(self._pending), len(mine), addr[0], victim.addr[0])
+            self.refusals.append(f"{victim.addr[0]}:{victim.addr[1]}: dropped, {len(self._pending)} handshakes "
+                                 "under way")
+            victim.terminated = True
+            self._forget(victim)
         s = Session(None, addr, dialled=False)
         s.pre = Inbound(-1, None, functools.partial(self._on_hello, s))
         s.conn = self.connection(configuration=self.configure(False, addr, None, None),
-                            original_destination_connection_id=dcid,
-                            session_ticket_fetcher=functools.partial(self._fetch_ticket, s),
-                            session_ticket_handler=functools.partial(self._ticket_issued, s))
+                                 original_destination_connection_id=original, retry_source_connection_id=retried,
+                                 session_ticket_fetcher=functools.partial(self._fetch_ticket, s),
+                                 session_ticket_handler=functools.partial(self._ticket_issued, s))
         self._pending.append(s)
         return s
 
@@ -536,10 +619,7 @@ class Mesh:
             dcid = bytes(data[1:1 + CID_LENGTH])
         s = self._by_cid.get(dcid)
         if s is None and data[0] & 0x80:
-            s = self._accept(dcid, addr)
-            if s is not None:
-                self._by_cid[dcid] = s
-                self._adopt(s)
+            s = self._admit(data, dcid, addr)
         return s
 
     def _adopt(self, s: Session) -> None:
@@ -552,6 +632,10 @@ class Mesh:
         self._touch(s)
 
     def _forget(self, s: Session) -> None:
+        """``s`` is over: out of every table now; its connection is let go of once what it still had to send
+        (its close) has gone (``datagrams_to_send``)."""
+        if s not in self._sessions:
+            return
         self._sessions.discard(s)
         token = s.conn.demux_token()
         if token is not None:
@@ -560,6 +644,15 @@ class Mesh:
             del self._by_cid[cid]
         if s in self._pending:
             self._pending.remove(s)
+        self._done.append(s)
+
+    def _release(self, s: Session) -> None:
+        """After ``_forget``: nothing of ``s`` refers back to it, so it goes when the last reference does; a
+        connection nobody was identified on (a stranger's) gives its engine's memory back at once. One that
+        carried a link is left to reference counting: another thread may still read its rate (``link_rate``)."""
+        s.pre = None
+        if s.link is None and not s.established:
+            s.conn.free()
 
     def _touch(self, s: Session) -> None:
         self._dirty[id(s)] = s
@@ -573,8 +666,17 @@ class Mesh:
             # or nothing would ask again until the next timer
             if not self._pump(s):
                 break
-        for cid in s.conn.host_cids():
-            self._by_cid.setdefault(cid, s)
+        if s.link is None and not s.dialled and s in self._sessions and (s.failure is not None or s.conn.ended()):
+            # a stranger refused, or whose handshake failed: its close has just gone out, and no closing period
+            # is kept for it (RFC 9000 10.2 allows an endpoint to discard its state once it sent CONNECTION_CLOSE)
+            if s.failure is None:
+                s.failure = s.conn.end_reason()
+                self.refusals.append(f"a peer at {s.addr[0]}:{s.addr[1]}: {s.failure}")
+                self._say("rank %d: the QUIC handshake of a peer at %s failed: %s", self.s.rank, s.addr, s.failure)
+            self._forget(s)
+        if s in self._sessions:  # (its events may have ended it: then it is in no table any more)
+            for cid in s.conn.host_cids():
+                self._by_cid.setdefault(cid, s)
         s.timer = s.conn.get_timer()
 
     # ---- session tickets (TLS resumption) -----------------------------------------------------------------
@@ -764,7 +866,7 @@ class Mesh:
 
     def _refuse(self, s: Session, why: str) -> None:
         who = f"rank {s.rank}" if s.rank is not None else "a peer"
-        log.warning("rank %d: refused the QUIC connection of %s at %s: %s", self.s.rank, who, s.addr, why)
+        self._say("rank %d: refused the QUIC connection of %s at %s: %s", self.s.rank, who, s.addr, why)
         if not s.dialled:
             self.refusals.append(f"{who} at {s.addr[0]}:{s.addr[1]}: {why}")
         s.failure = why
@@ -809,6 +911,18 @@ class Mesh:
         self._forget(s)
         self._ended(link, s, "its address answered port unreachable (its process ended, or a relay on the way is "
                     "gone)", reconnectable=False)
+
+    def _say(self, msg: str, *args: Any) -> None:
+        """A warning about an accepted connection (a refusal, a dropped handshake): at most one a second, each
+        saying how many were left unsaid since the last, so that strangers cannot flood the log (or block a rank
+        whose stderr nobody reads)."""
+        if self._now < self._quiet_until:
+            self._unsaid += 1
+            return
+        if self._unsaid:
+            msg += f" (and {self._unsaid} more like it in the last second)"
+        self._quiet_until, self._unsaid = self._now + 1.0, 0
+        log.warning(msg, *args)
 
     def _send_raw(self, s: Session, data: bytes) -> None:
         sid = s.conn.get_next_available_stream_id(is_unidirectional=True)

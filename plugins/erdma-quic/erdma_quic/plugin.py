@@ -25,8 +25,8 @@ OPTIONS = {
     "congestion_control": Option(str, "bbr", "congestion controller: bbr (model-based, ignores random loss; "
                                  "erdma_quic.congestion, or ngtcp2's BBR on that engine) or the engine's own cubic, "
                                  "reno", choices=CONGESTION),
-    "datagram_size": Option(int, 0, "UDP payload per QUIC packet; 0: path MTU less headers, at most 16000",
-                            minimum=0),
+    "datagram_size": Option(int, 0, "UDP payload per QUIC packet: 1200..65527 on the compiled engine, 1200..16000 "
+                            "on aioquic; 0: the path MTU less headers, at most 16000", minimum=0, maximum=65527),
     "gso": Option(bool, True, "send runs of equal-size datagrams as one sendmsg each (Linux UDP GSO) on every "
                   "path where a probe the peer answers came back whole (erdma_quic.gso); false: never"),
     "part_bytes": Option(int, 4 << 20, "a message larger than this is split across several streams",
@@ -56,10 +56,17 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
     return QuicTransport(config, section)
 
 
+def _check(config: Any, section: dict[str, Any]) -> None:
+    from .checks import check
+
+    check(config, section)
+
+
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("quic", _factory, options=OPTIONS,
-             description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank", sdk=1)
+             description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank", sdk=1,
+             check=_check)
 
 
 @hookimpl

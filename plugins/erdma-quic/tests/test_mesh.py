@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from erdma_quic import credentials as cred
-from erdma_quic.mesh import Joined, Lost, Mesh, Refused
+from erdma_quic.mesh import MAX_PENDING, PER_SOURCE, RETRY_ABOVE, Joined, Lost, Mesh, Refused
 from erdma_quic.ngtcp2.connection import loaded
 from erdma_quic.streams import Inbound, message_parts
 from erdma_quic.tls import Tls
@@ -286,26 +286,84 @@ def test_datagrams_that_open_nothing_hold_no_slot():
     assert r0.mesh.pending_accepts() == 0 and r0.mesh.bad_datagrams == 300
 
 
-def test_a_flood_of_first_flights_never_locks_a_rank_out():
-    """Real QUIC Initials from 200 addresses that never answer fill the listener's handshake table; each new
-    one drops the oldest, so the table stays bounded and a rank that dials afterwards still joins."""
+def _stranger(alpn: str = "erdma/1") -> Any:
+    """A genuine QUIC client (aioquic) without a certificate, that does not check the listener's."""
+    import ssl
+
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
-    from erdma_quic.tls import ALPN
 
+    conn = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=[alpn],
+                                                          verify_mode=ssl.CERT_NONE))
+    conn.connect(A, now=0.0)
+    return conn
+
+
+def _is_retry(data: Any) -> bool:
+    return isinstance(data, bytes) and data[0] & 0xF0 == 0xF0  # long header, fixed bit, type Retry
+
+
+def test_a_flood_of_first_flights_is_answered_by_retries_and_never_locks_a_rank_out():
+    """Real QUIC Initials from 200 addresses that never answer: the first RETRY_ABOVE each take a slot of the
+    listener's handshake table, every later one is answered with a stateless Retry and nothing is kept for it;
+    a rank that dials afterwards passes the Retry (its token proves its address) and joins."""
     r0, r1 = Rank(0, 2, A), Rank(1, 2, B)
+    answers = []
     for i in range(200):
-        flooder = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=[ALPN]))
-        flooder.connect(A, now=0.0)
-        for data, _ in flooder.datagrams_to_send(now=0.0):
-            r0.mesh.receive(data, (f"10.66.{i // 250}.{i % 250}", 5000), 0.0)
-        r0.mesh.datagrams_to_send(0.0)
-    assert r0.mesh.pending_accepts() == 64
-    assert len(r0.mesh.refusals) == 8 and "dropped, 64 handshakes under way" in r0.mesh.refusals[-1]
+        addr = (f"10.66.{i // 250}.{i % 250}", 5000)
+        for data, _ in _stranger().datagrams_to_send(now=0.0):
+            r0.mesh.receive(data, addr, 0.0)
+        answers += [(d, a) for d, a in r0.mesh.datagrams_to_send(0.0) if _is_retry(d)]
+    assert r0.mesh.pending_accepts() == RETRY_ABOVE and r0.mesh.retries == 200 - RETRY_ABOVE
+    assert [a for _, a in answers] == [(f"10.66.0.{i}", 5000) for i in range(RETRY_ABOVE, 200)]
     net = Net(r0, r1)
     r1.mesh.dial(0, A, net.now)
     assert net.run(lambda: any(isinstance(e, Joined) for e in r1.events), 10.0)
     assert any(isinstance(e, Joined) and e.peer == 1 for e in r0.events)
+    assert r0.mesh.retries == 200 - RETRY_ABOVE + 1  # rank 1's first Initial was answered with one too
+
+
+def test_strangers_that_pass_the_retry_hold_a_bounded_share_of_the_table():
+    """Clients that answer the Retry with its token (their address is real) and then go silent mid-handshake:
+    one host holds at most PER_SOURCE slots, all hosts together MAX_PENDING, each newcomer beyond either
+    dropping the oldest of the host that holds most; every dropped connection leaves the tables at once."""
+    r0 = Rank(0, 2, A)
+    strangers = []
+    for i in range(150):
+        host = "10.66.0.1" if i < 100 else f"10.66.1.{i}"  # one host's flood, then 50 hosts of one each
+        strangers.append((_stranger(), (host, 5000 + i)))
+    for _ in range(2):  # the first Initial, then (answered with a Retry) the one with its token
+        for conn, addr in strangers:
+            for data, _ in conn.datagrams_to_send(now=0.0):
+                r0.mesh.receive(data, addr, 0.0)
+            for data, to in r0.mesh.datagrams_to_send(0.0):
+                if to == addr and _is_retry(data):
+                    conn.receive_datagram(data, addr=A, now=0.0)
+    pending = r0.mesh._pending
+    assert len(pending) == MAX_PENDING
+    assert sum(s.addr[0] == "10.66.0.1" for s in pending) == MAX_PENDING - 50 < PER_SOURCE
+    assert {s.addr[0] for s in pending if s.addr[0] != "10.66.0.1"} == {f"10.66.1.{i}" for i in range(100, 150)}
+    assert len(r0.mesh._sessions) == MAX_PENDING and len(set(r0.mesh._by_cid.values())) == MAX_PENDING
+
+
+def test_a_refused_strangers_connection_is_in_no_table_and_its_engine_freed():
+    """A stranger without a certificate completes its handshake and is refused: once its close is out, nothing
+    of the listener's refers to its session, and its connection has let go of the engine."""
+    r0 = Rank(0, 2, A)
+    conn = _stranger()
+    session = None
+    for _ in range(20):
+        for data, _ in conn.datagrams_to_send(now=0.0):
+            r0.mesh.receive(data, B, 0.0)
+        session = session or next(iter(r0.mesh._sessions))
+        for data, _ in r0.mesh.datagrams_to_send(0.0):
+            conn.receive_datagram(data, addr=A, now=0.0)
+    assert r0.mesh.refusals[-1].endswith("it presented no certificate"), r0.mesh.refusals
+    assert r0.mesh.pending_accepts() == 0 and not r0.mesh._sessions and not r0.mesh._by_cid
+    assert not r0.mesh._by_token and not r0.mesh._done
+    assert session is not None and session.pre is None
+    assert getattr(session.conn, "_engine", None) is None  # the compiled engine's connection: freed
+    assert session.conn._session_ticket_handler is None if hasattr(session.conn, "_session_ticket_handler") else True
 
 
 def test_the_transport_keeps_no_matching_abort_or_bye_of_its_own():

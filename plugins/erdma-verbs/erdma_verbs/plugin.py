@@ -40,11 +40,15 @@ OPTIONS = {
 HEADER_BYTES = FRAME.size  # the core's frame header, which a slot carries too
 
 
-def _factory(config: Any, section: dict[str, Any]) -> Any:
+def _check(config: Any, section: dict[str, Any]) -> None:
     if HEADER_BYTES + section["zero_copy_bytes"] > section["slot_bytes"]:
         raise ConfigError(f"config key 'transport.verbs.zero_copy_bytes': {section['zero_copy_bytes']} plus the "
                           f"{HEADER_BYTES}-byte header must fit in transport.verbs.slot_bytes ({section['slot_bytes']})"
                           "; lower it, or raise slot_bytes")
+
+
+def _factory(config: Any, section: dict[str, Any]) -> Any:
+    _check(config, section)
     try:
         from .transport import VerbsTransport
     except ImportError as exc:
@@ -57,7 +61,8 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("verbs", _factory, options=OPTIONS,
-             description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits", sdk=1)
+             description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits", sdk=1,
+             check=_check)
 
 
 @hookimpl

@@ -27,6 +27,7 @@ INSTALL = ("the compiled QUIC engine is not built: install ngtcp2's and GnuTLS's
            "then reinstall erdma-quic")
 CC = {"reno": 0, "cubic": 1, "bbr": 2, "bbr2": 3}
 BATCH = 64  # datagrams per call into the engine
+HANDSHAKE_BATCH = 4  # ... before the handshake is done (a flight of the handshake is a few datagrams)
 MAX_FLUSH = 1024  # datagrams written per datagrams_to_send / flush_to at most (the rest at the next)
 RUN_POOL = 32  # released run buffers a connection keeps for its next batches
 RX_STRIDE = 65536  # bytes a received datagram may take (a message UDP GRO coalesced, too)
@@ -256,7 +257,7 @@ class Connection:
             raise ConnectionError(f"QUIC engine: {ffi.string(err).decode(errors='replace')}")
         self._c = ffi.gc(handle, self._lib.eq_free)
         self.datagram = config.datagram
-        self._out = ffi.new("uint8_t[]", BATCH * config.datagram)
+        self._buffer: Any = None  # ``_out``'s, made on first use
         self._runs: list[tuple[Any, Any, Any]] = []  # buffers of released runs (``runs``)
         self._lens = ffi.new("size_t[]", BATCH)
         self._event = ffi.new("eq_event *")
@@ -276,11 +277,14 @@ class Connection:
 
     @classmethod
     def accept(cls, config: Config, local: tuple[str, int], remote: tuple[str, int], first: bytes,
-               now: float) -> Connection:
-        """A connection from a client's first datagram (an Initial); ConnectionError when it is none."""
+               now: float, original_cid: bytes | None = None) -> Connection:
+        """A connection from a client's first datagram (an Initial); ConnectionError when it is none.
+        ``original_cid``: the destination id of the client's Initial before this endpoint answered it with a
+        Retry, from the Retry token in ``first``, which the caller validated (None: no Retry came before)."""
         def make(lib: Any, cfg: Any, err: Any) -> Any:
+            odcid = require()[0].NULL if original_cid is None else original_cid
             return lib.eq_accept(cfg, local[0].encode(), local[1], remote[0].encode(), remote[1], first, len(first),
-                                 _ns(now), err, 256)
+                                 odcid, len(original_cid or b""), _ns(now), err, 256)
         return cls(config, make)
 
     def free(self) -> None:
@@ -291,6 +295,21 @@ class Connection:
             self._lib.eq_free(c)
             self._sending.clear()
             self._placing.clear()
+            self._runs.clear()
+            self._buffer = None
+
+    @property
+    def _out(self) -> Any:
+        """The buffer ``batches``, ``flush_to`` and ``receive_from`` write a batch of datagrams into: made on first
+        use (a connection accepted from a stranger's Initial and refused never needs one)."""
+        if self._buffer is None:
+            self._buffer = self._ffi.new("uint8_t[]", BATCH * self.datagram)
+        return self._buffer
+
+    def _batch(self) -> int:
+        """Datagrams a run may hold: a whole batch once the handshake is done; before, the few its flights take
+        (an accepted stranger's connection holds a small buffer, not a whole batch's)."""
+        return BATCH if self._lib.eq_handshake_done(self._c) else HANDSHAKE_BATCH
 
     # ---- datagrams and time ----------------------------------------------------------------------------
     def receive(self, datagrams: Iterable[bytes], now: float) -> None:
@@ -332,13 +351,16 @@ class Connection:
         with ``release`` are used again), no copy, no object per datagram."""
         out: list[tuple[tuple[str, int], Run]] = []
         ffi, lib, step, total, pool = self._ffi, self._lib, self.datagram, 0, self._runs
+        batch = self._batch()
         while total < MAX_FLUSH:
+            while pool and len(pool[-1][1]) < batch:  # made before the handshake: too small now
+                pool.pop()
             if pool:
                 blob, lens, view = pool.pop()
             else:
-                blob, lens = ffi.new("uint8_t[]", BATCH * step), ffi.new("size_t[]", BATCH)
+                blob, lens = ffi.new("uint8_t[]", batch * step), ffi.new("size_t[]", batch)
                 view = ffi.buffer(blob)
-            n = lib.eq_write(self._c, blob, step, lens, BATCH, _ns(now))
+            n = lib.eq_write(self._c, blob, step, lens, len(lens), _ns(now))
             if not n:
                 pool.append((blob, lens, view))
                 break
@@ -442,6 +464,11 @@ class Connection:
         """Bytes per second the congestion controller measured; None before it has."""
         rate = self._lib.eq_delivery_rate(self._c)
         return float(rate) if rate else None
+
+    @property
+    def ended(self) -> bool:
+        """The connection is over (``Closed`` was or is about to be said); at most its close is still to go."""
+        return bool(self._lib.eq_ended(self._c))
 
     @property
     def handshake_done(self) -> bool:

@@ -98,14 +98,17 @@ class EngineConnection:
     """``mesh.Connection``'s surface on the compiled engine; made as the mesh makes aioquic's (keywords)."""
 
     def __init__(self, *, configuration: QuicConfiguration, original_destination_connection_id: bytes | None = None,
-                 session_ticket_fetcher: Any = None, session_ticket_handler: Callable[[bytes], None] | None = None,
-                 tickets: Tickets | None = None, demux: Demux | None = None, token: int = 0,
-                 runs: bool = False) -> None:
+                 retry_source_connection_id: bytes | None = None, session_ticket_fetcher: Any = None,
+                 session_ticket_handler: Callable[[bytes], None] | None = None, tickets: Tickets | None = None,
+                 demux: Demux | None = None, token: int = 0, runs: bool = False) -> None:
         """``session_ticket_handler(ticket)``: the dialler got a ticket (bytes) for its next connection;
+        ``retry_source_connection_id`` (listener): the id of the Retry this endpoint answered the client's first
+        Initial with, whose destination id was ``original_destination_connection_id`` (None: no Retry);
         ``tickets``: the listener's keys (its endpoint's, shared by every connection it accepts); ``demux``
         the endpoint's connection-id table, where ``token`` names this connection; ``runs``: hand out
         ``Run`` objects (whole batches) from ``datagrams_to_send``, not one ``bytes`` per datagram."""
         self._config = engine_config(configuration, tickets, demux, token)
+        self._retried = original_destination_connection_id if retry_source_connection_id is not None else None
         self.token = token if demux is not None else None
         self._runs = runs
         self._on_ticket = session_ticket_handler
@@ -118,6 +121,7 @@ class EngineConnection:
         self._peer: tuple[Any, list[Any]] | None = None
         self._headed: dict[int, Head] = {}  # stream -> the head given of the message under way there
         self._now = 0.0  # the latest time the mesh gave (a close takes none)
+        self._ended = ""  # why, once the engine said ``Closed``
 
     # ---- datagrams and time ----------------------------------------------------------------------------
     def connect(self, addr: Any, now: float) -> None:
@@ -131,7 +135,7 @@ class EngineConnection:
             if self._client or self._failed_first:
                 return
             try:
-                self._engine = Connection.accept(self._config, _local_for(addr), remote, data, now)
+                self._engine = Connection.accept(self._config, _local_for(addr), remote, data, now, self._retried)
             except ConnectionError:
                 self._failed_first = True
             return
@@ -139,6 +143,21 @@ class EngineConnection:
 
     def took_nothing(self) -> bool:
         return self._engine is None
+
+    def ended(self) -> bool:
+        return self._engine is None or self._engine.ended
+
+    def end_reason(self) -> str:
+        return self._ended or "closed"
+
+    def free(self) -> None:
+        """The mesh is done with this connection: the engine's memory goes now, not when the collector runs."""
+        engine, self._engine = self._engine, None
+        self._on_ticket = None
+        self._heads.clear()
+        self._headed.clear()
+        if engine is not None:
+            engine.free()
 
     def demux_token(self) -> int | None:
         """What the endpoint's ``Demux.receive`` reports when it handed this connection datagrams itself."""
@@ -218,6 +237,7 @@ class EngineConnection:
                     self._on_ticket(ev.data)
             elif isinstance(ev, Closed):
                 self._live.clear()
+                self._ended = ev.reason or f"error code {ev.code:#x}"
                 if ev.origin == "idle":
                     return events.ConnectionTerminated(error_code=QuicErrorCode.INTERNAL_ERROR, frame_type=None,
                                                        reason_phrase="Idle timeout")

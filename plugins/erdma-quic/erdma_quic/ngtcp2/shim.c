@@ -213,9 +213,11 @@ static int fail(eq_conn *c, int rv, uint64_t now) {
     uint8_t alert = ngtcp2_conn_get_tls_alert(c->conn);
     char why[256];
     int n = snprintf(why, sizeof(why), "TLS handshake failed (alert %u)", alert);
-    unsigned status = gnutls_session_get_verify_cert_status(c->tls);
+    const char *name = gnutls_alert_get_name((gnutls_alert_description_t)alert);
+    if (name) n = snprintf(why, sizeof(why), "TLS handshake failed: %s (alert %u)", name, alert);
+    unsigned status = gnutls_session_get_verify_cert_status(c->tls); /* (unsigned)-1: nothing was verified */
     gnutls_datum_t text = {NULL, 0};
-    if (status && gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &text, 0) == 0) {
+    if (status && status != (unsigned)-1 && gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &text, 0) == 0) {
       n = snprintf(why, sizeof(why), "the peer's certificate%s%s%s does not verify: %s", c->expect[0] ? " (for " : "",
                    c->expect, c->expect[0] ? ")" : "", text.data);
       gnutls_free(text.data);
@@ -602,11 +604,16 @@ eq_conn *eq_connect(const eq_config *cfg, const char *local_host, int local_port
 }
 
 eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port, const char *remote_host,
-                   int remote_port, const uint8_t *pkt, size_t len, uint64_t now, char *err, size_t errlen) {
+                   int remote_port, const uint8_t *pkt, size_t len, const uint8_t *odcid, size_t odcid_len,
+                   uint64_t now, char *err, size_t errlen) {
   ngtcp2_pkt_hd hd;
   int rv = ngtcp2_accept(&hd, pkt, len);
   if (rv != 0) {
     say(err, errlen, "first datagram", "not a QUIC Initial this engine accepts");
+    return NULL;
+  }
+  if (odcid && (odcid_len > NGTCP2_MAX_CIDLEN || !hd.token.len)) {
+    say(err, errlen, "first datagram", "a Retry's original connection id without a token");
     return NULL;
   }
   eq_conn *c = new_conn(cfg, local_host, local_port, remote_host, remote_port, 1, err, errlen);
@@ -619,7 +626,14 @@ eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port,
   gnutls_rnd(GNUTLS_RND_RANDOM, scid.data, scid.datalen);
   callbacks(&cb, 1);
   settings_for(&st, &tp, cfg, now);
-  tp.original_dcid = hd.dcid;
+  if (odcid) { /* after a Retry: the Initial goes to the Retry's id; the address is validated by its token */
+    ngtcp2_cid_init(&tp.original_dcid, odcid, odcid_len);
+    tp.retry_scid = hd.dcid;
+    tp.retry_scid_present = 1;
+    st.token = hd.token;
+  } else {
+    tp.original_dcid = hd.dcid;
+  }
   rv = ngtcp2_conn_server_new(&c->conn, &hd.scid, &scid, &c->path, hd.version, &cb, &st, &tp, NULL, c);
   if (rv != 0) {
     say(err, errlen, "ngtcp2_conn_server_new", ngtcp2_strerror(rv));
@@ -919,6 +933,8 @@ size_t eq_peer_certificate(eq_conn *c, const uint8_t **der) {
 }
 
 int eq_handshake_done(eq_conn *c) { return ngtcp2_conn_get_handshake_completed(c->conn); }
+
+int eq_ended(eq_conn *c) { return c->ended; }
 
 int eq_resumed(eq_conn *c) { return gnutls_session_is_resumed(c->tls) != 0; }
 

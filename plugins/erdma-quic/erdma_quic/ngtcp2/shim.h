@@ -96,9 +96,14 @@ void eq_tickets_free(eq_tickets *t);
 /* A connection dialled to remote (an IPv4 or IPv6 literal) from local; NULL with err filled on failure. */
 eq_conn *eq_connect(const eq_config *cfg, const char *local_host, int local_port, const char *remote_host,
                     int remote_port, uint64_t now, char *err, size_t errlen);
-/* A connection accepted from a client's first datagram (already read into it); NULL with err on failure. */
+/* A connection accepted from a client's first datagram (already read into it); NULL with err on failure.
+ * odcid (odcid_len bytes; NULL: none) is the destination connection id of the client's Initial before this
+ * endpoint answered it with a Retry, read back from the token the caller validated: the connection then says
+ * so in its transport parameters (original and retry source ids), and the client's address counts as
+ * validated. */
 eq_conn *eq_accept(const eq_config *cfg, const char *local_host, int local_port, const char *remote_host,
-                   int remote_port, const uint8_t *pkt, size_t len, uint64_t now, char *err, size_t errlen);
+                   int remote_port, const uint8_t *pkt, size_t len, const uint8_t *odcid, size_t odcid_len,
+                   uint64_t now, char *err, size_t errlen);
 void eq_free(eq_conn *c);
 
 /* count datagrams from the peer's current address, each at buf + i * stride, lens[i] long; returns 0, or -1
@@ -129,6 +134,7 @@ void eq_close(eq_conn *c, uint64_t code, const char *reason, uint64_t now);
 /* the peer's certificate (DER) once the handshake is done; 0 bytes when it presented none */
 size_t eq_peer_certificate(eq_conn *c, const uint8_t **der);
 int eq_handshake_done(eq_conn *c);
+int eq_ended(eq_conn *c); /* the connection is over (EQ_CLOSED is queued or was taken) */
 int eq_resumed(eq_conn *c);                /* the TLS session was resumed from a ticket */
 int eq_early_data_accepted(eq_conn *c);    /* the listener took the dialler's 0-RTT data */
 /* this end's connection ids (each CID_LEN = 8 bytes, written at ids), at most max; returns how many */

@@ -1,0 +1,84 @@
+"""What erdma-p2p refuses before a rank contacts anyone (``register(..., check=)``, called on every rank when the
+config is loaded): settings of ``[traversal.stun]`` and ``dht://`` URLs that cannot take effect, alone or with
+the transport chosen. Nothing here resolves a name or touches the network (the factories do, at set-up)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+from erdma_core.sdk import ConfigError
+
+DHT_FORM = "dht://HOST:PORT[,HOST:PORT...]/JOB"
+
+
+def host_port(value: str, what: str, example: str) -> tuple[str, int]:
+    """``HOST:PORT`` as (host, port), not resolved; ConfigError naming ``what`` otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not value or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what}: value {value!r} is not HOST:PORT ({example})")
+    return host, int(port)
+
+
+def stun_server(value: str, key: str = "traversal.stun.server") -> tuple[str, int]:
+    return host_port(value, f"config key {key!r}", "of a STUN server, e.g. stun.example.org:3478; coturn serves STUN "
+                     "on 3478")
+
+
+def check_stun(config: Any, section: dict[str, Any]) -> None:
+    """``traversal = "stun"``: a STUN server; a relay with its credentials; what the built-in TCP transport
+    (which meets its peers from one mapped TCP port, ``tcp_socket``) cannot keep."""
+    stun_server(section["server"])
+    if section["relay"]:
+        stun_server(section["relay"], "traversal.stun.relay")
+        if not (section["relay_user"] and section["relay_password"]):
+            raise ConfigError("config key 'traversal.stun.relay': a TURN server needs traversal.stun.relay_user and "
+                              "traversal.stun.relay_password (its long-term credentials)")
+    elif section["relay_when"] == "always":
+        raise ConfigError("config key 'traversal.stun.relay_when': value 'always' needs traversal.stun.relay "
+                          "(a TURN server); set it, or relay_when = 'fallback'")
+    transport = config["transport.name"]
+    if section["relay"] and transport == "quic" and config["transport.quic.workers"]:
+        raise ConfigError(f"config key 'transport.quic.workers': value {config['transport.quic.workers']} needs a "
+                          "socket per lane, each in its worker process, and traversal.stun.relay gives every rank a "
+                          "relay allocation on its data socket, whose client stays in this process; valid here: 0 "
+                          "(or no relay)")
+    if transport != "tcp":
+        return
+    if section["relay"]:
+        raise ConfigError(f"config key 'traversal.stun.relay': value {section['relay']!r} cannot be used with "
+                          "transport.name = \"tcp\": a TURN server relays datagrams, and the built-in TCP meets its "
+                          "peers over TCP only; use transport.name = \"quic\" for a job some of whose peers only a "
+                          "relay reaches, or leave relay empty")
+    if not section["punch"]:
+        raise ConfigError("config key 'traversal.stun.punch': value False cannot be kept by transport.name = \"tcp\": "
+                          "a rank behind a NAT opens it by connecting to its peer as the peer connects to it; valid "
+                          "here: true")
+    if config["transport.tcp.connections"] > 1:
+        raise ConfigError(f"config key 'transport.tcp.connections': value {config['transport.tcp.connections']} "
+                          "cannot take effect with traversal.name = \"stun\": a pair meets through its NATs from one "
+                          "mapped port each, so it has one connection; valid here: 1")
+    for key in ("port", "bind_address", "interface"):
+        if config[f"transport.tcp.{key}"]:
+            raise ConfigError(f"config key 'transport.tcp.{key}': value {config[f'transport.tcp.{key}']!r} is not "
+                              "used with traversal.name = \"stun\" (traversal.stun.port and bind_address decide "
+                              "where this rank meets its peers); leave it unset")
+
+
+def bootstrap_nodes(url: str) -> tuple[list[tuple[str, int]], str]:
+    """``(bootstrap HOST:PORTs, not resolved, job name)`` of a ``dht://`` URL; ConfigError naming the key."""
+    parsed = urlparse(url)
+    job = parsed.path.strip("/")
+    if not parsed.netloc or not job:
+        raise ConfigError(f"config key 'discovery.init_method': value {url!r} needs bootstrap nodes and a job name: "
+                          f"{DHT_FORM} (the job name is the same on every rank, and new for each run)")
+    return [host_port(item, f"config key 'discovery.init_method': bootstrap node in {url!r}", DHT_FORM)
+            for item in parsed.netloc.split(",")], job
+
+
+def check_dht(config: Any, section: dict[str, Any]) -> None:
+    """``dht://``: a well-formed URL, and the secret its records are signed with."""
+    bootstrap_nodes(config["discovery.init_method"])
+    if not config["security.secret"]:
+        raise ConfigError("config key 'security.secret': the dht:// discovery signs the job's records with it and "
+                          "ignores records not signed with it; set the same secret on every rank (ERDMA_SECRET)")
