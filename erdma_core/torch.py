@@ -14,6 +14,7 @@ and ``_reduce_scatter_base``, ``all_to_all_single`` as ``alltoall_base``.
 
 from __future__ import annotations
 
+import _thread
 import datetime
 import functools
 import os
@@ -26,7 +27,8 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .api.join import init_with_store, load_config
-from .errors import CollectiveTimeoutError
+from .api.work import bare
+from .errors import CollectiveTimeoutError, ErdmaError
 
 BACKEND = "erdma"
 _SHORTEST_WAIT = 0.005  # seconds: a get with less (failed_elsewhere: 1 ms) is a look (check), never a wait
@@ -71,7 +73,10 @@ class TorchStore:
         return int(self._store.add(key, amount))
 
     def close(self) -> None:
-        pass
+        """Let go of torch's store (a group destroyed or aborted): when torch drops it too, its server socket
+        (rank 0's TCPStore) closes at once, not whenever the collector frees this group, so that a new group
+        may serve a store on the same port right away."""
+        self._store = None
 
 
 def _map(obj: Any, fn: Any) -> Any:
@@ -180,20 +185,36 @@ class ErdmaWork(dist.Work):
         with self._making:
             if self._future is None:
                 settled: Future[None] = Future()
-                self._future = settled.then(lambda _: self._finish())
+                self._future = settled.then(self._outcome)
                 futures = [w.get_future() for w in self._works]
                 lock = threading.Lock()  # callbacks may run on different eRDMA threads at once
+                settling = [False]
 
                 def settle(_: object) -> None:
                     with lock:
-                        if not settled.done() and all(f.done() for f in futures):
-                            settled.set_result(None)
+                        if settling[0] or not all(f.done() for f in futures):
+                            return
+                        settling[0] = True
+                    if self.exception() is None:
+                        settled.set_result(None)
+                    else:
+                        # torch records the error the callback raises with the frames below it (pybind11's
+                        # "At:" list); completed from a thread with nothing on its stack, that is the callback's
+                        # own raise alone, not the eRDMA thread that finished the op (as Work.wait raises it)
+                        _thread.start_new_thread(torch._C.Future.set_result, (settled, None))  # (C: no frame)
 
                 if not futures:
                     settled.set_result(None)
                 for f in futures:
                     f.add_done_callback(settle)
             return self._future
+
+    def _outcome(self, _: object) -> Any:
+        """The future's callback: the op's result, or its error raised as ``Work.wait`` raises it."""
+        error = self.exception()
+        if error is not None:
+            raise bare(error) if isinstance(error, ErdmaError) else error
+        return self._finish()
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)

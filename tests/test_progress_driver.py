@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from erdma_core.errors import PeerLostError
 from erdma_core.transport.frames import FrameInbox, StreamReader
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.request import Request
@@ -105,6 +106,25 @@ def test_a_send_that_fails_at_once_fails_its_request():
         later = Request()
         progress.send(ch, (b"h" * 60, memoryview(np.zeros(100, np.uint8))), later)
         assert later.done() and isinstance(later.error, PeerLostError)
+    finally:
+        progress.stop()
+        theirs.close()
+
+
+def test_a_send_that_fails_after_another_thread_ended_the_channel_gets_that_threads_reason():
+    """The race of a flaky abort test: a reader hears the peer's ABORT and then its close, and ends the channel
+    with the reason the peer gave; a send on another thread, written before that and failing after it (broken
+    pipe), must fail with that same reason, not its own socket error."""
+    told = PeerLostError("rank 1 aborted the job", peer=1)
+    mine, theirs = socket.socketpair()
+    ch = Channel(1, mine, StreamReader(FrameInbox(0, 1, Mailbox(0, 7))))
+    progress = Progress([ch], lambda peer, why, cleanly: told, lambda error: None, "test-io", 0.0)
+    try:
+        progress._end(ch, "it closed the connection", True)  # the reader's turn, first
+        late = progress._end(ch, "sending failed: [Errno 32] Broken pipe")  # the sender's, after it
+        req = Request()
+        progress.send(ch, [memoryview(b"x" * 64)], req)  # and a send posted once the channel is dead
+        assert late is told and req.error is told
     finally:
         progress.stop()
         theirs.close()

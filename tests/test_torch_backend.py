@@ -182,6 +182,28 @@ def test_dead_peer_raises_instead_of_hanging():
     assert "rank 1" in out0
 
 
+def test_a_ddp_survivor_gets_the_error_without_the_librarys_frames():
+    """Rank 1 is killed under DDP; rank 0's backward raises torch's RuntimeError naming rank 1 and the op, whose
+    "At:" list (the frames below the future's callback) holds the callback's own raise alone, as Work.wait's
+    error carries only its raise: not the eRDMA thread that ran the op (the executor, the runner, threading)."""
+    from erdma_core.cli.launcher import free_port
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
+    base |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "ERDMA_TIMEOUT": "60"}
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "torch_ddp_death_script.py")],
+                              env={**base, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    out0, err0 = procs[0].communicate(timeout=120)
+    procs[1].communicate(timeout=120)
+    said = out0[out0.index("<<<") + 3:out0.index(">>>")] if "<<<" in out0 else out0 + err0[-2000:]
+    head, _, frames = said.partition("\n\nAt:\n")
+    assert head.startswith("RuntimeError: Got the following error when running the callback: PeerLostError: "
+                           "allreduce") and "rank 1" in head, said
+    lines = frames.strip().splitlines()
+    assert len(lines) == 1 and lines[0].strip().startswith(f"{ROOT / 'erdma_core' / 'torch.py'}(") \
+        and lines[0].endswith("): _outcome"), said
+
+
 @pytest.mark.parametrize("backend", ["gloo", "erdma"])
 def test_collective_waited_for_inside_a_future_callback(backend):
     """PowerSGD's pattern: Gloo completes it; erdma deadlocked (its callback ran on erdma's single collective

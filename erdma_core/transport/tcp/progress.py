@@ -75,7 +75,7 @@ class Channel:
     counts the data frames handed to it (its BYE says how many); ``seal`` is what seals the frames that
     leave on it, when they are sealed (``integrity.Sealer``)."""
 
-    __slots__ = ("dead", "fd", "frames", "lock", "out", "peer", "reader", "seal", "sock", "watch_out")
+    __slots__ = ("dead", "ended", "fd", "frames", "lock", "out", "peer", "reader", "seal", "sock", "watch_out")
 
     def __init__(self, peer: int, sock: socket.socket, reader: StreamReader) -> None:
         self.peer, self.sock, self.reader = peer, sock, reader
@@ -84,6 +84,7 @@ class Channel:
         self.out: deque[_Out] = deque()
         self.lock = threading.RLock()
         self.dead = False
+        self.ended: BaseException | None = None  # why, once dead: what every later send on it fails with
         self.watch_out = False  # the driver's poll watches it for room to write (frames wait for it)
         self.frames = 0
         self.seal: Sealer | None = None
@@ -125,7 +126,7 @@ class Progress:
         with ch.lock:
             if ch.dead:
                 if req is not None:
-                    req.complete(PeerLostError(f"rank {ch.peer}'s connection is closed", peer=ch.peer))
+                    req.complete(ch.ended or PeerLostError(f"rank {ch.peer}'s connection is closed", peer=ch.peer))
                 return
             if not ch.out:
                 views = frame.views() if sealed is not None else frame  # type: ignore[union-attr]
@@ -288,14 +289,14 @@ class Progress:
     def _end(self, ch: Channel, why: str, cleanly: bool = False) -> BaseException:
         """The connection to ``ch.peer`` is over: fail what waits to be sent on it. Returns the error."""
         error = PeerLostError(f"rank {ch.peer}'s connection closed: {why}", peer=ch.peer)
-        if ch.dead:
-            return error
+        if ch.dead:  # another thread ended it first (a reader that heard the peer's ABORT, then its close): its reason
+            return ch.ended or error
         ch.dead = True
         try:
             self._poller.unregister(ch.fd)
         except (KeyError, ValueError):
             pass
-        error = self._lost(ch.peer, why, cleanly) or error
+        error = ch.ended = self._lost(ch.peer, why, cleanly) or error
         with ch.lock:
             queued, ch.out = list(ch.out), deque()
         for item in queued:

@@ -591,7 +591,8 @@ class SocketTransport(MessageTransport):
         if peer in self._lend_to:
             self.mailbox.fail_lent(peer, error or ErdmaError(f"rank {self.rank}: rank {peer} closed its connection "
                                                              "before it read what this rank lent it"))
-        return error
+        # a peer that closed after its ABORT: what was still to be sent to it fails with what it said
+        return error or (self.mailbox.aborted if cleanly else None)
 
     # ---- shutdown -----------------------------------------------------------------------------------
     def _settle(self, deadline: float) -> None:

@@ -8,17 +8,22 @@ Two ways to hold the cluster credential:
 * **A shared secret**: the CA's key is derived from the secret *and the job id* (HKDF-SHA256), so every job
   has its own CA and a certificate from another job, or from a holder of another secret, fails the chain check.
 
-A rank's certificate names it ``r<rank>.j<job, 16 hex>.erdma`` (subjectAltName). A dialling rank checks the
-listener's chain and that name; the listener checks the dialler's chain and name once the handshake ends,
-before it reads a byte from it. Both refuse, with the reason, anything else.
+A rank's certificate names it ``n<32 hex>.erdma`` (subjectAltName and common name): an HMAC of its rank and
+the job id under a key derived from the CA's private key (``Authority.names_key``), which every rank holds and
+no stranger does. A listener shows its certificate to whoever starts a handshake, before that peer proved
+anything; the name tells such a peer neither the job nor the rank (nor does the CA's: a CA derived from a
+secret is named "eRDMA job CA", whatever the job). A dialling rank checks the listener's chain and the name
+of the rank it meant to reach; the listener checks the dialler's chain and that its name is one of the ranks
+that dial it, once the handshake ends, before it reads a byte from it. Both refuse, with the reason, anything
+else.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
 import os
-import re
 from pathlib import Path
 
 import attrs
@@ -28,7 +33,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.x509.oid import NameOID
 
-NAME_RE = re.compile(r"^r(\d+)\.j([0-9a-f]{16})\.erdma$")
 _CURVE = ec.SECP256R1()
 _EPOCH = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
 _FAR = datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC)
@@ -38,13 +42,11 @@ class CredentialError(Exception):
     """A peer's certificate is missing, from another CA or names another identity."""
 
 
-def identity(rank: int, job: int) -> str:
-    return f"r{rank}.j{job & 0xFFFFFFFFFFFFFFFF:016x}.erdma"
-
-
-def parse_identity(name: str) -> tuple[int, int] | None:
-    m = NAME_RE.match(name)
-    return (int(m.group(1)), int(m.group(2), 16)) if m else None
+def identity(names_key: bytes, rank: int, job: int) -> str:
+    """The name rank ``rank`` of job ``job`` carries in its certificate: only a holder of ``names_key`` (the
+    CA's, ``Authority.names_key``) can tell which rank and job it stands for."""
+    said = f"r{rank}.j{job & 0xFFFFFFFFFFFFFFFF:016x}".encode()
+    return f"n{hmac.new(names_key, said, hashlib.sha256).hexdigest()[:32]}.erdma"
 
 
 @attrs.frozen
@@ -58,6 +60,13 @@ class Authority:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def names_key(self) -> bytes:
+        """The key rank names are made with (``identity``): derived from this CA's private key, so the same on
+        every holder of it."""
+        secret = self.key.private_numbers().private_value.to_bytes(32, "big")
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"erdma-quic names v1", info=b"").derive(secret)
+
 
 @attrs.frozen
 class RankCredentials:
@@ -67,6 +76,7 @@ class RankCredentials:
     key: ec.EllipticCurvePrivateKey
     ca_pem: bytes
     name: str
+    names_key: bytes  # the CA's (``Authority.names_key``): what this rank names its peers with
 
 
 def _ca_cert(key: ec.EllipticCurvePrivateKey, common_name: str, serial: int) -> x509.Certificate:
@@ -93,7 +103,7 @@ def derived_authority(secret: bytes, job: int) -> Authority:
     scalar = int.from_bytes(okm, "big") % (_curve_order() - 1) + 1
     key = ec.derive_private_key(scalar, _CURVE)
     serial = int.from_bytes(hashlib.sha256(okm).digest()[:16], "big") >> 1
-    return Authority(_ca_cert(key, f"eRDMA job {job & 0xFFFFFFFFFFFFFFFF:016x} CA", serial), key)
+    return Authority(_ca_cert(key, "eRDMA job CA", serial), key)  # (a stranger sees it: no job id in it)
 
 
 def _curve_order() -> int:
@@ -102,7 +112,7 @@ def _curve_order() -> int:
 
 def issue(ca: Authority, rank: int, job: int, days: float = 7.0) -> RankCredentials:
     key = ec.generate_private_key(_CURVE)
-    name = identity(rank, job)
+    name = identity(ca.names_key, rank, job)
     now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
@@ -112,7 +122,7 @@ def issue(ca: Authority, rank: int, job: int, days: float = 7.0) -> RankCredenti
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
             .sign(ca.key, hashes.SHA256()))
-    return RankCredentials(cert, key, ca.pem, name)
+    return RankCredentials(cert, key, ca.pem, name, ca.names_key)
 
 
 # ---- files -----------------------------------------------------------------------------------------------
@@ -146,7 +156,7 @@ def read_authority(cert_path: Path, key_path: Path) -> Authority:
 
 # ---- checks ----------------------------------------------------------------------------------------------
 def check_peer(cert: x509.Certificate | None, chain: list[x509.Certificate], ca_pem: bytes, job: int,
-               allowed: set[int]) -> int:
+               allowed: set[int], names_key: bytes) -> int:
     """The rank a dialling peer proved it is; CredentialError when it proved nothing acceptable."""
     from aioquic.tls import AlertBadCertificate, AlertCertificateExpired, verify_certificate
 
@@ -157,17 +167,14 @@ def check_peer(cert: x509.Certificate | None, chain: list[x509.Certificate], ca_
             x509.DNSName)
     except x509.ExtensionNotFound:
         names = []
-    ids = [i for i in map(parse_identity, names) if i is not None]
-    if not ids:
-        raise CredentialError(f"its certificate names no eRDMA rank (subjectAltName {names})")
-    rank, their_job = ids[0]
-    if their_job != job & 0xFFFFFFFFFFFFFFFF:
-        raise CredentialError(f"its certificate is for job {their_job:016x}, this job is "
-                              f"{job & 0xFFFFFFFFFFFFFFFF:016x}")
-    if rank not in allowed:
-        raise CredentialError(f"its certificate names rank {rank}, expected one of {sorted(allowed)}")
+    ranks = {identity(names_key, r, job): r for r in allowed}
+    found = [ranks[n] for n in names if n in ranks]
+    if not found:
+        raise CredentialError(f"its certificate names none of the ranks {sorted(allowed)} of this job (subjectAltName "
+                              f"{names}: a rank of another job, another rank, or another CA's)")
+    rank = found[0]
     try:
-        verify_certificate(cert, chain, server_name=identity(rank, job), cadata=ca_pem)
+        verify_certificate(cert, chain, server_name=identity(names_key, rank, job), cadata=ca_pem)
     except (AlertBadCertificate, AlertCertificateExpired) as exc:
         raise CredentialError(f"its certificate for rank {rank} does not verify against this job's CA: "
                               f"{exc}") from None

@@ -51,7 +51,7 @@ class Tls:
             congestion_control_algorithm=o["congestion_control"],
             cipher_suites=[cipher, *[c for c in CIPHERS.values() if c != cipher]],
             verify_mode=ssl.CERT_REQUIRED if self.verify else ssl.CERT_NONE,
-            server_name=cred.identity(peer, self.job) if peer is not None else None,
+            server_name=cred.identity(self.creds.names_key, peer, self.job) if peer is not None else None,
             session_ticket=ticket,
         )
         c.certificate = self.creds.cert
@@ -61,7 +61,7 @@ class Tls:
 
     def identify(self, cert: x509.Certificate | None, chain: list[x509.Certificate], allowed: set[int]) -> int:
         """The rank a dialling peer's certificate proves it is; ``credentials.CredentialError`` otherwise."""
-        return cred.check_peer(cert, chain, self.ca_pem, self.job, allowed)
+        return cred.check_peer(cert, chain, self.ca_pem, self.job, allowed, self.creds.names_key)
 
 
 def load(opts: dict[str, Any], rank: int, job: int) -> Tls:

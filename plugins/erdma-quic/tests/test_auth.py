@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +75,10 @@ def test_client_without_certificate_is_refused_and_logged(rank0, caplog):
 def test_certificate_from_another_ca_is_refused(rank0, caplog):
     _store, t0, _, _, addr = rank0
     caplog.set_level(logging.WARNING, logger="erdma.quic")
-    outsider = cred.issue(cred.new_authority("someone else"), 1, JOB)
+    outsider = cred.issue(cred.new_authority("someone else"), 1, JOB)  # (whose names are another key's)
     closed = raw_dial(addr, outsider.cert, outsider.key, hello_stream(Hello(status=HELLO_REQUEST, job=JOB, rank=1, world=2)))
     assert closed is not None and closed.error_code == REFUSED
-    assert "does not verify against this job's CA" in closed.reason_phrase
+    assert "its certificate names none of the ranks [1] of this job" in closed.reason_phrase
     assert 1 not in t0.mesh.links
 
 
@@ -87,12 +89,13 @@ def test_certificate_of_another_job_is_refused(rank0, ca, caplog):
     other = cred.issue(ca, 1, JOB + 1)
     closed = raw_dial(addr, other.cert, other.key, hello_stream(Hello(status=HELLO_REQUEST, job=JOB + 1, rank=1, world=2)))
     assert closed is not None and closed.error_code == REFUSED
-    assert closed.reason_phrase == f"its certificate is for job {JOB + 1:016x}, this job is {JOB:016x}"
-    assert wait_for(lambda: f"is for job {JOB + 1:016x}" in caplog.text)
+    assert closed.reason_phrase.startswith(f"its certificate names none of the ranks [1] of this job (subjectAltName "
+                                           f"['{other.name}']"), closed.reason_phrase
+    assert wait_for(lambda: "names none of the ranks [1] of this job" in caplog.text)
     assert 1 not in t0.mesh.links
 
 
-def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca_files):
+def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca, ca_files):
     """An honest rank that dials into the wrong job refuses the listener's certificate itself."""
     store, t0, _, _, _ = rank0
     t1, th1, errors1 = start(1, 2, store, JOB + 1, options(ca_cert=str(ca_files[0]), ca_key=str(ca_files[1])))
@@ -100,7 +103,7 @@ def test_rank_of_another_job_fails_with_a_clear_error(rank0, ca_files):
     t1.close()
     assert len(errors1) == 1 and isinstance(errors1[0], ProtocolError), errors1
     assert "QUIC connection to rank 0" in str(errors1[0])
-    assert f"r0.j{JOB + 1:016x}.erdma" in str(errors1[0])  # the name it expected and did not get
+    assert cred.identity(ca.names_key, 0, JOB + 1) in str(errors1[0])  # the name it expected and did not get
     assert 1 not in t0.mesh.links
 
 
@@ -108,7 +111,9 @@ def test_certificate_naming_an_unexpected_rank_is_refused(rank0, ca):
     _, _t0, _, _, addr = rank0
     lower = cred.issue(ca, 0, JOB)  # rank 0 never dials rank 0
     closed = raw_dial(addr, lower.cert, lower.key)
-    assert closed is not None and closed.reason_phrase == "its certificate names rank 0, expected one of [1]"
+    assert closed is not None and closed.reason_phrase == (f"its certificate names none of the ranks [1] of this job "
+                                                           f"(subjectAltName ['{lower.name}']: a rank of another job, "
+                                                           "another rank, or another CA's)")
 
 
 def test_listener_times_out_naming_the_missing_rank(rank0):
@@ -123,10 +128,26 @@ def test_shared_secret_derives_one_ca_per_job():
     assert a.pem != cred.derived_authority(b"s3cret", JOB + 1).pem
     leaf = cred.issue(a, 1, JOB)
     same = cred.derived_authority(b"s3cret", JOB)  # what another rank of the job derives
-    assert cred.check_peer(leaf.cert, [], same.pem, JOB, {1}) == 1
-    for ca_pem in (cred.derived_authority(b"s3cret", JOB + 1).pem, cred.derived_authority(b"other", JOB).pem):
+    assert cred.check_peer(leaf.cert, [], same.pem, JOB, {1}, same.names_key) == 1
+    for other in (cred.derived_authority(b"s3cret", JOB + 1), cred.derived_authority(b"other", JOB)):
+        with pytest.raises(cred.CredentialError, match="names none of the ranks"):  # names made with another key
+            cred.check_peer(leaf.cert, [], other.pem, JOB, {1}, other.names_key)
         with pytest.raises(cred.CredentialError, match="does not verify against this job's CA"):
-            cred.check_peer(leaf.cert, [], ca_pem, JOB, {1})
+            cred.check_peer(leaf.cert, [], other.pem, JOB, {1}, a.names_key)  # the right name, another CA
+
+
+def test_a_rank_certificate_tells_a_stranger_neither_job_nor_rank(ca):
+    """What a listener shows whoever starts a handshake: its name is an HMAC under the CA's key, the same on
+    every rank that holds the CA, and neither it nor the issuer (a CA derived from a secret) spells the job id
+    or the rank."""
+    shown = [cred.issue(ca, 0, JOB), cred.issue(cred.derived_authority(b"s", JOB), 3, JOB)]
+    for leaf in shown:
+        text = (leaf.cert.subject.rfc4514_string() + leaf.cert.issuer.rfc4514_string()
+                + str(leaf.cert.extensions.get_extension_for_class(cred.x509.SubjectAlternativeName).value))
+        assert f"{JOB:016x}" not in text and f"{JOB:x}" not in text and "r0." not in text and "r3." not in text, text
+        assert re.fullmatch(r"n[0-9a-f]{32}\.erdma", leaf.name), leaf.name
+    again = cred.read_authority(*cred.write_authority(ca, Path(tempfile.mkdtemp())))  # another host's copy
+    assert cred.identity(again.names_key, 0, JOB) == shown[0].name != cred.identity(ca.names_key, 0, JOB + 1)
 
 
 def _connect_and_exchange(opts: dict, secret: bytes = b"") -> None:
@@ -208,7 +229,7 @@ def test_keys_init_writes_a_usable_ca(tmp_path, capsys):
     assert stat.S_IMODE(os.stat(tmp_path / "ca.key").st_mode) == 0o600
     ca = cred.read_authority(tmp_path / "ca.pem", tmp_path / "ca.key")
     leaf = cred.issue(ca, 3, JOB)
-    assert cred.check_peer(leaf.cert, [], ca.pem, JOB, {3}) == 3
+    assert cred.check_peer(leaf.cert, [], ca.pem, JOB, {3}, ca.names_key) == 3
     assert erdma_main(["keys", "init", "--out", str(tmp_path)]) == 1
     assert "already holds a CA" in capsys.readouterr().out
 

@@ -35,6 +35,6 @@ def test_no_credentials_is_refused_at_load(tmp_path, monkeypatch):
         load_config({"transport.name": "quic"})
     (tmp_path / "ca.pem").write_text("not a certificate")
     (tmp_path / "ca.key").write_text("not a key")
-    with pytest.raises(ConfigError, match="transport.quic: cannot use the CA"):
+    with pytest.raises(ConfigError, match=r"transport\.quic: cannot use the CA"):
         load_config({"transport.name": "quic"})
     assert load_config({"transport.name": "quic", "transport.quic.insecure_dev_mode": True})

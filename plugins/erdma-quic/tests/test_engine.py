@@ -127,7 +127,7 @@ def test_both_ends_see_the_other_ranks_certificate() -> None:
         der = conn.peer_certificate()
         assert der is not None
         cert = x509.load_der_x509_certificate(der)
-        assert credentials.check_peer(cert, [], ca.pem, JOB, {rank}) == rank
+        assert credentials.check_peer(cert, [], ca.pem, JOB, {rank}, ca.names_key) == rank
 
 
 @pytest.mark.parametrize("stranger", ["dialler", "listener"])
@@ -246,7 +246,7 @@ def test_over_udp_on_loopback_with_batch_io() -> None:
 
 def test_a_dialler_refuses_a_listener_with_another_name() -> None:
     ca = credentials.new_authority()
-    expects = credentials.identity(1, JOB)
+    expects = credentials.identity(ca.names_key, 1, JOB)
     wire = Wire(config(ca, 0, server_name=expects), config(ca, 2))
     wire.until(lambda: wire.of("a", Closed) and wire.of("b", Closed))
     assert wire.of("a", Closed)[0].origin == "tls"  # type: ignore[attr-defined]
@@ -332,7 +332,7 @@ def test_place_after_the_message_came_whole_is_refused_and_the_rest_follows() ->
 
 def _ticket(ca: credentials.Authority, keys: Tickets) -> bytes:
     """A ticket rank 1 got from rank 0's listener (keys ``keys``) over a full handshake."""
-    wire = Wire(config(ca, 1, server_name=credentials.identity(0, JOB)), config(ca, 0, tickets=keys))
+    wire = Wire(config(ca, 1, server_name=credentials.identity(ca.names_key, 0, JOB)), config(ca, 0, tickets=keys))
     wire.until(lambda: wire.of("a", Ticket))
     assert not wire.a.resumed and not wire.b.resumed
     return wire.of("a", Ticket)[0].data  # type: ignore[attr-defined]
@@ -346,7 +346,7 @@ def test_a_ticket_resumes_the_session_and_its_first_flight_carries_0rtt_data_tak
     ca, keys = credentials.new_authority(), Tickets()
     listener = config(ca, 0, tickets=keys, check_client=False)
     ticket = _ticket(ca, keys)
-    wire = Wire(config(ca, 1, server_name=credentials.identity(0, JOB), ticket=ticket), listener,
+    wire = Wire(config(ca, 1, server_name=credentials.identity(ca.names_key, 0, JOB), ticket=ticket), listener,
                 early=(b"before any answer",))
     arrived = []
     while (ev := wire.b.next_event()) is not None:
@@ -354,7 +354,7 @@ def test_a_ticket_resumes_the_session_and_its_first_flight_carries_0rtt_data_tak
     assert arrived == [Message(b"before any answer", stream=2)]  # from the first flight alone
     assert wire.b.resumed and wire.b.early_data_accepted
     cert = x509.load_der_x509_certificate(wire.b.peer_certificate() or b"")
-    assert credentials.check_peer(cert, [], ca.pem, JOB, {1}) == 1
+    assert credentials.check_peer(cert, [], ca.pem, JOB, {1}, ca.names_key) == 1
 
     replay = Connection.accept(listener, ("10.0.0.2", 2000), ("10.0.0.1", 1000), wire.first[0], wire.now)
     replay.receive(wire.first[1:], wire.now)
@@ -373,7 +373,7 @@ def test_a_ticket_another_listener_sealed_resumes_nothing_and_its_0rtt_data_goes
     ca = credentials.new_authority()
     ticket = _ticket(ca, Tickets())
     early = tuple(bytes([i]) * (1000 + 70_000 * i) for i in range(5))
-    wire = Wire(config(ca, 1, server_name=credentials.identity(0, JOB), ticket=ticket),
+    wire = Wire(config(ca, 1, server_name=credentials.identity(ca.names_key, 0, JOB), ticket=ticket),
                 config(ca, 0, tickets=Tickets()), early=early)
     wire.until(lambda: len(wire.of("a", Acked)) == len(early))
     assert not wire.a.resumed and not wire.a.early_data_accepted and not wire.b.resumed
