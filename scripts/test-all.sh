@@ -83,6 +83,8 @@ if [[ -f $guest/pyproject.toml ]]; then
     guest_pid=$!
 fi
 step "lint (ruff)" . "$(dirname "$PY")/ruff" check .
+# the C this project owns under AddressSanitizer and UBSan, fed a corpus of malformed input and its mutations
+step "sanitizers (ASan, UBSan)" . env PY="$PY" scripts/sanitize.sh
 pytest_in "core" . --dist worksteal --ignore=tests/torch_suite --ignore=tests/test_elastic_churn.py \
     --ignore=tests/test_elastic_chaos.py
 # the churn test apart from the others: beside other tests on the workers its peers failed 2 runs in 5 (cause

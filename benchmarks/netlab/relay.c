@@ -8,6 +8,9 @@
  *   erdma-relay --delay-us D [--jitter-us J] [--loss-ppm L] [--reorder-ppm R --reorder-gap-us G]
  *               [--seed S] [--slots N] IFACE...
  *
+ * A port named fd:N is the datagram socket the relay inherited as descriptor N instead of an interface's
+ * AF_PACKET socket: what tests/sanitize/relay_frames.py feeds frames through (a socket pair per port).
+ *
  * Prints one JSON line of counters on SIGTERM/SIGINT (and on SIGUSR1, without exiting).
  * Frames wait in a min-heap ordered by release time; without jitter or reordering that is a FIFO.
  * Single-threaded, blocking in ppoll() until a socket is readable or the next release is due: no busy-poll.
@@ -15,6 +18,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/if_packet.h>
 #include <net/ethernet.h>
 #include <net/if.h>
@@ -180,6 +184,16 @@ static int open_port(const char *ifname) {
     return fd;
 }
 
+static int inherited_port(const char *num) { /* fd:N: non-blocking, as an AF_PACKET port is */
+    int fd = atoi(num);
+    int flags = fcntl(fd, F_GETFL);
+    if (fd < 0 || flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+        fprintf(stderr, "erdma-relay: fd:%s is not an open descriptor\n", num);
+        exit(2);
+    }
+    return fd;
+}
+
 static void transmit(const item_t *it) {
     const uint8_t *frame = S.slots + (size_t)it->slot * SLOT_BYTES;
     for (int p = 0; p < S.nports; p++) {
@@ -277,7 +291,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     for (; i < argc; i++)
-        S.fd[S.nports++] = open_port(argv[i]);
+        S.fd[S.nports++] = strncmp(argv[i], "fd:", 3) == 0 ? inherited_port(argv[i] + 3) : open_port(argv[i]);
     S.slots = malloc((size_t)S.nslots * SLOT_BYTES);
     S.free_slots = malloc(S.nslots * sizeof(uint32_t));
     S.heap = malloc(S.nslots * sizeof(item_t));

@@ -27,13 +27,14 @@ def declarations() -> str:
     return text.split("/* cdef-begin */", 1)[1].split("/* cdef-end */", 1)[0]
 
 
-def builder() -> FFI:
+def builder(extra: tuple[str, ...] = ()) -> FFI:
+    """The cffi builder; ``extra``: more flags for compiling and linking (scripts/sanitize.sh: the sanitizers)."""
     cflags, libs = dpdk_flags()
     ffi = FFI()
     ffi.cdef(declarations())
     ffi.set_source("erdma_dpdk._shim", '#include "shim.h"', sources=[os.path.relpath(HERE / "shim.c")],
-                   include_dirs=[str(HERE)], extra_compile_args=[*cflags, "-O2", "-Wall", "-Wno-unused-function"],
-                   extra_link_args=libs)
+                   include_dirs=[str(HERE)], extra_compile_args=[*cflags, "-O2", "-Wall", "-Wno-unused-function", *extra],
+                   extra_link_args=[*libs, *extra])
     return ffi
 
 
