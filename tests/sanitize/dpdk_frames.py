@@ -14,16 +14,13 @@ counts at the end."""
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import random
 import struct
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from mutate import corpus, mutations
+from mutate import arguments, corpus, load, mutations
 
 ETHER_TYPE, MAGIC, VERSION = 0x88B5, 0x4544, 1
 JOB, NONCE, PEER_NONCE = 0x5EED, 0x1111, 0x2222
@@ -48,23 +45,10 @@ def pcap(frames: list[bytes], path: Path) -> None:
     path.write_bytes(b"".join(out))
 
 
-def load(built: Path) -> None:
-    path = next((built / "erdma_dpdk").glob("_shim*.so"))
-    spec = importlib.util.spec_from_file_location("erdma_dpdk._shim", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["erdma_dpdk._shim"] = module
-    spec.loader.exec_module(module)
-
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("built", type=Path)
-    ap.add_argument("corpus", type=Path)
-    ap.add_argument("--mutations", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
-    load(args.built)
+    args = arguments()
+    load(args.built, "erdma_dpdk._shim")
     from erdma_dpdk import eal
     from erdma_dpdk._shim import ffi, lib
 

@@ -1,11 +1,34 @@
-"""The corpus files of the sanitizer step (hex, one input a line, ``#`` comments) and deterministic mutations
-of their inputs: what a fuzzer's first rounds try (bits flipped, cut short, grown, bytes spliced from another
-input, 1-, 2- and 4-byte fields set to their extremes)."""
+"""What the sanitizer step's drivers share: their arguments, the sanitized shim loaded in place of the
+installed one, the corpus files (hex, one input a line, ``#`` comments) and deterministic mutations of their
+inputs: what a fuzzer's first rounds try (bits flipped, cut short, grown, bytes spliced from another input,
+1-, 2- and 4-byte fields set to their extremes)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import random
+import sys
 from pathlib import Path
+
+
+def arguments() -> argparse.Namespace:
+    """``BUILT CORPUS [--mutations N] [--seed S]``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("built", type=Path, help="what build.py built")
+    ap.add_argument("corpus", type=Path, help="the corpus folder")
+    ap.add_argument("--mutations", type=int, default=40, help="mutations of each corpus input")
+    ap.add_argument("--seed", type=int, default=1)
+    return ap.parse_args()
+
+
+def load(built: Path, module: str) -> None:
+    """The sanitized cffi module ``module`` (``erdma_quic.ngtcp2._shim``) from ``built``, in its place."""
+    path = next(built.joinpath(*module.split(".")[:-1]).glob(f"{module.rsplit('.', 1)[1]}*.so"))
+    spec = importlib.util.spec_from_file_location(module, path)
+    assert spec is not None and spec.loader is not None
+    sys.modules[module] = loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
 
 EXTREMES = (b"\x00", b"\xff", b"\x7f", b"\x80", b"\x00\x00", b"\xff\xff", b"\x3f\xff", b"\x00\x00\x00\x00",
             b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff", b"\xc0\x00\x00\x00")

@@ -16,36 +16,17 @@ Prints one line of counts at the end."""
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import random
 import socket
-import sys
-from pathlib import Path
 from typing import Any
 
 import attrs
-from mutate import corpus, mutations
-
-
-def load(built: Path) -> None:
-    """The sanitized ``erdma_quic.ngtcp2._shim`` in place of the installed one."""
-    path = next((built / "erdma_quic" / "ngtcp2").glob("_shim*.so"))
-    spec = importlib.util.spec_from_file_location("erdma_quic.ngtcp2._shim", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["erdma_quic.ngtcp2._shim"] = module
-    spec.loader.exec_module(module)
+from mutate import arguments, corpus, load, mutations
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("built", type=Path)
-    ap.add_argument("corpus", type=Path)
-    ap.add_argument("--mutations", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
-    load(args.built)
+    args = arguments()
+    load(args.built, "erdma_quic.ngtcp2._shim")
     from cryptography.hazmat.primitives import serialization
     from erdma_quic import credentials
     from erdma_quic.ngtcp2 import connection as C

@@ -10,25 +10,18 @@ with its report (exit status not 0), and so this script. Prints the relay's coun
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
-from mutate import corpus, mutations
+from mutate import arguments, corpus, mutations
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("built", type=Path)
-    ap.add_argument("corpus", type=Path)
-    ap.add_argument("--mutations", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
+    args = arguments()
     rng = random.Random(args.seed)
     seeds = corpus(args.corpus / "relay.txt")
     pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(2)]
