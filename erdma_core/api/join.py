@@ -17,7 +17,7 @@ from .. import config as cfg
 from ..engine import topology
 from ..engine.codecs import Codecs, parse_ops
 from ..engine.runtime import Runtime
-from ..errors import AuthenticationError, ConfigError, ErdmaError
+from ..errors import AuthenticationError, CollectiveError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
 from ..protocol.ops import COLLECTIVES
 from ..transport import auth
@@ -139,10 +139,12 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         mine = slow_peers() if callable(slow_peers) else None
         slow = topology.agree(store, rank, world_size, mine, connect_timeout) if mine is not None else frozenset()
     except BaseException as exc:
-        if job is not None and isinstance(exc, ErdmaError) and failed_elsewhere(store, job) is None:
-            # this rank's own reason (not one it heard): the others' set-up waits end with it, not at a timeout
-            said = str(exc)
-            _tell(store, job, exc if said.startswith(f"rank {rank}") else ErdmaError(f"rank {rank}: {said}"))
+        # this rank's own reason for giving up (its config, a plugin, a STUN server, a credential; not a peer it
+        # lost or waited for in vain, which the others see for themselves): their set-up ends with it at once
+        if job is not None and isinstance(exc, Exception) and not isinstance(exc, CollectiveError) \
+                and failed_elsewhere(store, job) is None:
+            said = str(exc) if isinstance(exc, ErdmaError) else f"{type(exc).__name__}: {exc}"
+            _tell(store, job, ErdmaError(said if said.startswith(f"rank {rank}") else f"rank {rank}: {said}"))
         store.close()
         raise
     rt = Runtime(rank=rank, world_size=world_size, config=conf, components=comps, store=store, transport=transport,

@@ -37,7 +37,7 @@ def check_stun(config: Any, section: dict[str, Any]) -> None:
     elif section["relay_when"] == "always":
         raise ConfigError("config key 'traversal.stun.relay_when': value 'always' needs traversal.stun.relay "
                           "(a TURN server); set it, or relay_when = 'fallback'")
-    transport = config["transport.name"]
+    transport = config["transport.name"] if config is not None else None  # (None: a traversal outside a job)
     if section["relay"] and transport == "quic" and config["transport.quic.workers"]:
         raise ConfigError(f"config key 'transport.quic.workers': value {config['transport.quic.workers']} needs a "
                           "socket per lane, each in its worker process, and traversal.stun.relay gives every rank a "
@@ -72,13 +72,24 @@ def bootstrap_nodes(url: str) -> tuple[list[tuple[str, int]], str]:
     if not parsed.netloc or not job:
         raise ConfigError(f"config key 'discovery.init_method': value {url!r} needs bootstrap nodes and a job name: "
                           f"{DHT_FORM} (the job name is the same on every rank, and new for each run)")
-    return [host_port(item, f"config key 'discovery.init_method': bootstrap node in {url!r}", DHT_FORM)
-            for item in parsed.netloc.split(",")], job
+    nodes = []
+    for item in parsed.netloc.split(","):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"config key 'discovery.init_method': bootstrap node {item!r} in {url!r} is not "
+                              f"HOST:PORT ({DHT_FORM})")
+        nodes.append((host, int(port)))
+    return nodes, job
 
 
 def check_dht(config: Any, section: dict[str, Any]) -> None:
     """``dht://``: a well-formed URL, and the secret its records are signed with."""
     bootstrap_nodes(config["discovery.init_method"])
-    if not config["security.secret"]:
+    require_secret(config)
+
+
+def require_secret(config: Any) -> None:
+    """The dht:// discovery's records are signed with the job's secret: there must be one."""
+    if config is None or not config["security.secret"]:
         raise ConfigError("config key 'security.secret': the dht:// discovery signs the job's records with it and "
                           "ignores records not signed with it; set the same secret on every rank (ERDMA_SECRET)")

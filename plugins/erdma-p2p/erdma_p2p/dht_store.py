@@ -29,7 +29,7 @@ from typing import Any
 from erdma_core.sdk import FAILED_PREFIX, CollectiveTimeoutError, ConfigError, ErdmaError
 
 from . import records
-from .checks import bootstrap_nodes, check_dht
+from .checks import bootstrap_nodes, require_secret
 from .dht import DhtNode
 
 WRITE_TRIES = 3  # rounds of store RPCs a write gets before it fails
@@ -184,7 +184,7 @@ def _shares(value: bytes) -> dict[str, int]:
 
 
 def dht_store(url: str, rank: int | None, world_size: int, timeout: float, config: Any) -> DhtStore:
-    check_dht(config, {})  # (as load_config did: a store made from a config built otherwise)
+    require_secret(config)  # (as load_config's check did: a store made from a config built otherwise)
     bootstrap, job = parse_url(url)
     secret = config["security.secret"].encode()
     store = DhtStore(bootstrap, job, secret, timeout=timeout, section=config.section("discovery.dht"))

@@ -38,7 +38,7 @@ def test_stun_settings_that_cannot_take_effect_are_refused_at_load(settings, mes
 
 @pytest.mark.parametrize(("url", "message"), [
     ("dht://127.0.0.1:4222/", "needs bootstrap nodes and a job name"),
-    ("dht://127.0.0.1/job", "bootstrap node in 'dht://127.0.0.1/job': value '127.0.0.1' is not HOST:PORT"),
+    ("dht://127.0.0.1/job", "bootstrap node '127.0.0.1' in 'dht://127.0.0.1/job' is not HOST:PORT"),
 ])
 def test_dht_urls_that_cannot_work_are_refused_at_load(url, message):
     with pytest.raises(ConfigError, match=r"config key 'discovery\.init_method'") as err:

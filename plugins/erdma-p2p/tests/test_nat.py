@@ -240,7 +240,7 @@ def test_striping_with_a_relay_is_refused_clearly(tmp_path):
     with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
         results = run_job(lab, tmp_path, **RELAY, **lanes)
     for r in results:
-        assert "ConfigError: transport.quic.workers needs a socket per lane" in r["error"], r
+        assert "ConfigError: config key 'transport.quic.workers': value 2 needs a socket per lane" in r["error"], r
         assert "valid here: 0 (or no relay)" in r["error"]
 
 
