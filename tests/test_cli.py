@@ -194,6 +194,13 @@ def test_doctor_reports_host():
     assert "transport: tcp" in r.stdout and "RDMA devices:" in r.stdout and "GPU:" in r.stdout
 
 
+def test_doctor_reports_what_init_would_refuse_as_a_problem_and_goes_on():
+    r = erdma("doctor", env_extra={"ERDMA_COMPRESSION_OPS": "allreduce,bogus"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "problem: config key 'compression.ops': invalid value 'allreduce,bogus'" in r.stdout, r.stdout
+    assert "transport: tcp" in r.stdout and "Traceback" not in r.stderr
+
+
 def test_root_that_finishes_first_and_exits_does_not_fail_the_others(tmp_path):
     """The root's data arrives before the others post their receives, then the root leaves (BYE)."""
     job = script(tmp_path, '''

@@ -29,10 +29,10 @@ _default: ProcessGroup | None = None
 
 
 def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None = None,
-                comps: Components | None = None, **overrides: Any) -> cfg.Config:
+                comps: Components | None = None, *, check: bool = True, **overrides: Any) -> cfg.Config:
     """The effective config: ``config`` is a path to erdma.toml, a dict of dotted keys, or a Config (taken as
-    it is). Every value is checked against its option and every selected component's rules (``check_config``):
-    what cannot take effect is a ConfigError here, before this process contacts anyone."""
+    it is). Every value is checked against its option and (``check``) every selected component's rules
+    (``check_config``): what cannot take effect is a ConfigError here, before this process contacts anyone."""
     if isinstance(config, cfg.Config):
         return config
     comps = comps or components()
@@ -49,7 +49,8 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config 
         conf = cfg.build(schema, overrides={**config, **overrides}, declared_env=declared)
     else:
         conf = cfg.build(schema, file=config, overrides=overrides, declared_env=declared)
-    check_config(conf, comps)
+    if check:
+        check_config(conf, comps)
     return conf
 
 

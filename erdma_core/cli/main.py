@@ -133,10 +133,16 @@ def _doctor(args: argparse.Namespace) -> int:
     failed = [p for p in comps.plugins if p.error]
     for p in failed:
         print(f"plugin {p.name} ({p.distribution}) failed to load: {p.error}")
-    from ..api.join import load_config
+    from ..api.join import check_config, load_config
 
     problems = 0
-    for lines in comps.pm.hook.erdma_doctor(config=load_config(None, comps)):
+    conf = load_config(None, comps, check=False)
+    try:
+        check_config(conf, comps)
+    except ErdmaError as exc:  # what init would refuse; the plugins' reports follow all the same
+        print(f"problem: {exc}")
+        problems += 1
+    for lines in comps.pm.hook.erdma_doctor(config=conf):
         for line in lines or ():
             print(line)
             problems += line.startswith("problem: ")
