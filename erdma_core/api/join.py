@@ -26,6 +26,7 @@ from ..transport.tcp.stream import SocketTransport
 from .process_group import ProcessGroup
 
 _default: ProcessGroup | None = None
+LINGER_S = 2.0  # seconds a rank that serves the store and failed in set-up serves on, for the others to read why
 
 
 def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None = None,
@@ -146,6 +147,9 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
                 and failed_elsewhere(store, job) is None:
             said = str(exc) if isinstance(exc, ErdmaError) else f"{type(exc).__name__}: {exc}"
             _tell(store, job, ErdmaError(said if said.startswith(f"rank {rank}") else f"rank {rank}: {said}"))
+        linger = getattr(store, "linger", None)  # a store this rank serves: the others read the reason there
+        if job is not None and callable(linger) and failed_elsewhere(store, job) is not None:
+            linger(min(LINGER_S, connect_timeout))
         store.close()
         raise
     rt = Runtime(rank=rank, world_size=world_size, config=conf, components=comps, store=store, transport=transport,

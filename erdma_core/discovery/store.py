@@ -84,6 +84,7 @@ class _Server:
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
         self.clients = threading.BoundedSemaphore(MAX_CLIENTS)
+        self.serving = 0  # proven clients connected now (under ``cond``)
         self.sock = socket.create_server(addr, backlog=1024)  # SO_REUSEADDR: a restarted store binds at once
         self.server_address = self.sock.getsockname()
         self.gate = Gate([self.sock], lambda sock: auth.StoreServer(key), self._proven, what="store", log=log,
@@ -102,6 +103,8 @@ class _Server:
         threading.Thread(target=self._client, args=(sock, where), name="erdma-store-client", daemon=True).start()
 
     def _client(self, sock: socket.socket, where: str) -> None:
+        with self.cond:
+            self.serving += 1
         try:
             sock.setblocking(True)
             self._serve(sock)
@@ -112,6 +115,9 @@ class _Server:
         finally:
             self.clients.release()
             close_gently(sock)
+            with self.cond:
+                self.serving -= 1
+                self.cond.notify_all()
 
     def _serve(self, sock: socket.socket) -> None:
         while True:
@@ -144,6 +150,11 @@ class _Server:
         self.gate.stop = True
         self._thread.join(2 * POLL + 1.0)
         self.sock.close()
+
+    def wait_served(self, clients: int, seconds: float) -> bool:
+        """Until at most ``clients`` are connected (True) or ``seconds`` passed (False)."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.serving <= clients, seconds)
 
 
 class TCPStore:
@@ -239,6 +250,12 @@ class TCPStore:
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
         return self._call(_CAS, key, cas_body(expected, desired), 1.0)[1]
+
+    def linger(self, seconds: float) -> None:
+        """The serving rank, whose set-up failed: go on serving until the other ranks' clients have left (each
+        read why in the store and gave up) or ``seconds`` passed, so that none finds the store gone instead."""
+        if self._server is not None:
+            self._server.wait_served(1, seconds)  # (1: this rank's own client)
 
     def close(self) -> None:
         self._sock.close()

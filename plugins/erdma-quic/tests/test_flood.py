@@ -41,8 +41,8 @@ def _rank(rank: int, env: dict[str, str], stop: Path, quic_port: int = 0) -> sub
                                 env=env | {"RANK": str(rank), "ERDMA_TRANSPORT_QUIC_PORT": str(quic_port)})
 
 
-@pytest.mark.parametrize(("engine", "count", "follow_retry"), [("ngtcp2", 10000, False), ("ngtcp2", 3000, True),
-                                                              ("aioquic", 3000, False), ("aioquic", 1000, True)],
+@pytest.mark.parametrize(("engine", "count", "follow_retry"), [("ngtcp2", 10000, False), ("ngtcp2", 2000, True),
+                                                              ("aioquic", 1500, False), ("aioquic", 600, True)],
                          ids=["ngtcp2-initials", "ngtcp2-retry-followed", "aioquic-initials", "aioquic-retry-followed"])
 def test_a_flood_of_initials_leaves_no_state_behind_and_a_rank_still_joins(tmp_path, engine, count, follow_retry):
     if engine == "ngtcp2" and loaded() is None:
