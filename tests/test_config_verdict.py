@@ -23,7 +23,12 @@ def _ranks(n: int, env: dict[str, str], per_rank: dict[int, dict[str, str]] | No
     base |= {"WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} | env
     procs = [subprocess.Popen([sys.executable, "-c", JOIN], env=base | {"RANK": str(r)} | (per_rank or {}).get(r, {}),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(n)]
-    return [(p.wait(timeout=120), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
 
 
 @pytest.mark.parametrize(("settings", "key"), [

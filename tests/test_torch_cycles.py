@@ -25,7 +25,11 @@ def test_fifty_groups_on_one_port_give_back_what_they_took(tmp_path, mode):
     procs = [subprocess.Popen([sys.executable, SCRIPT, "erdma", str(CYCLES), mode, str(tmp_path)],
                               env=env | {"RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     for out, _ in outs:

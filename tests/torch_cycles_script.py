@@ -45,7 +45,10 @@ def main() -> None:
         else:
             dist.destroy_process_group()
         (sync / f"{i}.{rank}").touch()
+        given_up = time.monotonic() + 120  # (the other rank failed: its error is the test's to show)
         while not (sync / f"{i}.{1 - rank}").exists():
+            if time.monotonic() > given_up:
+                raise SystemExit(f"rank {rank}: the other rank did not finish cycle {i} within 120 s")
             time.sleep(0.005)
         rows.append(counts(rows[0][1] if rows else None))
     print(json.dumps(rows), flush=True)

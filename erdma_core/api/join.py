@@ -141,15 +141,8 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         mine = slow_peers() if callable(slow_peers) else None
         slow = topology.agree(store, rank, world_size, mine, connect_timeout) if mine is not None else frozenset()
     except BaseException as exc:
-        # this rank's own reason for giving up (its config, a plugin, a STUN server, a credential; not a peer it
-        # lost or waited for in vain, which the others see for themselves): their set-up ends with it at once
-        if job is not None and isinstance(exc, Exception) and not isinstance(exc, CollectiveError) \
-                and failed_elsewhere(store, job) is None:
-            said = str(exc) if isinstance(exc, ErdmaError) else f"{type(exc).__name__}: {exc}"
-            _tell(store, job, ErdmaError(said if said.startswith(f"rank {rank}") else f"rank {rank}: {said}"))
-        linger = getattr(store, "linger", None)  # a store this rank serves: the others read the reason there
-        if job is not None and callable(linger) and failed_elsewhere(store, job) is not None:
-            linger(min(LINGER_S, connect_timeout))
+        if job is not None:
+            _gave_up(store, job, rank, exc, min(LINGER_S, connect_timeout))
         store.close()
         raise
     rt = Runtime(rank=rank, world_size=world_size, config=conf, components=comps, store=store, transport=transport,
@@ -209,6 +202,21 @@ def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: f
 
 def _joined(job: int, rank: int) -> str:
     return f"erdma/joined/{job:016x}/{rank}"
+
+
+def _gave_up(store: Any, job: int, rank: int, exc: BaseException, linger: float) -> None:
+    """This rank's set-up failed with ``exc``. Its own reason (its config, a plugin, a STUN server, a credential;
+    not a peer it lost or waited for in vain, which the others see for themselves) goes to the store unless
+    another rank's came first, so that the others' set-up ends with it at once; a rank that serves the store
+    serves on (``linger`` seconds at most) until they have read it."""
+    told = failed_elsewhere(store, job) is not None
+    if not told and isinstance(exc, Exception) and not isinstance(exc, CollectiveError):
+        said = str(exc) if isinstance(exc, ErdmaError) else f"{type(exc).__name__}: {exc}"
+        _tell(store, job, ErdmaError(said if said.startswith(f"rank {rank}") else f"rank {rank}: {said}"))
+        told = True
+    serving = getattr(store, "linger", None)
+    if told and callable(serving):
+        serving(linger)
 
 
 def _tell(store: Any, job: int, error: Exception) -> Exception:

@@ -107,11 +107,10 @@ def _pump(src: IO[bytes], dst: IO[str], prefix: str) -> None:
             return
 
 
-def unstartable(program: str, env: Mapping[str, str] | None = None) -> str | None:
+def unstartable(program: str) -> str | None:
     """Why ``program`` cannot be started (not found on PATH, not there, not executable), or None."""
-    path = (env or os.environ).get("PATH", os.defpath)
     if os.sep not in program:
-        return None if shutil.which(program, path=path) else "not found on PATH"
+        return None if shutil.which(program) else "not found on PATH"
     if not os.path.exists(program):
         return "No such file or directory"
     if os.path.isdir(program) or not os.access(program, os.X_OK):

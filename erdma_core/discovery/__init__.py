@@ -18,32 +18,41 @@ __all__ = ["EtcdStore", "FileStore", "Store", "TCPStore", "check_file", "check_t
            "file_store", "tcp_store"]
 
 
-def check_tcp(config: Any, section: dict[str, Any]) -> None:
-    """``tcp://``'s URL names a host and a port (``register(..., check=)``)."""
-    url = config["discovery.init_method"]
+def _tcp_address(url: str) -> tuple[str, int]:
+    """The host and port of a ``tcp://HOST:PORT`` URL; ConfigError naming the key otherwise."""
     try:
         parsed = urlparse(url)
-        ok = bool(parsed.hostname and parsed.port)
+        host, port = parsed.hostname, parsed.port
     except ValueError:  # a port that is not a number, or out of range
-        ok = False
-    if not ok:
+        host, port = None, None
+    if not host or not port:
         raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a host and a port: tcp://HOST:PORT")
+    return host, port
+
+
+def _file_path(url: str) -> str:
+    """The folder of a ``file:///PATH`` URL; ConfigError naming the key otherwise."""
+    path = urlparse(url).path
+    if not path:
+        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a path: file:///PATH")
+    return path
+
+
+def check_tcp(config: Any, section: dict[str, Any]) -> None:
+    """``tcp://``'s URL names a host and a port (``register(..., check=)``)."""
+    _tcp_address(config["discovery.init_method"])
 
 
 def check_file(config: Any, section: dict[str, Any]) -> None:
     """``file://``'s URL names a path (``register(..., check=)``)."""
-    url = config["discovery.init_method"]
-    if not urlparse(url).path:
-        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a path: file:///PATH")
+    _file_path(config["discovery.init_method"])
 
 
 def tcp_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:
     """``tcp://host:port``: rank 0 serves the store on host:port, every rank dials it."""
-    parsed = urlparse(url)
-    if not parsed.hostname or not parsed.port:
-        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a host and a port: tcp://HOST:PORT")
+    host, port = _tcp_address(url)
     secret = config["security.secret"].encode() if config is not None else b""
-    return TCPStore(parsed.hostname, parsed.port, is_server=rank == 0, timeout=timeout, secret=secret,
+    return TCPStore(host, port, is_server=rank == 0, timeout=timeout, secret=secret,
                     served_by="rank 0" if rank >= 0 else "the process serving the elastic job's store (erdma run "
                     "--elastic)")
 
@@ -60,7 +69,4 @@ def env_store(url: str, rank: int, world_size: int, timeout: float, config: Any)
 
 def file_store(url: str, rank: int, world_size: int, timeout: float, config: Any) -> Store:
     """``file:///path``: a folder on a file system all ranks share."""
-    path = urlparse(url).path
-    if not path:
-        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs a path: file:///PATH")
-    return FileStore(path)
+    return FileStore(_file_path(url))

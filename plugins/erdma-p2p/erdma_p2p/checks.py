@@ -12,17 +12,21 @@ from erdma_core.sdk import ConfigError
 DHT_FORM = "dht://HOST:PORT[,HOST:PORT...]/JOB"
 
 
-def host_port(value: str, what: str, example: str) -> tuple[str, int]:
-    """``HOST:PORT`` as (host, port), not resolved; ConfigError naming ``what`` otherwise."""
+def host_port(value: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` as (host, port), not resolved; None when it is not that."""
     host, sep, port = value.rpartition(":")
-    if not value or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what}: value {value!r} is not HOST:PORT ({example})")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
     return host, int(port)
 
 
 def stun_server(value: str, key: str = "traversal.stun.server") -> tuple[str, int]:
-    return host_port(value, f"config key {key!r}", "of a STUN server, e.g. stun.example.org:3478; coturn serves STUN "
-                     "on 3478")
+    """A STUN (or TURN) server's ``HOST:PORT``, not resolved; ConfigError naming ``key`` otherwise."""
+    found = host_port(value)
+    if found is None:
+        raise ConfigError(f"config key {key!r}: value {value!r} is not HOST:PORT (of a STUN server, e.g. "
+                          "stun.example.org:3478; coturn serves STUN on 3478)")
+    return found
 
 
 def check_stun(config: Any, section: dict[str, Any]) -> None:
@@ -74,11 +78,11 @@ def bootstrap_nodes(url: str) -> tuple[list[tuple[str, int]], str]:
                           f"{DHT_FORM} (the job name is the same on every rank, and new for each run)")
     nodes = []
     for item in parsed.netloc.split(","):
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        found = host_port(item)
+        if found is None:
             raise ConfigError(f"config key 'discovery.init_method': bootstrap node {item!r} in {url!r} is not "
                               f"HOST:PORT ({DHT_FORM})")
-        nodes.append((host, int(port)))
+        nodes.append(found)
     return nodes, job
 
 

@@ -64,7 +64,8 @@ def test_four_ranks_with_a_relay_on_tcp_all_fail_at_once_and_contact_nobody():
     procs = [subprocess.Popen([sys.executable, "-c", "import erdma_core; erdma_core.init()"], env=env | {"RANK": str(r)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(4)]
     try:
-        results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+        results = [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
         for s in socks:
             with pytest.raises(BlockingIOError):
                 s.recv(2048)  # nothing came

@@ -21,6 +21,7 @@ else.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import hmac
 import os
@@ -42,6 +43,7 @@ class CredentialError(Exception):
     """A peer's certificate is missing, from another CA or names another identity."""
 
 
+@functools.lru_cache(maxsize=4096)  # (a listener checks a dialler's name against every rank that may dial it)
 def identity(names_key: bytes, rank: int, job: int) -> str:
     """The name rank ``rank`` of job ``job`` carries in its certificate: only a holder of ``names_key`` (the
     CA's, ``Authority.names_key``) can tell which rank and job it stands for."""
