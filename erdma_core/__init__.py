@@ -20,6 +20,7 @@ from .errors import (
     PeerLostError,
     PluginError,
     ProtocolError,
+    UnreachableError,
 )
 from .plugins.hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 from .protocol.reduce_ops import ReduceOp
@@ -28,6 +29,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
     "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProcessGroup", "ProtocolError", "ReduceOp",
-    "Register", "RegisterAlgorithm", "RegisterEnvironment", "Work", "default_group", "hookimpl", "init", "load_config",
-    "new_group",
+    "Register", "RegisterAlgorithm", "RegisterEnvironment", "UnreachableError", "Work", "default_group", "hookimpl",
+    "init", "load_config", "new_group",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AbortedError", "AuthenticationError", "CollectiveError", "CollectiveTimeoutError", "ConfigError", "ErdmaError",
-    "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProtocolError",
+    "IntegrityError", "MismatchError", "PeerLostError", "PluginError", "ProtocolError", "UnreachableError",
 ]
 
 
@@ -56,6 +56,16 @@ class IntegrityError(CollectiveError):
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
     """A blocking call did not finish within its timeout."""
+
+
+class UnreachableError(CollectiveTimeoutError):
+    """A transport's set-up did not connect to some ranks within ``timeouts.connect``; ``peers`` are those ranks
+    (no path between the two: a NAT, a firewall; or the peer never came)."""
+
+    def __init__(self, message: str, *, peers: tuple[int, ...] = (), rank: int | None = None,
+                 op: str | None = None) -> None:
+        super().__init__(message, rank=rank, op=op)
+        self.peers = tuple(peers)
 
 
 class MismatchError(CollectiveError):

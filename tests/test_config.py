@@ -80,7 +80,8 @@ def test_env_overrides(monkeypatch, var, value, key, expected):
 
 
 @pytest.mark.parametrize("toml,message", [
-    ('[transport]\nnmae = "tcp"\n', "unknown key 'transport.nmae' in [transport]; valid keys: name (did you mean 'name'?)"),
+    ('[transport]\nnmae = "tcp"\n',
+     "unknown key 'transport.nmae' in [transport]; valid keys: fallback, name (did you mean 'name'?)"),
     ('[transprot]\nname = "tcp"\n', "unknown section [transprot]; valid sections:"),
     ('[timeouts]\ncollective = "soon"\n', "config key 'timeouts.collective': value 'soon' is a str, expected float"),
     ('[timeouts]\ncollective = -1\n', "config key 'timeouts.collective': value -1.0 is below the minimum 0.001"),

@@ -21,7 +21,8 @@ from ..errors import AuthenticationError, CollectiveError, ConfigError, ErdmaErr
 from ..plugins.manager import Components, components, instantiate
 from ..protocol.ops import COLLECTIVES
 from ..transport import auth
-from ..transport.base import TransportContext, failed_elsewhere, failure_key
+from ..transport.base import MessageTransport, TransportContext, failed_elsewhere, failure_key
+from ..transport.paired import PairedTransport
 from ..transport.tcp.stream import SocketTransport
 from .process_group import ProcessGroup
 
@@ -58,6 +59,18 @@ def load_config(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config 
 def check_config(conf: cfg.Config, comps: Components) -> None:
     """The rules between keys: the core's, then each selected component's (``register(..., check=)``)."""
     auth.require(conf["security.secret"].encode(), conf["security.require_secret"])
+    fallback = conf["transport.fallback"]
+    if fallback not in ("none", "tcp") and conf["transport.name"] != "tcp":
+        raise ConfigError(f"config key 'transport.fallback': value {fallback!r} takes the pairs the built-in TCP "
+                          f"cannot connect, and transport.name is {conf['transport.name']!r}; valid here: none (or "
+                          "transport.name = \"tcp\")")
+    if fallback != "none" and conf["traversal.name"] == "direct":
+        raise ConfigError(f"config key 'transport.fallback': value {fallback!r} takes the pairs the built-in TCP "
+                          "cannot meet through their NATs, and traversal.name = \"direct\" meets none (every pair "
+                          "dials, and either connects or fails); valid here: none (or traversal.name = \"stun\")")
+    if fallback == "tcp":
+        raise ConfigError("config key 'transport.fallback': value 'tcp' is the first transport of a paired job, not "
+                          "its fallback; valid: none, or a transport that carries the rest (quic)")
     compressed = parse_ops(conf["compression.ops"], True) or frozenset(COLLECTIVES)  # (a bad value raises here)
     compressed &= parse_ops(conf["compression.ops"], False) or frozenset(COLLECTIVES)  # whether lossy or not
     if conf["compression.name"] != "none":
@@ -121,14 +134,15 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         job = _agree_job(store, rank, world_size, secret, connect_timeout)
         traversal = comps.create("traversal", conf["traversal.name"], conf, conf.section(
             f"traversal.{conf['traversal.name']}"))
-        name = conf["transport.name"]
-        transport = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
+        transport = _transport(comps, conf)
         codecs = _codecs(comps, conf, getattr(transport, "link_rate", None), rank)
         udp = getattr(traversal, "udp_socket", None)
-        stream = isinstance(transport, SocketTransport)  # a TCP socket from the traversal, not a UDP one
+        stream = isinstance(transport, (SocketTransport, PairedTransport))  # a TCP socket from the traversal first
+        paired = isinstance(transport, PairedTransport)
         transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
                                            connect_timeout=connect_timeout, advertise=traversal.advertise,
                                            udp_socket=udp() if callable(udp) and not stream else None,
+                                           open_udp=udp if callable(udp) and paired else None,
                                            tcp_socket=getattr(traversal, "tcp_socket", None) if stream else None,
                                            secret=secret, punch=getattr(traversal, "punch", None),
                                            udp_sockets=getattr(traversal, "udp_sockets", None),
@@ -151,6 +165,21 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     pg = ProcessGroup(rt, range(world_size), 0)
     _default = pg
     return pg
+
+
+def _transport(comps: Components, conf: cfg.Config) -> Any:
+    """The configured transport; with ``transport.fallback``, the pair of them (``PairedTransport``)."""
+    name, fallback = conf["transport.name"], conf["transport.fallback"]
+    first = comps.create("transport", name, conf, conf.section(f"transport.{name}"))
+    if fallback == "none":
+        return first
+    second = comps.create("transport", fallback, conf, conf.section(f"transport.{fallback}"))
+    for t, role in ((first, "name"), (second, "fallback")):
+        if not isinstance(t, MessageTransport):
+            raise ConfigError(f"config key 'transport.{role}': value {conf[f'transport.{role}']!r} is not a message "
+                              "transport (erdma_core.sdk.MessageTransport), which a paired job needs on both sides; "
+                              "valid here: transport.name = \"tcp\", transport.fallback = \"quic\"")
+    return PairedTransport(first, second)
 
 
 def _codecs(comps: Components, conf: cfg.Config, link_rate: Any = None, rank: int = 0) -> Codecs:

@@ -184,12 +184,22 @@ class ProcessGroup:
         did with this rank's messages (every group's): ``compression.<name>.encoded.messages``,
         ``.encoded.raw_bytes`` and ``.encoded.wire_bytes``, and, for messages sent raw, ``.small.*`` (under
         ``compression.min_bytes``), ``.skipped.*`` (``compression.policy = "auto"``), ``.declined.*`` (by the
-        codec), each as ``messages`` and ``raw_bytes``."""
+        codec), each as ``messages`` and ``raw_bytes``. With ``transport.fallback`` set: how many peers each
+        transport carries, ``transport.<name>.peers``, and ``transport.relayed.peers`` (``paths()`` says which)."""
         out = self.offloads.counters()
+        counted = getattr(self.rt.transport, "counters", None)
+        if callable(counted):
+            out.update(counted())
         sender = self.rt.codecs.sender
         if sender is not None:
             out.update({f"compression.{sender.name}.{k}": v for k, v in self.rt.codecs.stats().items()})
         return out
+
+    def paths(self) -> dict[int, str]:
+        """How this rank reaches each other rank of the job, where the transport says (a traversal with
+        candidates): ``HOST:PORT direct`` or ``relayed``, and with ``transport.fallback`` the transport's name
+        after it; empty when it does not."""
+        return dict(getattr(self.rt.transport, "paths", dict)())
 
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self.size():

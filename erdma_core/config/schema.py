@@ -29,7 +29,14 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                               "larger slices are split and pipelined", minimum=1024),
     }
     return {
-        "transport": {"name": Option(str, "tcp", "transport used between ranks", choices=lambda: names("transport"))},
+        "transport": {
+            "name": Option(str, "tcp", "transport used between ranks", choices=lambda: names("transport")),
+            "fallback": Option(str, "none", "a second transport for the pairs of ranks the first cannot connect "
+                               "within one check of their candidates (with the built-in TCP meeting peers through "
+                               "NATs, traversal.name = \"stun\": quic, which also reaches them through "
+                               "traversal.stun.relay); none: every pair on transport.name",
+                               choices=lambda: ("none", *names("transport"))),
+        },
         "discovery": {"init_method": Option(str, "env://", "discovery URL, as torch's init_method: env://, "
                                             "tcp://host:port, file:///path, etcd://host:port[,host:port...]/prefix; "
                                             "its scheme picks the discovery method")},

@@ -29,6 +29,7 @@ from ..errors import (
     ConfigError,
     ErdmaError,
     PeerLostError,
+    UnreachableError,
 )
 from ..protocol.reduce_ops import ReduceOp
 from . import state as shared
@@ -230,6 +231,8 @@ class ElasticGroup:
         except ErdmaError as exc:
             # a member that died before the epoch was up: the others fail their set-up too, and vote so
             log.warning("elastic: epoch %d set-up failed on %s: %s", record.epoch, self.name, exc)
+            if isinstance(exc, UnreachableError) and not record.members[index].has_state:
+                self._decide(self._unreachable(record, index, exc), retry=False)  # votes itself out, raises
             outcome = self._decide(exc, not isinstance(exc, (ConfigError, AuthenticationError)))
             if outcome.commit:  # cannot happen: this member voted fail
                 raise
@@ -238,6 +241,18 @@ class ElasticGroup:
         self._lapse()  # a lapse seen after the last look and before the group was up ends its first collective
         if self.announce and index == 0:
             self._say(record, old)
+
+    def _unreachable(self, record: Record, index: int, exc: UnreachableError) -> UnreachableError:
+        """What a newcomer that could not connect to members of the epoch that admitted it says as it goes:
+        the pairs, by name. It leaves rather than draws another ticket: from where it is, every epoch that
+        took it in would fail the same way, and the members would lose a connect timeout each time."""
+        pairs = ", ".join(f"{self.name} - {record.members[p].name}" for p in exc.peers if p < len(record.members))
+        return UnreachableError(f"elastic: {self.name} cannot take part in job {self.keys.job!r} from where it runs: "
+                                f"no connection within timeouts.connect for the pairs {pairs} (epoch "
+                                f"{record.epoch}); the members go on without it. A peer behind a NAT that maps each "
+                                "destination to a new port needs a relay: traversal.stun.relay, with transport.name = "
+                                "\"quic\" or transport.fallback = \"quic\". Its error: " + str(exc),
+                                peers=exc.peers, rank=index, op="connect")
 
     def _called_off(self, record: Record, index: int) -> str | None:
         """Why the set-up of ``record``'s group should stop now, or None: a member's beats lapsed (it will

@@ -153,6 +153,8 @@ class Components:
         names = {"transport": config["transport.name"], "traversal": config["traversal.name"],
                  "compressor": config["compression.name"], "discovery": urlparse(url).scheme or url}
         out = [self.by_kind[k][n] for k, n in names.items() if n in self.by_kind[k]]
+        if config["transport.fallback"] in self.by_kind["transport"]:
+            out.append(self.by_kind["transport"][config["transport.fallback"]])
         return out + [algos[name] for op, algos in self.algorithms.items()
                       if (name := config.section("collectives").get(op)) in algos]
 

@@ -49,6 +49,14 @@ class TransportContext:
     max_early_bytes: int = DEFAULT_EARLY_BYTES  # per peer, for frames ahead of their receives (the mailbox's)
     collective_timeout: float = 300.0  # ``timeouts.collective``: also how long close waits for the peers to
     # acknowledge what this rank sent (``MessageTransport.linger``)
+    peers: frozenset[int] | None = None  # the ranks to connect to (``paired``: the pairs another transport
+    # could not connect); None: every other rank of the job
+    settle: Callable[[set[int]], set[int]] | None = None  # ``paired``: the transport connects to whichever peers it
+    # can within one check of their candidates (no error for the rest), then calls ``settle(connected)``, which
+    # returns the peers both ends connected; it keeps those and closes the rest. None: every peer is required
+    open_udp: Callable[[], Any] | None = None  # the traversal's ``udp_socket``, not yet called: for a transport that
+    # needs the datagram socket only for some pairs (``paired``), which calls it when it does
+    publish_paths: bool = True  # publish ``paths/RANK`` for erdma doctor (``paired`` publishes its own)
 
 
 FAILED_PREFIX = "erdma/failed/"  # a store that cleans up what it wrote at close keeps these: the others read them
@@ -218,7 +226,8 @@ class MessageTransport:
         return self._inboxes[peer]
 
     def peers(self) -> list[int]:
-        """The other ranks of the job, ascending (set before ``open`` is called)."""
+        """The ranks this transport connects to, ascending (set before ``open`` is called): every other rank of
+        the job, or ``ctx.peers``."""
         return list(self._inboxes)
 
     def peer_lost(self, peer: int, why: object) -> PeerLostError:
@@ -237,7 +246,7 @@ class MessageTransport:
         self.rank, self.world_size, self.job = ctx.rank, ctx.world_size, ctx.job
         self.linger = ctx.collective_timeout
         self.mailbox = Mailbox(ctx.rank, ctx.job, ctx.max_early_bytes, on_mismatch=self._mismatch)
-        peers = [p for p in range(ctx.world_size) if p != ctx.rank]
+        peers = sorted(ctx.peers) if ctx.peers is not None else [p for p in range(ctx.world_size) if p != ctx.rank]
         self._inboxes = {p: FrameInbox(ctx.rank, p, self.mailbox) for p in peers}
         self._sent = dict.fromkeys(peers, 0)
         try:
@@ -292,6 +301,13 @@ class MessageTransport:
         head = control(ABORT, self.job, nbytes=len(body))
         lost = error.peer if isinstance(error, PeerLostError) else None  # an IntegrityError's peer is told too
         self._to_all([p for p in self._sent if p != lost], lambda p: head, body, urgent=True, wait=wait)
+
+    def forget(self, peers: set[int]) -> None:
+        """During ``open``: ``peers`` are not this transport's after all (``ctx.settle`` gave them to another):
+        no frame, ABORT or BYE goes to them."""
+        for peer in peers:
+            self._inboxes.pop(peer, None)
+            self._sent.pop(peer, None)
 
     def close(self) -> None:
         """BYE to every peer, after everything sent before it (waiting up to ``linger`` for it to leave, or

@@ -18,10 +18,11 @@ class Request:
     waits, so the event a blocked thread sleeps on is made only when a thread does block. ``finished`` is
     ``done()`` as an attribute (read it, never write it), for the engine's per-message loops."""
 
-    __slots__ = ("_event", "encoded", "error", "finished")
+    __slots__ = ("_event", "encoded", "error", "finished", "via")
 
     def __init__(self) -> None:
         self.finished = False
+        self.via = 0  # which of a paired transport's two made it (``paired``: its ``wait`` goes there)
         self._event: threading.Event | None = None
         self.error: BaseException | None = None
         self.encoded: tuple[Header, memoryview] | None = None

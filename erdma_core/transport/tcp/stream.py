@@ -24,7 +24,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from ...errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError, IntegrityError, ProtocolError
+from ...errors import (
+    AuthenticationError,
+    CollectiveTimeoutError,
+    ConfigError,
+    ErdmaError,
+    IntegrityError,
+    ProtocolError,
+    UnreachableError,
+)
 from .. import addresses, auth, integrity, meet
 from ..addresses import Candidate
 from ..base import MessageTransport, TransportContext, failed_elsewhere
@@ -130,6 +138,10 @@ class SocketTransport(MessageTransport):
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
         self.meeting = self.meeting_point(ctx)
+        if ctx.settle is not None and self.meeting is None:
+            raise ConfigError("config key 'transport.fallback': a second transport for the pairs the built-in TCP "
+                              "cannot connect needs a traversal that meets peers through NATs (traversal.name = "
+                              "\"stun\"): without one, every pair dials and either connects or fails; valid here: none")
         listening = self.listen(ctx)
         for _, address in listening:
             auth.warn_if_exposed(address.rsplit(":", 1)[0], ctx.secret, f"rank {self.rank}'s {self.name} transport")
@@ -167,6 +179,8 @@ class SocketTransport(MessageTransport):
             for listener in listeners:
                 listener.close()
             self._arrivals.close()
+        if ctx.settle is not None:
+            self._keep(ctx.settle(set(met) | {p for p in accepting.accepted if accepting.complete(p)}), met, accepting)
         for peer, (sock, transcript, path) in sorted(met.items()):
             self._add(peer, sock, transcript, peer < self.rank, deadline)
             self._paths[peer] = path
@@ -182,22 +196,32 @@ class SocketTransport(MessageTransport):
         if self.stripes > 1:
             log.info("rank %d: %d %s connections to each of ranks %s", self.rank, self.stripes, self.name,
                      brief(sorted(p for p, channels in self.lanes.items() if len(channels) > 1)))
-        if self.meeting is not None:
+        if self.meeting is not None and ctx.publish_paths:
             self._publish_paths(ctx)
         if accepting.duplicates:
             raise AuthenticationError(f"rank {self.rank}: two processes proved to be rank(s) "
                                       f"{sorted(accepting.duplicates)} of this job (duplicate rank); "
                                       "each rank must be started once")
-        missing = [p for p in range(self.rank + 1, self.world_size) if not accepting.complete(p) and p not in met]
+        missing = [p for p in self.peers() if p > self.rank and not accepting.complete(p) and p not in met]
         if missing:
             refused = "; ".join(list(accepting.refused)[-3:])
-            raise CollectiveTimeoutError(f"rank {self.rank}: ranks {brief(missing)} did not connect within "
-                                         f"{ctx.connect_timeout:.1f}s" + (f" (refused: {refused})" if refused else ""),
-                                         rank=self.rank, op="connect")
+            raise UnreachableError(f"rank {self.rank}: ranks {brief(missing)} did not connect within "
+                                   f"{ctx.connect_timeout:.1f}s" + (f" (refused: {refused})" if refused else ""),
+                                   peers=tuple(missing), rank=self.rank, op="connect")
         if self.lend_bytes:
             self._probe_single_copy(deadline)
         self._progress = Progress([ch for lanes in self.lanes.values() for ch in lanes], self._channel_ended,
                                   self._corrupt, f"erdma-io-{self.rank}", self.spin)
+
+    def _keep(self, kept: set[int], met: dict[int, tuple[socket.socket, bytes, str]], accepting: Acceptor) -> None:
+        """Only the connections to ``kept`` peers are used (``ctx.settle``): the others are closed, and those
+        peers are another transport's."""
+        for peer in [p for p in met if p not in kept]:
+            meet.drop(met.pop(peer)[0])
+        for peer in [p for p in accepting.accepted if p not in kept]:
+            for sock in accepting.accepted.pop(peer).values():
+                meet.drop(sock)
+        self.forget(set(self.peers()) - kept)
 
     def _probe_single_copy(self, deadline: float) -> None:
         """Which same-host peers lend and borrow memory (both ends of every Unix socket do this here)."""
@@ -250,6 +274,8 @@ class SocketTransport(MessageTransport):
         third's): a nearby one as without a meeting point, the rest met (``_meet``); into ``met``, or, for
         a higher rank whose own connection this rank's acceptor took, there."""
         failed: dict[int, BaseException] = {}
+        optional = ctx.settle is not None  # a pair not met within one check is another transport's
+        unmet: dict[int, str] = {}
 
         def reach(peer: int) -> None:
             try:
@@ -260,14 +286,19 @@ class SocketTransport(MessageTransport):
                                                            deadline)
                         met[peer] = sock, transcript, f"{addrs[0]} direct"
                     return
-                got = self._meet(ctx, peer, deadline, lambda: accepting.complete(peer))
+                got = self._meet(ctx, peer, deadline, lambda: accepting.complete(peer), optional)
                 if got is not None:
                     met[peer] = got
+            except CollectiveTimeoutError as exc:  # no path over this transport (in time)
+                if optional:
+                    unmet[peer] = str(exc)
+                else:
+                    failed[peer] = exc
             except BaseException as exc:
                 failed[peer] = exc
 
         def missing() -> list[int]:
-            return [p for p in others if p not in met and not accepting.complete(p)]
+            return [p for p in others if p not in met and p not in unmet and not accepting.complete(p)]
 
         others = [p for p in range(self.world_size) if p != self.rank]
         threads = [threading.Thread(target=reach, args=(p,), name=f"erdma-meet-{self.rank}-{p}", daemon=True)
@@ -279,14 +310,21 @@ class SocketTransport(MessageTransport):
             self._check_others(ctx)
         for t in threads:  # at the deadline, each meeting says why it failed
             t.join(max(0.0, min(SETUP_POLL, deadline + SETUP_POLL - time.monotonic())) if missing() else 0)
-        if failed:
-            raise failed[min(failed)]
-        if missing():
-            raise CollectiveTimeoutError(f"rank {self.rank}: ranks {brief(missing())} were not met within "
-                                         f"{ctx.connect_timeout:.1f}s", rank=self.rank, op="connect")
+        refused = {p: e for p, e in failed.items() if not isinstance(e, CollectiveTimeoutError)}
+        if refused:  # a peer refused, or is not of this job
+            raise refused[min(refused)]
+        unreached = missing()  # (those that failed in time among them)
+        if unreached:
+            first = failed[min(failed)] if failed else None
+            raise UnreachableError(f"rank {self.rank}: ranks {brief(unreached)} were not met within "
+                                   f"{ctx.connect_timeout:.1f}s" + (f" ({first})" if first else ""),
+                                   peers=tuple(unreached), rank=self.rank, op="connect")
+        if unmet:
+            log.info("rank %d: not met over %s, left to the fallback transport: %s", self.rank, self.name,
+                     "; ".join(f"rank {p}: {why}" for p, why in sorted(unmet.items())))
 
-    def _meet(self, ctx: TransportContext, peer: int, deadline: float,
-              accepted: Callable[[], bool]) -> tuple[socket.socket, bytes, str] | None:
+    def _meet(self, ctx: TransportContext, peer: int, deadline: float, accepted: Callable[[], bool],
+              optional: bool = False) -> tuple[socket.socket, bytes, str] | None:
         """A connection to ``peer`` made from both ends at once (``meet``) and proved by the job's handshake,
         this rank the dialler if it is the higher one; its transcript; and the candidate of the peer's it
         reached. A connection whose handshake fails is dropped and the ranks meet again, until ``deadline``.
@@ -298,6 +336,11 @@ class SocketTransport(MessageTransport):
                                                 max(0.01, deadline - time.monotonic()))
         plan, wait = ctx.dial_plan(theirs) if ctx.dial_plan is not None else (theirs[:1], 0.0)
         plan = [c for c in plan if c.kind != "relay"]  # a TURN relay carries datagrams, not this stream
+        if optional and wait > 0:  # one check of each candidate, and one more for the handshake; then another
+            deadline = min(deadline, time.monotonic() + wait * (len(plan) + 1))  # transport takes the pair
+        if not plan and optional:
+            raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} offers only a relay", rank=self.rank,
+                                         op="connect")
         if not plan:
             raise ConfigError(f"rank {self.rank}: none of rank {peer}'s addresses "
                               f"({', '.join(c.text() for c in theirs)}) can be met over {self.name}: a peer that only a "
@@ -314,7 +357,8 @@ class SocketTransport(MessageTransport):
                     f"rank {self.rank}: rank {peer} was not met at {', '.join(c.text() for c in plan)} within "
                     f"{ctx.connect_timeout:.1f}s (both connect at once from their published ports; a NAT that maps "
                     "each destination to a new port, or a firewall, keeps them apart: use transport.name = \"quic\" "
-                    "with a relay)", rank=self.rank, op="connect")
+                    "with a relay, or transport.fallback = \"quic\" with one for the pairs TCP cannot meet)",
+                    rank=self.rank, op="connect")
             used.append(got[1])
             return got[0], got[1].text()
 

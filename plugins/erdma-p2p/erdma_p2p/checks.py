@@ -38,22 +38,30 @@ def check_stun(config: Any, section: dict[str, Any]) -> None:
         if not (section["relay_user"] and section["relay_password"]):
             raise ConfigError("config key 'traversal.stun.relay': a TURN server needs traversal.stun.relay_user and "
                               "traversal.stun.relay_password (its long-term credentials)")
+    elif section.get("relay_over", "auto") == "tcp":
+        raise ConfigError("config key 'traversal.stun.relay_over': value 'tcp' needs traversal.stun.relay (a TURN "
+                          "server); set it, or relay_over = 'auto'")
     elif section["relay_when"] == "always":
         raise ConfigError("config key 'traversal.stun.relay_when': value 'always' needs traversal.stun.relay "
                           "(a TURN server); set it, or relay_when = 'fallback'")
     transport = config["transport.name"] if config is not None else None  # (None: a traversal outside a job)
-    if section["relay"] and transport == "quic" and config["transport.quic.workers"]:
+    fallback = config["transport.fallback"] if config is not None else "none"
+    if section["relay"] and "quic" in (transport, fallback) and config["transport.quic.workers"]:
         raise ConfigError(f"config key 'transport.quic.workers': value {config['transport.quic.workers']} needs a "
                           "socket per lane, each in its worker process, and traversal.stun.relay gives every rank a "
                           "relay allocation on its data socket, whose client stays in this process; valid here: 0 "
                           "(or no relay)")
     if transport != "tcp":
         return
-    if section["relay"]:
+    if section["relay"] and fallback == "none":
         raise ConfigError(f"config key 'traversal.stun.relay': value {section['relay']!r} cannot be used with "
-                          "transport.name = \"tcp\": a TURN server relays datagrams, and the built-in TCP meets its "
-                          "peers over TCP only; use transport.name = \"quic\" for a job some of whose peers only a "
-                          "relay reaches, or leave relay empty")
+                          "transport.name = \"tcp\" alone: a TURN server relays datagrams, and the built-in TCP meets "
+                          "its peers over TCP only; set transport.fallback = \"quic\" (TCP for the pairs that meet, "
+                          "QUIC through the relay for the rest), or transport.name = \"quic\", or leave relay empty")
+    if fallback != "none" and section["port"]:
+        raise ConfigError(f"config key 'traversal.stun.port': value {section['port']} would be both the TCP port "
+                          f"and the UDP port of a job with transport.fallback = {fallback!r}, whose candidates are "
+                          "told apart by port; valid here: 0")
     if not section["punch"]:
         raise ConfigError("config key 'traversal.stun.punch': value False cannot be kept by transport.name = \"tcp\": "
                           "a rank behind a NAT opens it by connecting to its peer as the peer connects to it; valid "

@@ -194,8 +194,9 @@ def job_paths(init_method: str, secret: str, section: dict[str, Any], timeout: f
                 value = store.get(f"paths/{rank}", timeout if rank == 0 else 1.0).decode()
             except CollectiveTimeoutError:
                 break
-            peers = [line.split() for line in value.splitlines() if len(line.split()) == 3]
-            lines.append(f"  rank {rank}: " + ", ".join(f"rank {peer} {how} ({addr})" for peer, addr, how in peers))
+            peers = [[*line.split(), ""][:4] for line in value.splitlines() if len(line.split()) in (3, 4)]
+            lines.append(f"  rank {rank}: " + ", ".join(f"rank {peer} {how}" + (f" over {over}" if over else "")
+                                                       + f" ({addr})" for peer, addr, how, over in peers))
             rank += 1
     finally:
         store.close()

@@ -26,6 +26,10 @@ OPTIONS = {
                     "it as its last candidate, used by the peers that no direct path reaches; empty: no relay"),
     "relay_user": Option(str, "", "the TURN server's long-term credential: user name"),
     "relay_password": Option(str, "", "the TURN server's long-term credential: password", secret=True),
+    "relay_over": Option(str, "auto", "how this rank talks to the TURN server: udp; tcp (every peer through the "
+                         "relay, over one TCP connection to the server; for a site that drops UDP); auto (UDP, and TCP "
+                         "when the STUN server gives no answer over UDP within timeout)",
+                         choices=("auto", "udp", "tcp")),
     "relay_when": Option(str, "fallback", "which paths go through the relay: those for which no direct candidate "
                          "answered within check_timeout (fallback), or every one (always)",
                          choices=("fallback", "always")),

@@ -23,12 +23,16 @@ from typing import Any
 from .stun import StunError, exchange
 from .turn import TurnClient, TurnError
 
+PUNCH = b"\x00erdma-punch"  # the traversal's punch datagram (not a QUIC packet: the fixed bit is 0)
 _UDP_SEGMENT = 103  # linux/udp.h: UDP_SEGMENT, the GSO segment size
 
 
 class RelayedSocket:
-    def __init__(self, sock: socket.socket, client: TurnClient, server: tuple[str, int]) -> None:
-        self.sock, self.client, self.server = sock, client, server
+    """``direct`` False: ``sock`` reaches only the TURN server (``turn_tcp.TcpDatagrams``, TURN over TCP), so
+    every peer is reached through the relay, and punches (which open this rank's own NAT) are not sent."""
+
+    def __init__(self, sock: Any, client: TurnClient, server: tuple[str, int], direct: bool = True) -> None:
+        self.sock, self.client, self.server, self.direct = sock, client, server, direct
         self._lock = threading.Lock()  # the transport's loop thread and its punch thread both send
         self._errors: list[tuple[bytes, list[Any], int, tuple[str, int]]] = []
         self._due = client.timer  # when the client's timers next need running (not on every datagram)
@@ -36,7 +40,7 @@ class RelayedSocket:
 
     def relayed(self, addr: tuple[str, int]) -> bool:
         """Whether datagrams to ``addr`` go through the relay."""
-        return tuple(addr[:2]) in self._via
+        return not self.direct or tuple(addr[:2]) in self._via
 
     def permit(self, host: str) -> None:
         """Let ``host`` reach this socket through the relayed address (a TURN permission)."""
@@ -82,7 +86,10 @@ class RelayedSocket:
 
     # data, directly or through the relay
     def sendto(self, data: bytes | memoryview, addr: tuple[str, int]) -> int:
-        if addr not in self._via:
+        punch = bytes(data[:len(PUNCH)]) == PUNCH  # it opens this rank's own NAT: always direct
+        if punch and not self.direct:
+            return len(data)  # no direct path to open
+        if self.direct and (addr not in self._via or punch):
             self._timers()
             return self.sock.sendto(data, addr)
         with self._lock:
@@ -97,7 +104,7 @@ class RelayedSocket:
                 addr: tuple[str, int]) -> int:
         """UDP GSO (one buffer cut into datagrams of the segment size in ``ancdata``): the real socket's for a
         direct peer; through the relay, datagram by datagram."""
-        if addr not in self._via:
+        if self.direct and addr not in self._via:
             self._timers()
             return self.sock.sendmsg(buffers, ancdata, flags, addr)
         blob = b"".join(buffers)
@@ -151,10 +158,10 @@ class RelayedSocket:
                 pass
 
 
-def allocate(sock: socket.socket, server: tuple[str, int], username: str, password: str,
-             timeout: float) -> RelayedSocket:
+def allocate(sock: Any, server: tuple[str, int], username: str, password: str, timeout: float,
+             direct: bool = True) -> RelayedSocket:
     """A relay allocation for ``sock`` on ``server``, made before the socket carries data (blocking; raises
-    TurnError within ``timeout``)."""
+    TurnError within ``timeout``); ``direct`` as ``RelayedSocket`` takes it."""
     client = TurnClient(username, password)
     client.start(time.monotonic())
     where = f"{server[0]}:{server[1]}"
@@ -167,4 +174,4 @@ def allocate(sock: socket.socket, server: tuple[str, int], username: str, passwo
         raise TurnError(str(exc)) from None
     if client.error is not None:
         raise TurnError(f"TURN server {where}: {client.error}")
-    return RelayedSocket(sock, client, tuple(server))  # type: ignore[arg-type]
+    return RelayedSocket(sock, client, tuple(server), direct)  # type: ignore[arg-type]

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from erdma_core.sdk import Candidate, ConfigError, meet, route_source
 
 from . import stun
 from .checks import check_stun, stun_server
-from .relayed import RelayedSocket, allocate
+from .relayed import PUNCH, RelayedSocket, allocate
+from .turn import TurnError
+from .turn_tcp import TcpDatagrams
 
 log = logging.getLogger("erdma.p2p")
-PUNCH = b"\x00erdma-punch"  # not a QUIC packet (the fixed bit is 0): a QUIC endpoint drops it
 
 
 def server_address(value: str, key: str = "traversal.stun.server") -> tuple[str, int]:
@@ -37,6 +39,17 @@ def server_address(value: str, key: str = "traversal.stun.server") -> tuple[str,
         return socket.gethostbyname(host), port
     except OSError as exc:
         raise ConfigError(f"config key {key!r}: host {host!r} does not resolve: {exc}") from None
+
+
+def _udp(address: tuple[str, int]) -> socket.socket:
+    """A UDP socket bound to ``address``."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class StunTraversal:
@@ -49,6 +62,8 @@ class StunTraversal:
         self.punches = section["punch"]
         self.relay = server_address(section["relay"], "traversal.stun.relay") if section["relay"] else None
         self.always = section["relay_when"] == "always"
+        self.relay_over = section.get("relay_over", "auto")
+        self.over_tcp = False  # every peer through the relay, over TCP to it (``_relay_over_tcp``)
         self.credentials = (section["relay_user"], section["relay_password"])
         self.mapped: stun.Mapped | None = None
         self.relayed: stun.Mapped | None = None  # the relay allocation's address
@@ -61,10 +76,19 @@ class StunTraversal:
     def udp_socket(self) -> socket.socket:
         """The data socket, bound, with its mapping learned (raises StunError naming the server within the
         timeout when no answer comes) and, with ``relay`` set, its relay allocation taken (TurnError)."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        if self.relay is not None and self.relay_over == "tcp":
+            return self._relay_over_tcp()
+        sock = self._bound(_udp, self.tcp_port)
         try:
-            sock.bind(self.bind)
-            self.mapped = stun.query(sock, self.server, self.timeout)
+            try:
+                self.mapped = stun.query(sock, self.server, self.timeout)
+            except stun.StunError as exc:
+                if self.relay is None or self.relay_over != "auto":
+                    raise
+                log.warning("%s; taking every path through the TURN server %s:%d over TCP (relay_over = 'auto')",
+                            exc, *self.relay)
+                sock.close()
+                return self._relay_over_tcp()
             self.local_port = sock.getsockname()[1]
             if self.relay is None:
                 return sock
@@ -81,6 +105,28 @@ class StunTraversal:
         except BaseException:
             sock.close()
             raise
+
+    def _relay_over_tcp(self) -> Any:
+        """The data socket as TURN over TCP (``turn_tcp``): one connection to the relay server, an allocation
+        taken over it, and every peer reached through the relayed address (TurnError, StunError or OSError
+        naming the server within the timeout when it cannot be had)."""
+        assert self.relay is not None
+        where = f"{self.relay[0]}:{self.relay[1]}"
+        try:
+            stream = TcpDatagrams.connect(self.relay, self.timeout)
+        except OSError as exc:
+            raise TurnError(f"TURN server {where}: no TCP connection within {self.timeout:.1f}s: {exc}") from None
+        try:
+            self.sock = allocate(stream, self.relay, *self.credentials, self.timeout, direct=False)
+        except BaseException:
+            stream.close()
+            raise
+        self.relayed, self.over_tcp = self.sock.client.relayed, True
+        self.local_port = stream.getsockname()[1]
+        assert self.relayed is not None
+        log.warning("relayed over TCP: every peer goes through the TURN server %s (relayed address %s:%d)", where,
+                    *self.relayed)
+        return self.sock
 
     def udp_sockets(self, count: int) -> list[socket.socket]:
         """``count`` more data sockets for a transport that stripes (one per lane), each bound to a free port
@@ -103,21 +149,28 @@ class StunTraversal:
             raise
         return socks
 
+    def _bound(self, bind: Callable[[tuple[str, int]], socket.socket], other: int | None) -> socket.socket:
+        """A socket ``bind(address)`` makes at ``bind_address``/``port``, on another port number than ``other``
+        (the TCP socket's for the UDP one, and the other way round: ``candidates`` tells them apart by port)."""
+        for _ in range(8):
+            sock = bind(self.bind)
+            if other is None or sock.getsockname()[1] != other:
+                return sock
+            sock.close()
+        raise ConfigError(f"traversal.stun: no free port other than {other} for the data socket")
+
     def tcp_socket(self) -> socket.socket:
         """A TCP socket bound to ``bind_address``/``port`` (SO_REUSEADDR, SO_REUSEPORT: the transport's
         meetings bind beside it), with the NAT's TCP mapping of that port learned from the STUN server over
         TCP (StunError naming the server within the timeout when no answer comes). A stream transport meets
         its peers from it: both ends connect at once (``erdma_core.transport.meet``), so each opens its own
-        NAT; refused with a relay (TURN relays datagrams) and with punch off (meeting is the punch)."""
-        if self.relay is not None:
-            raise ConfigError("config key 'traversal.stun.relay': a TURN server relays datagrams, and "
-                              "transport.name = \"tcp\" meets its peers over TCP only; use transport.name = \"quic\" "
-                              "for a job some of whose peers only a relay reaches, or leave relay empty")
+        NAT; refused with punch off (meeting is the punch). With a relay, the pairs that do not meet over TCP
+        are a datagram transport's (``transport.fallback``), which then asks for ``udp_socket``."""
         if not self.punches:
             raise ConfigError("config key 'traversal.stun.punch': value False cannot be kept by transport.name = "
                               "\"tcp\": a rank behind a NAT opens it by connecting to its peer as the peer connects "
                               "to it; valid here: true")
-        sock = meet.bound_to(self.bind)
+        sock = self._bound(meet.bound_to, self.local_port)
         try:
             self.tcp_port = sock.getsockname()[1]
             self.tcp_mapped = stun.query_tcp(sock.getsockname()[:2], self.server, self.timeout)
@@ -134,6 +187,8 @@ class StunTraversal:
             return [Candidate(self.lanes[port].host, self.lanes[port].port, "srflx")]
         if self.tcp_mapped is not None and port == self.tcp_port:
             return self._own(port, self.tcp_mapped)
+        if self.over_tcp and port == self.local_port and self.relayed is not None:
+            return [Candidate(self.relayed.host, self.relayed.port, "relay")]  # no other way in
         if self.mapped is None or port != self.local_port:
             raise ConfigError(f"config key 'traversal.name': value 'stun' needs a transport that runs on the "
                               f"socket it prepared (UDP port {self.local_port}, TCP port {self.tcp_port}), such as "

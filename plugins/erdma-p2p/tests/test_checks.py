@@ -17,6 +17,33 @@ STUN = {"traversal.name": "stun", "traversal.stun.server": "127.0.0.1:3478"}
 
 
 @pytest.mark.parametrize(("settings", "message"), [
+    ({"transport.fallback": "quic", "traversal.name": "direct"}, "config key 'transport.fallback': value 'quic' takes "
+     "the pairs the built-in TCP cannot meet through their NATs, and traversal.name = \"direct\" meets none"),
+    ({"transport.fallback": "tcp"}, "config key 'transport.fallback': value 'tcp' is the first transport"),
+    ({"transport.name": "quic", "transport.fallback": "quic", "security.secret": "s"},
+     "config key 'transport.fallback': value 'quic' takes the pairs the built-in TCP cannot connect, and "
+     "transport.name is 'quic'"),
+    ({"transport.fallback": "udp"}, "config key 'transport.fallback': invalid value 'udp'; valid choices: none,"),
+    ({"transport.fallback": "quic", "traversal.stun.port": 7000, "security.secret": "s"},
+     "config key 'traversal.stun.port': value 7000 would be both the TCP port and the UDP port"),
+    ({"transport.fallback": "quic", "transport.quic.workers": 2, "security.secret": "s",
+      "traversal.stun.relay": "127.0.0.1:3478", "traversal.stun.relay_user": "u", "traversal.stun.relay_password": "p"},
+     "config key 'transport.quic.workers': value 2 needs a socket per lane"),
+])
+def test_a_fallback_transport_that_cannot_take_effect_is_refused_at_load(settings, message):
+    with pytest.raises(ConfigError) as err:
+        load_config({**STUN, "transport.name": "tcp", **settings})
+    assert message in str(err.value)
+
+
+def test_tcp_with_a_relay_and_quic_as_the_fallback_is_a_valid_config():
+    conf = load_config({**STUN, "transport.name": "tcp", "transport.fallback": "quic", "security.secret": "s",
+                        "traversal.stun.relay": "127.0.0.1:3478", "traversal.stun.relay_user": "u",
+                        "traversal.stun.relay_password": "p"})
+    assert (conf["transport.name"], conf["transport.fallback"]) == ("tcp", "quic")
+
+
+@pytest.mark.parametrize(("settings", "message"), [
     ({"transport.name": "tcp", "traversal.stun.relay": "127.0.0.1:3478", "traversal.stun.relay_user": "u",
       "traversal.stun.relay_password": "p"}, "config key 'traversal.stun.relay': value '127.0.0.1:3478' cannot be "
      "used with transport.name = \"tcp\""),
@@ -25,6 +52,8 @@ STUN = {"traversal.name": "stun", "traversal.stun.server": "127.0.0.1:3478"}
     ({"transport.name": "tcp", "transport.tcp.port": 7000}, "config key 'transport.tcp.port': value 7000"),
     ({"traversal.stun.relay": "127.0.0.1:3478"}, "needs traversal.stun.relay_user and traversal.stun.relay_password"),
     ({"traversal.stun.relay_when": "always"}, "config key 'traversal.stun.relay_when': value 'always' needs"),
+    ({"traversal.stun.relay_over": "tcp"}, "config key 'traversal.stun.relay_over': value 'tcp' needs "
+     "traversal.stun.relay"),
     ({"traversal.stun.server": "nohost"}, "config key 'traversal.stun.server': value 'nohost' is not HOST:PORT"),
     ({"transport.name": "quic", "security.secret": "s", "transport.quic.workers": 2,
       "traversal.stun.relay": "127.0.0.1:3478", "traversal.stun.relay_user": "u", "traversal.stun.relay_password": "p"},
@@ -78,6 +107,6 @@ def test_four_ranks_with_a_relay_on_tcp_all_fail_at_once_and_contact_nobody():
         assert code == 1, err
         assert err.strip().splitlines()[-1] == (
             f"erdma_core.errors.ConfigError: config key 'traversal.stun.relay': value '{turn}' cannot be used with "
-            "transport.name = \"tcp\": a TURN server relays datagrams, and the built-in TCP meets its peers over TCP "
-            "only; use transport.name = \"quic\" for a job some of whose peers only a relay reaches, or leave relay "
-            "empty"), err
+            "transport.name = \"tcp\" alone: a TURN server relays datagrams, and the built-in TCP meets its peers over "
+            "TCP only; set transport.fallback = \"quic\" (TCP for the pairs that meet, QUIC through the relay for the "
+            "rest), or transport.name = \"quic\", or leave relay empty"), err

@@ -251,14 +251,21 @@ def test_a_refused_relay_fails_clearly(tmp_path):
     assert "error" in results[0]  # its peer never came
 
 
-def test_a_relay_that_dies_mid_job_fails_every_rank_clearly(tmp_path):
-    with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
+@pytest.mark.parametrize("over_tcp", [False, True])
+def test_a_relay_that_dies_mid_job_fails_every_rank_clearly(tmp_path, over_tcp):
+    """Over UDP, rank 1 behind a NAT that maps per destination; over TCP, rank 1's site drops UDP (its relay
+    connection's end stands for the ICMP error)."""
+    with NatLab(2, tmp_path, symmetric=frozenset() if over_tcp else frozenset({1})) as lab:
+        if over_tcp:
+            lab.block_udp(1)
+
         def kill_the_relay() -> None:
             wait_started(tmp_path, 2)  # connected, and allreducing
             lab.stop_turn()
 
         results = run_job(lab, tmp_path, iters=10**6, count=1000, during=kill_the_relay,
-                          **(RELAY | {"ERDMA_TIMEOUTS_COLLECTIVE": "20"}))
+                          **(RELAY | {"ERDMA_TIMEOUTS_COLLECTIVE": "20", "ERDMA_TRAVERSAL_STUN_RELAY_OVER":
+                                      "tcp" if over_tcp else "udp"}))
     for rank, r in enumerate(results):
         assert r.get("iters", 0) > 0 and "error" in r, r
         assert f"rank {rank}" in r["error"] and "rank " + str(1 - rank) in r["error"], r
@@ -277,3 +284,85 @@ def test_unreachable_pairs_fail_clearly_and_in_time(tmp_path, case, env, symmetr
     for rank, r in enumerate(results):
         assert "error" in r, (case, r)
         assert f"rank {rank}: ranks [{1 - rank}] did not connect over QUIC within {CONNECT_S}s" in r["error"], r
+
+
+PAIRED = RELAY | {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRANSPORT_FALLBACK": "quic"}
+
+
+def transports(results: list[dict]) -> dict[tuple[int, int], str]:
+    """(rank, peer) -> the transport that carries the pair, as each rank reported it."""
+    return {(rank, int(peer)): name for rank, r in enumerate(results) for peer, name in r["transports"].items()}
+
+
+def test_a_tcp_job_with_a_relay_puts_each_pair_on_its_own_path(tmp_path):
+    """Four sites, the last behind a NAT that maps each destination anew: the job is configured for TCP with
+    QUIC as the fallback and a TURN relay. The three pairs among the ordinary NATs meet over kernel TCP; the
+    symmetric site's three pairs cannot, and go over QUIC through the relay. One group, every allreduce exact."""
+    with NatLab(4, tmp_path, symmetric=frozenset({3})) as lab:
+        results = run_job(lab, tmp_path, **PAIRED)
+    assert [r.get("wrong") for r in results] == [0] * 4, results
+    relayed = {frozenset({0, 3}), frozenset({1, 3}), frozenset({2, 3})}
+    assert paths(results) == expect(4, relayed), results
+    assert transports(results) == {pair: "QUIC" if how == "relayed" else "TCP"
+                                   for pair, how in expect(4, relayed).items()}, results
+    for rank, r in enumerate(results):
+        counts = {k: v for k, v in r["counters"].items() if k.startswith("transport.")}
+        assert counts == ({"transport.tcp.peers": 2, "transport.quic.peers": 1, "transport.relayed.peers": 1}
+                          if rank < 3 else {"transport.tcp.peers": 0, "transport.quic.peers": 3,
+                                            "transport.relayed.peers": 3}), (rank, counts)
+
+
+def test_a_rank_lost_on_one_transport_fails_the_ranks_that_reach_it_only_on_the_other(tmp_path):
+    """The job above; rank 1 dies mid-job. Ranks 0 and 2 lose it over TCP; rank 3 reaches rank 1 over QUIC, and
+    every survivor fails with an error naming rank 1, within the collective timeout, none hanging."""
+    with NatLab(4, tmp_path, symmetric=frozenset({3})) as lab:
+        results = run_job(lab, tmp_path, iters=400, count=1000, JOB_EXIT="1:50", JOB_PAUSE="0.01",
+                          ERDMA_TIMEOUTS_COLLECTIVE="20", **PAIRED)
+    assert results[1] == {"exited": True, "stderr": results[1]["stderr"]}, results[1]
+    for rank in (0, 2, 3):
+        r = results[rank]
+        assert r["iters"] == 50 and "rank 1" in r["error"], (rank, r)
+        assert r["after_s"] < 20, (rank, r)  # told, not timed out
+
+
+def test_a_direct_path_blocked_mid_job_falls_back_and_unblocked_is_used_again(tmp_path):
+    """Two sites behind masquerade NATs, a direct pair. A firewall between them mid-job: the pair falls back to
+    the relay. The firewall lifted: the dialling rank's next check of the better path (path_recheck, 1 s here)
+    completes a handshake at the peer's mapping and the pair moves back, while the allreduces go on. Every one
+    of the 1,500 allreduces is exact, none fails, and the job ends direct."""
+    with NatLab(2, tmp_path) as lab:
+        def block_then_lift() -> None:
+            assert wait_started(tmp_path, 2) == [{"1": "direct"}, {"0": "direct"}]
+            lab.block_direct(0, 1)
+            time.sleep(8)  # the idle timeout (2 s) ends the connection; the redial finds the relay
+            lab.unblock_direct(0, 1)
+
+        fast = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
+                "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TRANSPORT_QUIC_PATH_RECHECK": "1",
+                "ERDMA_TIMEOUTS_COLLECTIVE": "30", "JOB_PAUSE": "0.01"}
+        results = run_job(lab, tmp_path, iters=1500, count=1000, during=block_then_lift, **RELAY, **fast)
+    for r in results:
+        assert r.get("wrong") == 0 and r["iters"] == 1500, r
+    assert paths(results) == expect(2, set()), results  # back on the direct path
+    said = results[1]["stderr"]
+    assert "on redial; trying" in said and "connection to rank 0 back after" in said, said  # fell back
+    assert re.search(r"rank 1: rank 0 answered at 198\.51\.100\.10:\d+, a better path than 198\.51\.100\.1:\d+; "
+                     r"the pair moved there", said), said
+
+
+@pytest.mark.parametrize("over", ["auto", "tcp"])
+def test_a_site_that_drops_udp_joins_through_turn_over_tcp(tmp_path, over):
+    """Site 1's router drops all UDP. With relay_over = "auto" its STUN question over UDP goes unanswered (2 s),
+    and it takes its relay allocation over TCP (with "tcp", at once); the pair runs through the relay, the
+    allreduces exact. Rank 0's side is as usual (UDP, its own relay unused)."""
+    env = RELAY | {"ERDMA_TRAVERSAL_STUN_TIMEOUT": "2", "ERDMA_TRAVERSAL_STUN_RELAY_OVER": over}
+    with NatLab(2, tmp_path) as lab:
+        lab.block_udp(1)
+        results = run_job(lab, tmp_path, **env)
+    for r in results:
+        assert r.get("wrong") == 0 and r["iters"] == 20, r
+    assert paths(results) == expect(2, {frozenset({0, 1})}), results
+    said = results[1]["stderr"]
+    assert "relayed over TCP: every peer goes through the TURN server 198.51.100.1:3478" in said, said
+    assert ("no STUN answer" in said) == (over == "auto"), said
+    assert results[1]["advertised"].endswith(" relay") and "," not in results[1]["advertised"], results[1]

@@ -146,8 +146,6 @@ def test_tcp_meets_its_peers_from_the_port_the_stun_traversal_prepared(coturn):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"relay": "127.0.0.1:3478", "relay_user": "u", "relay_password": "p"},
-     "config key 'traversal.stun.relay': a TURN server relays datagrams, and transport.name = \"tcp\""),
     ({"punch": False}, "config key 'traversal.stun.punch': value False cannot be kept by transport.name = \"tcp\""),
 ])
 def test_tcp_refuses_stun_settings_it_cannot_keep(changes, message):

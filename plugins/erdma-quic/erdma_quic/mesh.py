@@ -72,6 +72,8 @@ class Settings:
     idle_timeout: float
     keepalive_interval: float
     verify: bool  # peers are identified by certificate (False: insecure mode, the HELLO names them)
+    peers: frozenset[int] | None = None  # the ranks this endpoint connects with (None: every other rank)
+    path_recheck: float = 0.0  # seconds between checks of a better path (``Mesh._recheck``); 0: none
 
 
 @attrs.frozen
@@ -226,6 +228,7 @@ class Session:
         self.pre: Inbound | None = None  # before the peer is identified: HELLO only
         self.open_streams: dict[int, tuple[int, int]] = {}  # stream id -> (part number, bytes)
         self.ready = False  # carries the link's data
+        self.probe = False  # dialler: a trial of a better path, carrying nothing until its handshake completes
         self.failure: str | None = None
         self.terminated = False
         self.resumed = False  # TLS session resumed from a ticket
@@ -256,10 +259,14 @@ class Link:
         self.redial_at: float | None = None
         self.give_up_at: float | None = None
         self.give_up_why = ""
-        self.stats = {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0}
+        self.stats = {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0, "path_changes": 0}
         self.plan: list[Any] = [addr]  # dialler: the peer's addresses, in the order they are tried
         self.wait = 0.0  # seconds a first dial waits for an answer before it tries the next address
         self.check_at: float | None = None  # when the address now dialled has had its wait
+        self.recheck_at: float | None = None  # when a better path is checked next (``Mesh._recheck``)
+        self.probe: Session | None = None  # dialler: a connection to an earlier address of the plan, on trial
+        self.probes = 0  # trials so far (which earlier address the next one goes to)
+        self.punches: list[tuple[bytes, Any]] = []  # listener: datagrams that open its NAT to the dialler
 
     def next_address(self) -> Any:
         """The plan's address after the one dialled now (round the plan)."""
@@ -428,6 +435,8 @@ class Mesh:
             if s.suspect_since is not None and s.suspect_since + UNREACHABLE_GRACE <= now:
                 self._confirm_unreachable(s)
         for link in list(self.links.values()):
+            if link.recheck_at is not None and link.recheck_at <= now:
+                self._recheck(link, now)
             if link.redial_at is not None and link.redial_at <= now:
                 link.redial_at = None
                 attempt = link.session
@@ -494,7 +503,7 @@ class Mesh:
             if t is not None and (best is None or t < best):
                 best = t
         for link in self.links.values():
-            for t in (link.redial_at, link.give_up_at):
+            for t in (link.redial_at, link.give_up_at, link.recheck_at):
                 if t is not None and (best is None or t < best):
                     best = t
         for link in self._dialling.values():
@@ -535,7 +544,8 @@ class Mesh:
     # ---- connections ----------------------------------------------------------------------------------
     def _diallers(self) -> set[int]:
         """Ranks that dial this one (and may dial it again)."""
-        return set(range(self.s.rank + 1, self.s.world))
+        higher = set(range(self.s.rank + 1, self.s.world))
+        return higher if self.s.peers is None else higher & self.s.peers
 
     def _dial(self, link: Link) -> Session:
         """Dial ``link``'s peer; the HELLO leaves with the first flight that can carry it (0-RTT when resuming)."""
@@ -768,6 +778,10 @@ class Mesh:
             return None
 
     def _handshake_done(self, s: Session, ev: events.HandshakeCompleted) -> None:
+        if s.dialled and s.probe:
+            s.established = True
+            self._promote(s)
+            return
         if s.dialled:
             s.resumed, s.established = ev.session_resumed, True
             if s.link is not None:
@@ -793,9 +807,14 @@ class Mesh:
         s.rank, s.established = rank, True
         if link is None:
             link = Link(rank, s.addr, False, self.inbound_for(rank), self.s.reconnect_timeout > 0)
+        moved = self.links.get(rank) is link and link.down_since is None and link.session is not None
         self._attach(link, s)
         if s.issued is not None:
             self._keep_ticket(s.issued, rank)
+        if moved:  # the dialler found a better path (``_recheck``) while the old one still worked
+            link.stats["path_changes"] += 1
+            log.warning("rank %d: rank %d moved to a new connection from %s:%d", self.s.rank, rank, *s.addr[:2])
+            self._events.append(Back(rank))
         if self.links.get(rank) is link:  # a reconnection
             self._settled(s)
             if self.s.verify:
@@ -857,7 +876,71 @@ class Mesh:
         if link.session is not None:
             self._settled(link.session)
         self.links[link.rank] = link
+        if self.s.path_recheck > 0 and self.s.verify:
+            link.recheck_at = self._now + self.s.path_recheck
         self._events.append(Joined(link.rank))
+
+    def punch_towards(self, peer: int, punches: list[tuple[bytes, Any]]) -> None:
+        """Listener: ``punches`` (datagram, address) open this endpoint's NAT to dialler ``peer``'s direct
+        addresses; sent again at each of its checks while the pair runs elsewhere (``_recheck``)."""
+        link = self.links.get(peer)
+        if link is not None:
+            link.punches = list(punches)
+
+    def _recheck(self, link: Link, now: float) -> None:
+        """Every ``path_recheck`` seconds, while ``link`` runs on a later address of its plan than the first (a
+        relay, or the peer's mapping where its own address is also offered): the dialler tries one earlier
+        address with a connection of its own (``_probe_path``; the last trial, if it never completed, is
+        dropped), and the listener sends its punches, so that the dialler's trial gets through its NAT."""
+        link.recheck_at = now + self.s.path_recheck
+        s = link.session
+        if link.dead or self.closing or s is None or not s.ready or link.down_since is not None:
+            return
+        if not link.dialler:
+            self._stateless += link.punches
+            return
+        if link.probe is not None:
+            self._detach(link.probe)
+            link.probe = None
+        better = link.plan[:link.plan.index(link.addr)] if link.addr in link.plan else []
+        if better:
+            self._probe_path(link, better[link.probes % len(better)])
+            link.probes += 1
+
+    def _probe_path(self, link: Link, addr: Any) -> None:
+        """Dial ``link``'s peer at ``addr`` beside the connection that carries the link. Once its handshake
+        completes (the peer's certificate proved), it takes the link over (``_handshake_done``)."""
+        s = Session(link.rank, addr, dialled=True)
+        s.probe = True
+        s.conn = self.connection(configuration=self.configure(True, addr, link.rank, None),
+                                 session_ticket_handler=functools.partial(self._ticket_issued, s))
+        s.conn.connect(addr, now=self._now)
+        link.probe = s
+        self._send_raw(s, hello_stream(Hello(status=HELLO_REQUEST, job=self.s.job, rank=self.s.rank,
+                                             world=self.s.world)))
+        self._adopt(s)
+
+    def _promote(self, s: Session) -> None:
+        """A trial of a better path completed its handshake: it carries its link from now on. What the old
+        connection had in flight goes again on it (the peer drops parts it already had), and the peer, which
+        identified the new connection by its certificate, has moved to it already."""
+        link = self._link_of_probe(s)
+        if link is None or link.dead or self.closing or link.session is None:
+            self._detach(s)
+            return
+        was = link.session.conn.get_peer_address()
+        s.probe, link.probe = False, None
+        link.addr = s.addr
+        self._attach(link, s)
+        self._go(link, s)
+        link.stats["path_changes"] += 1
+        log.warning("rank %d: rank %d answered at %s:%d, a better path than %s:%d; the pair moved there (%d parts "
+                    "sent again)", self.s.rank, link.rank, *s.addr[:2], *was[:2], len(link.unacked))
+        self._events.append(Back(link.rank))
+
+    def _link_of_probe(self, s: Session) -> Link | None:
+        link = self.links.get(s.rank) if s.rank is not None else None
+        return link if link is not None and link.probe is s else None
 
     def _settled(self, s: Session) -> None:
         """An accepted connection is no longer pending: it joined, or took over a link that had."""

@@ -47,6 +47,12 @@ OPTIONS = {
                                 "dial it again (resuming the TLS session with the peer's ticket, 0-RTT) and resend "
                                 "what it had not acknowledged, before the peer counts as lost; 0: never reconnect",
                                 minimum=0.0),
+    "path_recheck": Option(float, 10.0, "seconds between checks, by the dialling rank of a pair whose connection runs "
+                           "to a later candidate than the peer's first (its relay, say), whether an earlier one "
+                           "answers now; one that completes a handshake carries the pair from then on, and what "
+                           "was in flight goes again on it (the listening rank punches its NAT open towards the "
+                           "dialler's candidates as often); 0: a pair stays where set-up or an outage put it",
+                           minimum=0.0, maximum=3600.0),
 }
 
 

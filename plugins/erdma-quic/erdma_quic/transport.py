@@ -27,6 +27,7 @@ from erdma_core.sdk import (
     ProtocolError,
     Request,
     TransportContext,
+    UnreachableError,
     addresses,
     failed_elsewhere,
 )
@@ -42,10 +43,12 @@ log = logging.getLogger("erdma.quic")
 _ABORTED_WAIT = 2.0  # seconds close waits for peers to acknowledge what was sent, after an abort
 
 
-def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool) -> Settings:
-    return Settings(rank=rank, world=world, job=job, window=int(opts["send_window_bytes"]),
+def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool,
+             peers: frozenset[int] | None = None) -> Settings:
+    return Settings(rank=rank, world=world, job=job, peers=peers, window=int(opts["send_window_bytes"]),
                     reconnect_timeout=float(opts["reconnect_timeout"]), idle_timeout=float(opts["idle_timeout"]),
-                    keepalive_interval=float(opts["keepalive_interval"]), verify=verify)
+                    keepalive_interval=float(opts["keepalive_interval"]), verify=verify,
+                    path_recheck=float(opts.get("path_recheck", 0.0)))
 
 
 
@@ -107,12 +110,18 @@ class QuicTransport(MessageTransport):
         self._cond = threading.Condition()
         self._joined: set[int] = set()
         self._refused: dict[int, str] = {}
-        self._relays: set[tuple[str, int]] = set()  # peers' addresses on a TURN relay that this rank dials
+        self._relays: set[tuple[str, int]] = set()  # peers' addresses on a TURN relay (that this rank dials, or
+        # that a peer behind TURN over TCP dials it from)
         self._store: Any = None  # where the paths are published (a traversal with candidates: erdma doctor reads them)
+        self._publishes = True  # whether they are (``ctx.publish_paths``)
 
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
         o = self.opts
+        if o["workers"] and ctx.peers is not None:
+            raise ConfigError(f"config key 'transport.quic.workers': value {o['workers']} cannot take effect when QUIC "
+                              "carries only the pairs another transport could not connect (transport.fallback): "
+                              "valid here: 0")
         lane_sockets = None
         if o["workers"] and ctx.udp_socket is not None:
             if ctx.udp_sockets is None:
@@ -137,7 +146,8 @@ class QuicTransport(MessageTransport):
             mine = ctx.candidates(host, port)
         else:
             mine = [addresses.Candidate(*(ctx.advertise(host, port) if ctx.advertise is not None else (host, port)))]
-        self.mesh = Mesh(settings(o, self.rank, self.world_size, self.job, creds.verify), creds.configure,
+        self.mesh = Mesh(settings(o, self.rank, self.world_size, self.job, creds.verify, frozenset(self.peers())),
+                         creds.configure,
                          creds.identify, self._inbound_for, self.mailbox.waiting_on, connection_for(o))
         self.endpoint = Driver(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
         ctx.store.set(f"quic/addr/{self.rank}", addresses.publish(mine))
@@ -148,7 +158,7 @@ class QuicTransport(MessageTransport):
         if ctx.punch is not None and ctx.udp_socket is not None:
             threading.Thread(target=self._punch, args=(ctx, sock, deadline), name=f"erdma-punch-{self.rank}",
                              daemon=True).start()
-        for peer in range(self.rank):
+        for peer in (p for p in self.peers() if p < self.rank):
             cands = self._published(ctx, peer, deadline)
             plan, wait = ctx.dial_plan(cands) if ctx.dial_plan is not None else (cands[:1], 0.0)
             if not plan:
@@ -158,11 +168,14 @@ class QuicTransport(MessageTransport):
             self._relays.update(a for a, c in zip(addrs, plan, strict=True) if c.kind == "relay")
             self.endpoint.call(self.mesh.dial, peer, addrs[0], self.endpoint.now, addrs[1:], wait)
         self._wait_all(deadline, ctx.connect_timeout, lambda: failed_elsewhere(ctx.store, ctx.job))
+        if ctx.punch is not None and ctx.udp_socket is not None:
+            self._keep_punching(ctx, deadline)
         if self.lanes is not None:
             self.lanes.connect(ctx, bind_host, listen_host, deadline)
         self.endpoint.call(self.mesh.start_keepalive, self.endpoint.now)
         if ctx.dial_plan is not None:
             self._store = ctx.store
+            self._publishes = ctx.publish_paths
             self._publish_paths()
 
     def _punch(self, ctx: TransportContext, sock: socket.socket, deadline: float) -> None:
@@ -170,7 +183,7 @@ class QuicTransport(MessageTransport):
         advertised address as soon as it is published (twice, a moment apart, against a lost one). A peer
         that never publishes is reported by the set-up's wait, not here."""
         assert ctx.punch is not None
-        for peer in range(self.rank + 1, self.world_size):
+        for peer in (p for p in self.peers() if p > self.rank):
             try:
                 for cand in self._published(ctx, peer, deadline):
                     datagram = ctx.punch(cand.host, cand.port)
@@ -182,6 +195,18 @@ class QuicTransport(MessageTransport):
             except Exception as exc:  # the set-up's own wait names what is missing
                 log.debug("rank %d: no hole punched towards rank %d: %s", self.rank, peer, exc)
 
+    def _keep_punching(self, ctx: TransportContext, deadline: float) -> None:
+        """The datagrams that open this rank's NAT to each rank that dials it, at each of the peer's direct
+        candidates: the mesh sends them again now and then (``transport.quic.path_recheck``), so that a pair
+        that runs through a relay can find its direct path again."""
+        assert ctx.punch is not None and self.endpoint is not None and self.mesh is not None
+        for peer in (p for p in self.peers() if p > self.rank):
+            cands = self._published(ctx, peer, deadline)
+            self._relays.update((c.host, c.port) for c in cands if c.kind == "relay")  # a peer that dials from it
+            direct = [c for c in cands if c.kind != "relay"]
+            punches = [(d, (c.host, c.port)) for c in direct if (d := ctx.punch(c.host, c.port))]
+            self.endpoint.call(self.mesh.punch_towards, peer, punches)
+
     @staticmethod
     def _published(ctx: TransportContext, peer: int, deadline: float) -> list[addresses.Candidate]:
         return addresses.published_candidates(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
@@ -192,9 +217,12 @@ class QuicTransport(MessageTransport):
         try:
             paths = self.paths()
             relayed = [r for r, p in paths.items() if p.endswith(" relayed")]
-            (log.warning if relayed else log.info)("rank %d: QUIC (%s) paths to its peers: %s", self.rank,
+            loud = relayed and self._publishes  # (a paired transport says it for the whole job)
+            (log.warning if loud else log.info)("rank %d: QUIC (%s) paths to its peers: %s", self.rank,
                                                    engine_name(self.opts), ", ".join(
                 f"rank {r} at {p}" for r, p in sorted(paths.items())))
+            if not self._publishes:  # a paired transport publishes the job's paths
+                return
             self._store.set(f"paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
         except Exception as exc:  # closing, or the store is gone: the log above is what is left
             log.debug("rank %d: paths not published: %s", self.rank, exc)
@@ -256,7 +284,7 @@ class QuicTransport(MessageTransport):
 
     def _wait_all(self, deadline: float, timeout: float, gave_up: Callable[[], str | None]) -> None:
         """Until every peer joined; ``gave_up()`` says why another rank stopped its set-up (or None)."""
-        want = set(range(self.world_size)) - {self.rank}
+        want = set(self.peers())
         with self._cond:
             while True:
                 if self._refused:
@@ -273,8 +301,8 @@ class QuicTransport(MessageTransport):
                     finally:
                         self._cond.acquire()
                     more = f" (refused: {refused}{secret_hint(refused)})" if refused else ""
-                    raise CollectiveTimeoutError(f"rank {self.rank}: ranks {missing} did not connect over QUIC within "
-                                                 f"{timeout:.1f}s{more}", rank=self.rank, op="connect")
+                    raise UnreachableError(f"rank {self.rank}: ranks {missing} did not connect over QUIC within "
+                                           f"{timeout:.1f}s{more}", peers=tuple(missing), rank=self.rank, op="connect")
                 self._cond.wait(min(left, 0.5))
                 self._cond.release()  # the store is asked without the lock the mesh's events are reported under
                 try:

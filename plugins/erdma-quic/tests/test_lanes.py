@@ -172,8 +172,9 @@ def test_workers_run_on_the_sockets_the_traversal_prepares_and_punch_from_them()
         for rank in range(2):  # lane 0 and both lanes advertised through the traversal, by their own ports
             assert advertised[rank] == [socks[rank].getsockname()[1]] + [s.getsockname()[1] for s in lane_socks[rank]]
         lane_ports_1 = [s.getsockname()[1] for s in lane_socks[1]]
-        assert sorted(punched[0]) == sorted([socks[1].getsockname()[1], *lane_ports_1])  # rank 1 dials rank 0
-        # on every lane (lane 0's punch runs on a thread of its own: the order is not fixed)
+        assert sorted(set(punched[0])) == sorted([socks[1].getsockname()[1], *lane_ports_1])  # rank 1 dials
+        # rank 0 on every lane (lane 0's punch runs on a thread of its own: the order is not fixed; its datagram is
+        # asked for again once the pair is up, for the mesh to send at each path check)
         assert punched[1] == []
     finally:
         for t in (t0, t1):

@@ -136,7 +136,8 @@ def test_two_meshes_join_and_move_a_message_in_memory():
     assert net.run(lambda: got.done(), 10.0)
     assert sent.done() and got.error is None and np.array_equal(out, payload)
     assert net.run(lambda: r1.mesh.flushed(), 5.0)  # every part acknowledged
-    assert r0.mesh.link_stats() == {1: {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0}}
+    assert r0.mesh.link_stats() == {1: {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0,
+                                        "path_changes": 0}}
 
 
 ENGINES = ["aioquic", pytest.param("ngtcp2", marks=pytest.mark.skipif(loaded() is None, reason="the compiled "
@@ -254,6 +255,46 @@ def test_a_dialler_moves_on_to_the_next_address_when_one_does_not_answer_and_aft
     assert r1.mesh.paths() == {0: relay} and r1.mesh.link_stats()[0]["reconnects"] == before + 1
     assert f"no answer from rank 0 at {A[0]}:{A[1]} on redial; trying {relay[0]}:{relay[1]}" in caplog.text
     assert not [e for r in (r0, r1) for e in r.events if isinstance(e, (Lost, Refused))]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_pair_on_its_relay_moves_to_the_direct_address_once_it_answers_and_nothing_is_lost(engine, caplog):
+    """Rank 0 is at A and at RELAY. A dark at the start: the pair joins through RELAY. A lit again mid-message:
+    the dialler's next check (``path_recheck``, 1 s) completes a handshake at A and the link moves there; a
+    4 MiB message under way lands whole, once, and both ends run on A."""
+    relay = ("10.9.0.3", 5000)
+    r0, r1 = (Rank(r, 2, addr, engine=engine, part_bytes=65536, path_recheck=1.0) for r, addr in ((0, A), (1, B)))
+    net = Net(r0, r1)
+    net.alias[relay] = A
+    net.dark = {A}
+    r1.mesh.dial(0, A, net.now, [relay], 0.5)
+    assert net.run(lambda: Joined(0) in r1.events and Joined(1) in r0.events, 5.0), (r0.events, r1.events)
+    for r in (r0, r1):
+        r.mesh.start_keepalive(net.now)
+    assert r1.mesh.paths() == {0: relay}
+    net.run(lambda: False, 2.5)  # checks of A while it is dark: each trial dropped at the next, nothing moves
+    assert r1.mesh.paths() == {0: relay} and r1.mesh.link_stats()[0]["path_changes"] == 0
+    link = r1.mesh.links[0]
+    assert link.recheck_at is not None
+    net.run(lambda: net.now >= link.recheck_at - 0.05, 2.0)  # (the next check is due in 50 ms)
+    first = np.random.default_rng(3).integers(0, 256, 4 << 20, dtype=np.uint8)
+    out = np.zeros_like(first)
+    got = r0.recv(1, 1, out)
+    r1.send(0, 1, first)
+    net.dark = set()
+    assert net.run(lambda: r1.mesh.paths() == {0: A}, 1.0), r1.events  # moved, the message under way
+    assert not got.done()
+    assert net.run(lambda: got.done(), 10.0), r1.events
+    assert got.error is None and np.array_equal(out, first) and r0.inboxes[1].completed == 1
+    assert r1.mesh.paths() == {0: A} and r0.mesh.paths()[1] == B
+    assert r1.mesh.link_stats()[0]["path_changes"] == 1 and r0.mesh.link_stats()[1]["path_changes"] == 1
+    assert f"rank 1: rank 0 answered at {A[0]}:{A[1]}, a better path than {relay[0]}:{relay[1]}" in caplog.text
+    assert not [e for r in (r0, r1) for e in r.events if isinstance(e, (Lost, Refused))]
+    second = np.arange(100_000, dtype=np.uint8)  # the link works on, both ways
+    out2 = np.zeros_like(second)
+    got2 = r1.recv(0, 2, out2)
+    r0.send(1, 2, second)
+    assert net.run(lambda: got2.done(), 5.0) and np.array_equal(out2, second)
 
 
 def test_a_dialler_with_a_certificate_of_another_job_is_refused_in_memory():

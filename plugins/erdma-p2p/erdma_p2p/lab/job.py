@@ -7,6 +7,8 @@ with the addresses this rank published and how it reaches each peer (direct or r
 JOB_STARTED=DIR: after its first allreduce the rank writes DIR/RANK, the paths to its peers as JSON (what a test
 that breaks something mid-job waits for: ``jobs.wait_started``).
 
+JOB_EXIT=RANK:ITER: rank RANK exits at once (``os._exit``, no goodbye) before its allreduce ITER.
+
 JOB_RING=group-order runs the allreduces in a group whose ring ignores slow (relayed) links: a baseline.
 """
 
@@ -38,13 +40,17 @@ def main() -> int:
         pg.rt.slow_links = frozenset()
         pg = world.new_group(list(range(world.size())))
     p, r = pg.size(), pg.rank()
-    t = pg.rt.transport  # what it published: QUIC's candidates, TCP's meeting candidates or listening address
+    t = getattr(pg.rt.transport, "parts", (pg.rt.transport,))[0]  # the first of a paired transport
+    # what it published: QUIC's candidates, TCP's meeting candidates or listening address
     key = "quic/addr" if t.name == "QUIC" else f"{t.key}/meet" if getattr(t, "meeting", None) else f"{t.key}/addr"
     advertised = pg.rt.store.get(f"{key}/{r}", 1.0).decode()  # now: rank 0's destroy empties a file store
     wrong = 0
     in_allreduce = 0.0  # seconds inside allreduce (the rest makes and checks the data)
     t0 = time.monotonic()
+    exit_rank, _, exit_iter = os.environ.get("JOB_EXIT", "-1:0").partition(":")
     for i in range(iters):
+        if r == int(exit_rank) and i == int(exit_iter):
+            os._exit(3)
         arr = ((np.arange(count, dtype=np.int64) * (r + 1) + i) % 4096).astype(np.float32)
         want = sum(((np.arange(count, dtype=np.int64) * (k + 1) + i) % 4096) for k in range(p)).astype(np.float32)
         try:
@@ -63,8 +69,8 @@ def main() -> int:
     lanes = getattr(pg.rt.transport, "lane_stats", dict)()  # erdma-quic striping: parts per lane
     paths = _paths(pg)
     print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds,
-                      "allreduce_s": in_allreduce,
-                      "paths": paths, "ring": list(pg.ring),
+                      "allreduce_s": in_allreduce, "counters": pg.counters(),
+                      "paths": paths, "transports": _transports(pg), "ring": list(pg.ring),
                       "init_s": init_s, "lane_parts": sum(lanes.get("parts_out", [0])[1:])}),
           flush=True)
     world.destroy()
@@ -73,7 +79,13 @@ def main() -> int:
 
 def _paths(pg: erdma_core.ProcessGroup) -> dict[str, str]:
     """How this rank reaches each peer: "direct" or "relayed", by peer."""
-    return {str(peer): how.split()[-1] for peer, how in getattr(pg.rt.transport, "paths", dict)().items()}
+    return {str(peer): how.split()[1] for peer, how in pg.paths().items()}
+
+
+def _transports(pg: erdma_core.ProcessGroup) -> dict[str, str]:
+    """Which transport carries each peer ("TCP", "QUIC"), by peer."""
+    t = pg.rt.transport
+    return {str(peer): how.split()[2] if len(how.split()) > 2 else t.name for peer, how in pg.paths().items()}
 
 
 def _started(folder: str, rank: int, pg: erdma_core.ProcessGroup) -> None:

@@ -162,6 +162,20 @@ class NatLab:
         for match in ("daddr", "saddr"):
             sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "ip", match, self.wan(b), "drop", ns=router)
 
+    def block_udp(self, site: int) -> None:
+        """Site ``site``'s router drops every UDP packet it would forward, both ways (a site that allows TCP only)."""
+        sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "meta", "l4proto", "udp", "drop",
+           ns=self.ns(f"r{site}"))
+
+    def unblock_direct(self, a: int, b: int) -> None:
+        """Lift the firewall ``block_direct(a, b)`` put up at site ``a``'s router."""
+        router = self.ns(f"r{a}")
+        listed = sh("nft", "-a", "list", "chain", "ip", "erdmanat", "forward_guard", ns=router)
+        for line in listed.splitlines():
+            if f" {self.wan(b)} drop" in line and "# handle " in line:
+                sh("nft", "delete", "rule", "ip", "erdmanat", "forward_guard", "handle", line.rsplit(" ", 1)[1],
+                   ns=router)
+
     def cap_relay(self, rate: str) -> None:
         """What coturn sends towards each site (its STUN answers and everything it relays) at most ``rate``
         (tc htb, e.g. "16mbit"): a relay further away, or shared, than the sites are from each other."""

@@ -1,0 +1,175 @@
+"""One job on two transports, each pair of ranks on the first that connects it (``transport.fallback``).
+
+The first transport (the built-in TCP, meeting its peers through their NATs) tries every pair for one check of
+the pair's candidates, with no error for a pair it cannot meet; the two ends of each pair then agree on what
+they met (``settle``: each publishes the peers it connected, and a pair is kept only where both ends list each
+other, so a handshake that ended on one side only is closed on both). The second transport (erdma-quic,
+direct or through a TURN relay) connects the pairs that are left, and only those. One group runs on both:
+every send, receive and wait goes to the transport of its peer, and a failure of either aborts the other, so
+every rank hears of it. Each transport authenticates and seals its own pairs as it does alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import attrs
+
+from ..errors import ConfigError
+from .base import MessageTransport, TransportContext, await_key
+from .request import Request
+from .wire import Header
+
+log = logging.getLogger("erdma.transport")
+LOOK_S = 0.5  # seconds a wait on one transport runs before it looks whether the other one failed
+
+
+class PairedTransport:
+    """A ``Transport`` over ``first`` (which must honour ``ctx.settle``) and ``second`` (which must honour
+    ``ctx.peers``)."""
+
+    def __init__(self, first: MessageTransport, second: MessageTransport) -> None:
+        self.parts = (first, second)
+        self.name = f"{first.name}+{second.name}"
+        self.devices = first.devices & second.devices
+        self.stripes = 1
+        self.rank, self.world_size = -1, 0
+        self.via: dict[int, int] = {}  # peer -> 0 (first) or 1 (second)
+        self._used: list[MessageTransport] = []
+
+    # ---- set-up -------------------------------------------------------------------------------------
+    def connect(self, ctx: TransportContext) -> None:
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        first, second = self.parts
+        deadline = time.monotonic() + ctx.connect_timeout
+        kept: set[int] = set()
+
+        def settle(connected: set[int]) -> set[int]:
+            kept.update(self._settle(ctx, connected, deadline))
+            return kept
+
+        first.connect(attrs.evolve(ctx, udp_socket=None, open_udp=None, settle=settle, publish_paths=False))
+        self._used.append(first)
+        rest = frozenset(p for p in range(ctx.world_size) if p != ctx.rank and p not in kept)
+        self.via = {p: 0 for p in kept} | {p: 1 for p in rest}
+        if rest:
+            log.info("rank %d: %s for ranks %s, %s for ranks %s", ctx.rank, first.name, sorted(kept), second.name,
+                     sorted(rest))
+            try:
+                udp = ctx.open_udp() if ctx.open_udp is not None else ctx.udp_socket
+                second.connect(attrs.evolve(ctx, peers=rest, udp_socket=udp, tcp_socket=None, open_udp=None,
+                                            settle=None, publish_paths=False))
+            except BaseException as exc:
+                first.abort(exc)
+                first.close()
+                raise
+            self._used.append(second)
+        self.stripes = max(t.stripes for t in self._used)
+        self._publish(ctx)
+
+    def _settle(self, ctx: TransportContext, connected: set[int], deadline: float) -> set[int]:
+        """The peers of ``connected`` that connected with this rank too, by what each published."""
+        ctx.store.set(f"paired/{ctx.rank}", ",".join(map(str, sorted(connected))).encode())
+
+        def gave_up(why: str) -> Exception:
+            return ConfigError(f"rank {ctx.rank}: set-up stopped: {why}")
+
+        kept = set()
+        for peer in sorted(connected):
+            theirs = await_key(ctx, f"paired/{peer}", deadline, gave_up).decode()
+            if str(ctx.rank) in theirs.split(","):
+                kept.add(peer)
+        return kept
+
+    def _publish(self, ctx: TransportContext) -> None:
+        """Log and publish (``paths/RANK``, for erdma doctor) each peer's path and transport."""
+        paths = self.paths()
+        (log.warning if any(" relayed " in p for p in paths.values()) else log.info)(
+            "rank %d: paths to its peers: %s", self.rank, ", ".join(f"rank {r} at {p}" for r, p in sorted(paths.items())))
+        try:
+            ctx.store.set(f"paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
+        except Exception as exc:  # the store is best effort here: the log above is what is left
+            log.debug("rank %d: paths not published: %s", self.rank, exc)
+
+    # ---- what the pairs use ---------------------------------------------------------------------------
+    def paths(self) -> dict[int, str]:
+        """Per peer: ``HOST:PORT direct|relayed TRANSPORT`` (the transport's own path, and its name)."""
+        out = {}
+        for t in self._used:
+            theirs = getattr(t, "paths", dict)()
+            for peer in t.peers():
+                out[peer] = f"{theirs.get(peer, '? direct')} {t.name}"
+        return out
+
+    def transports(self) -> dict[int, str]:
+        """Per peer: the name of the transport that carries the pair ("TCP", "QUIC")."""
+        return {peer: self.parts[i].name for peer, i in self.via.items()}
+
+    def slow_peers(self) -> set[int] | None:
+        """The peers the second transport reaches through a relay (it says which), else None."""
+        found = [s() for t in self._used if callable(s := getattr(t, "slow_peers", None))]
+        known = [s for s in found if s is not None]
+        return set().union(*known) if known else None
+
+    def link_rate(self, peer: int) -> float | None:
+        return self.parts[self.via[peer]].link_rate(peer)
+
+    # ---- the Transport calls ------------------------------------------------------------------------------
+    def isend(self, peer: int, header: Header, data: memoryview, deadline: float) -> Request:
+        i = self.via[peer]
+        req = self.parts[i].isend(peer, header, data, deadline)
+        req.via = i
+        return req
+
+    def irecv(self, peer: int, header: Header, out: memoryview) -> Request:
+        i = self.via[peer]
+        req = self.parts[i].irecv(peer, header, out)
+        req.via = i
+        return req
+
+    def wait(self, req: Request, deadline: float) -> bool:
+        """On the transport that made ``req``; a failure of the other one is taken over meanwhile."""
+        t = self.parts[req.via]
+        while True:
+            if t.wait(req, min(deadline, time.monotonic() + LOOK_S)):
+                return True
+            self._spread()
+            if time.monotonic() >= deadline:
+                return False
+
+    def _spread(self) -> None:
+        """When one transport failed (a lost peer, a peer's ABORT), the other fails with the same error and
+        tells its peers."""
+        error = self.failure()
+        if error is not None:
+            for t in self._used:
+                if t.failure() is None:
+                    t.abort(error)
+
+    def begin(self, group: int, seq: int) -> None:
+        self._spread()
+        for t in self._used:
+            t.begin(group, seq)
+
+    def abort(self, error: BaseException) -> None:
+        for t in self._used:
+            t.abort(error)
+
+    def failure(self) -> BaseException | None:
+        return next((e for t in self._used if (e := t.failure()) is not None), None)
+
+    def heard(self, peer: int, group: int, seq: int) -> bool:
+        return self.parts[self.via[peer]].heard(peer, group, seq)
+
+    def close(self) -> None:
+        for t in self._used:
+            t.close()
+
+    def counters(self) -> dict[str, Any]:
+        """How many peers each transport carries, and how many of them through a relay."""
+        slow = self.slow_peers() or set()
+        out = {f"transport.{t.name.lower()}.peers": len(t.peers()) for t in self._used}
+        out["transport.relayed.peers"] = len(slow)
+        return out
