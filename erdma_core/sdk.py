@@ -21,7 +21,8 @@ wire (``DATA``, ``FRAME``, ``HELLO``, ``HELLO_ACCEPTED``, ``HELLO_REQUEST``, ``M
 ``await_key`` and ``failed_elsewhere`` (set-up waits that end when another rank gave up; ``FAILED_PREFIX``: the keys
 a rank that gave up writes its reason to, which a store that cleans up at close leaves for the others), the job's secrets
 and proofs (``auth``), frame integrity (``integrity``), published addresses and candidates (``addresses``,
-``Candidate``, ``route_source``), the meeting of two ranks' sockets (``meet``), and helpers: ``WakePipe``,
+``Candidate``, ``route_source``), the meeting of two ranks' sockets (``meet``), what earlier set-ups of the
+process found about paths to other sites (``verdicts``), and helpers: ``WakePipe``,
 ``recv_exact``, ``retrying``, ``running``, ``address_of``.
 
 The rest: ``Store`` (what discovery gives every rank), ``Traversal``, ``Compressor``, ``Encoded``, ``Site``;
@@ -43,7 +44,7 @@ from .protocol.ops import COLLECTIVES, OFFLOADABLE
 from .protocol.reduce_ops import ReduceOp
 from .protocol.sdk import VERSION
 from .protocol.store import Store
-from .transport import addresses, auth, integrity, meet
+from .transport import addresses, auth, integrity, meet, verdicts
 from .transport.addresses import Candidate, route_source
 from .transport.base import FAILED_PREFIX, MessageTransport, Transport, TransportContext, await_key, failed_elsewhere
 from .transport.frames import DIRECT_BYTES, FrameInbox, StreamReader
@@ -64,7 +65,7 @@ __all__ = [
     "Candidate",
     "FrameInbox", "Header", "Hello", "MessageTransport", "Request", "SocketTransport", "StreamReader", "Transport",
     "TransportContext", "WakePipe", "address_of", "addresses", "auth", "await_key", "failed_elsewhere", "integrity",
-    "meet", "recv_exact", "retrying", "route_source", "running",
+    "meet", "recv_exact", "retrying", "route_source", "running", "verdicts",
     # discovery, traversal, compression
     "Compressor", "Encoded", "Site", "Store", "Traversal",
     # algorithms and offloads

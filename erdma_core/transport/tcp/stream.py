@@ -33,13 +33,14 @@ from ...errors import (
     ProtocolError,
     UnreachableError,
 )
-from .. import addresses, auth, integrity, meet
+from .. import addresses, auth, integrity, meet, verdicts
 from ..addresses import Candidate
 from ..base import MessageTransport, TransportContext, failed_elsewhere
 from ..frames import FrameInbox, Pool, StreamReader
 from ..mailbox import Lent
 from ..request import Request
 from ..sockets import probe_idle, recv_exact
+from ..verdicts import TCP_MEETINGS
 from ..wire import BYE, DATA, LENT, PULL, PULLED, RAW, Header, control
 from . import single_copy
 from .accept import Acceptor
@@ -338,9 +339,16 @@ class SocketTransport(MessageTransport):
         plan = [c for c in plan if c.kind != "relay"]  # a TURN relay carries datagrams, not this stream
         if optional and wait > 0:  # one check of each candidate, and one more for the handshake; then another
             deadline = min(deadline, time.monotonic() + wait * (len(plan) + 1))  # transport takes the pair
+        within = ctx.connect_timeout if not optional else max(0.0, deadline - time.monotonic())
         if not plan and optional:
             raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} offers only a relay", rank=self.rank,
                                          op="connect")
+        where = verdicts.site(theirs)
+        ago = TCP_MEETINGS.failed_before(where) if optional else None
+        if ago is not None:  # a set-up of this process lost this check lately: not again (an elastic job's epochs)
+            raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} at {where}: not met over {self.name} in a "
+                                         f"set-up {ago:.0f} s ago (checked again {verdicts.REMEMBER_S:.0f} s after)",
+                                         rank=self.rank, op="connect")
         if not plan:
             raise ConfigError(f"rank {self.rank}: none of rank {peer}'s addresses "
                               f"({', '.join(c.text() for c in theirs)}) can be met over {self.name}: a peer that only a "
@@ -355,7 +363,7 @@ class SocketTransport(MessageTransport):
                     raise _Accepted
                 raise CollectiveTimeoutError(
                     f"rank {self.rank}: rank {peer} was not met at {', '.join(c.text() for c in plan)} within "
-                    f"{ctx.connect_timeout:.1f}s (both connect at once from their published ports; a NAT that maps "
+                    f"{within:.1f}s (both connect at once from their published ports; a NAT that maps "
                     "each destination to a new port, or a firewall, keeps them apart: use transport.name = \"quic\" "
                     "with a relay, or transport.fallback = \"quic\" with one for the pairs TCP cannot meet)",
                     rank=self.rank, op="connect")
@@ -368,7 +376,13 @@ class SocketTransport(MessageTransport):
             else:
                 sock, transcript = self._accept_met(peer, connect, deadline)
         except _Accepted:
+            TCP_MEETINGS.worked(where)
             return None
+        except CollectiveTimeoutError:
+            if optional:
+                TCP_MEETINGS.failed(where)
+            raise
+        TCP_MEETINGS.worked(where)
         return sock, transcript, f"{used[-1].host}:{used[-1].port} direct"
 
     def _accept_met(self, peer: int, connect: Callable[[], tuple[socket.socket, str]],

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from erdma_p2p.lab.jobs import RELAY
 from erdma_p2p.lab.natlab import STUN, NatLab, available
 
 from erdma_core.testing.elastic import ElasticJob, python, steps, until
@@ -17,6 +18,8 @@ from erdma_core.testing.elastic import ElasticJob, python, steps, until
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 STORE = ("198.51.100.1", 29500)
 CONNECT_S = 8
+PAIRED_ENV = {**RELAY, "ERDMA_TRANSPORT": "tcp", "ERDMA_TRANSPORT_FALLBACK": "quic",
+              "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}"}
 
 
 def serve_store(lab: NatLab) -> subprocess.Popen[str]:
@@ -63,3 +66,40 @@ def test_an_unreachable_newcomer_leaves_naming_the_pairs_and_the_members_go_on(t
     assert all(len(h) == 1 for h in hashes.values()), hashes
     assert all(" n 3 " in line for line in steps(members[0])), steps(members[0])[-5:]
     assert len(epochs) <= 3, epochs  # the first, the one that took the newcomer in, the one after
+
+
+PEER_INFO = ("-c", "import logging, runpy; logging.basicConfig(level=logging.INFO); "
+             "runpy.run_module('erdma_core.testing.elastic_peer', run_name='__main__')")
+
+
+def test_an_epoch_after_a_kill_does_not_check_again_the_pairs_an_earlier_one_lost(tmp_path):
+    """An elastic job on TCP with QUIC as the fallback and a relay: members at two ordinary NATs and one that
+    maps each destination anew. The first epoch checks every pair: the symmetric site's pairs lose the TCP
+    check and QUIC's direct check, and run relayed. A member is killed; the next epoch's set-up meets the
+    remaining pair with neither check (each end remembers the verdict: ``verdicts``), dials the relay first, and
+    the members go on with one hash per step."""
+    env = {**PAIRED_ENV, "ERDMA_TIMEOUTS_CONNECT": "20", "STEPS": "100000", "ELEMENTS": "1024",
+           "STOP_FILE": str(tmp_path / "stop")}
+    with NatLab(3, tmp_path, symmetric=frozenset({2})) as lab:
+        store = serve_store(lab)
+        try:
+            with ElasticJob(python(*PEER_INFO), tmp_path, min_peers=3, secret="elastic-nat", env=env,
+                            store_url=f"tcp://{STORE[0]}:{STORE[1]}") as job:
+                members = [job.start(wrap=["ip", "netns", "exec", lab.host(i)]) for i in range(3)]
+                until(lambda: len(steps(members[0])) >= 3, "3 steps of the three members", 120)
+                members[1].kill()
+                before = len(steps(members[0]))
+                until(lambda: sum(" n 2 " in line for line in steps(members[0])[before:]) >= 3, "3 steps of two")
+                (tmp_path / "stop").touch()
+                assert [members[i].wait(60) for i in (0, 2)] == [0, 0], members[0].lines[-10:]
+        finally:
+            store.kill()
+    later = [line for p in (members[0], members[2]) for line in p.lines]
+    assert any("not met over TCP in a set-up" in line for line in later), "\n".join(later[-40:])
+    assert any("was reached through the relay in a set-up" in line and "dialled there first" in line
+               for line in later), "\n".join(later[-40:])
+    hashes: dict[str, set[str]] = {}
+    for p in (members[0], members[2]):
+        for line in steps(p):
+            hashes.setdefault(line.split()[1], set()).add(line.split()[11])
+    assert all(len(h) == 1 for h in hashes.values()), hashes

@@ -309,15 +309,20 @@ class Mesh:
         self._keepalive_at: float | None = None
 
     # ---- inputs ---------------------------------------------------------------------------------------
-    def dial(self, peer: int, addr: Any, now: float, fallbacks: Iterable[Any] = (), wait: float = 0.0) -> None:
+    def dial(self, peer: int, addr: Any, now: float, fallbacks: Iterable[Any] = (), wait: float = 0.0,
+             first: Any = None) -> None:
         """Connect to ``peer`` (a lower rank) at ``addr``, or, when no answer completes the handshake within
-        ``wait`` seconds, at each of ``fallbacks`` in turn; ``Joined`` or ``Refused`` follows."""
+        ``wait`` seconds, at each of ``fallbacks`` in turn; ``Joined`` or ``Refused`` follows. ``first``: one of
+        ``fallbacks`` to dial first instead (the one an earlier set-up ended on); the addresses before it are
+        still the better ones a later check tries (``path_recheck``)."""
         self._now = now
         keep = self.s.reconnect_timeout > 0
         link = Link(peer, addr, True, self.inbound_for(peer), keep)
         link.plan += [a for a in fallbacks if a != addr]
         link.wait = wait
-        if len(link.plan) > 1:
+        if first is not None and first in link.plan:
+            link.addr = first
+        if link.addr != link.plan[-1]:
             link.check_at = now + wait
         self._dialling[peer] = link
         self._dial(link)

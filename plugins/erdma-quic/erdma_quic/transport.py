@@ -30,6 +30,7 @@ from erdma_core.sdk import (
     UnreachableError,
     addresses,
     failed_elsewhere,
+    verdicts,
 )
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
@@ -41,6 +42,7 @@ from .streams import Inbound, message_parts
 
 log = logging.getLogger("erdma.quic")
 _ABORTED_WAIT = 2.0  # seconds close waits for peers to acknowledge what was sent, after an abort
+RELAYED = verdicts.Verdicts("a direct QUIC path")  # sites this process reached only through a relay lately
 
 
 def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool,
@@ -114,6 +116,7 @@ class QuicTransport(MessageTransport):
         # that a peer behind TURN over TCP dials it from)
         self._store: Any = None  # where the paths are published (a traversal with candidates: erdma doctor reads them)
         self._publishes = True  # whether they are (``ctx.publish_paths``)
+        self._sites: dict[int, str] = {}  # dialled peers' sites (``verdicts.site``)
 
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
@@ -166,7 +169,14 @@ class QuicTransport(MessageTransport):
                                   f"({', '.join(c.text() for c in cands)}) is one this rank may dial")
             addrs = [(c.host, c.port) for c in plan]
             self._relays.update(a for a, c in zip(addrs, plan, strict=True) if c.kind == "relay")
-            self.endpoint.call(self.mesh.dial, peer, addrs[0], self.endpoint.now, addrs[1:], wait)
+            self._sites[peer] = where = verdicts.site(cands)
+            relay = next((a for a, c in zip(addrs, plan, strict=True) if c.kind == "relay"), None)
+            first = relay if relay is not None and RELAYED.failed_before(where) is not None else None
+            if first is not None:
+                log.info("rank %d: rank %d at %s was reached through the relay in a set-up %.0f s ago: dialled there "
+                         "first (its direct candidates are checked every path_recheck)", self.rank, peer, where,
+                         RELAYED.failed_before(where) or 0.0)
+            self.endpoint.call(self.mesh.dial, peer, addrs[0], self.endpoint.now, addrs[1:], wait, first)
         self._wait_all(deadline, ctx.connect_timeout, lambda: failed_elsewhere(ctx.store, ctx.job))
         if ctx.punch is not None and ctx.udp_socket is not None:
             self._keep_punching(ctx, deadline)
@@ -177,6 +187,7 @@ class QuicTransport(MessageTransport):
             self._store = ctx.store
             self._publishes = ctx.publish_paths
             self._publish_paths()
+            self._remember()
 
     def _punch(self, ctx: TransportContext, sock: socket.socket, deadline: float) -> None:
         """Open this rank's NAT to each rank that will dial it: the traversal's datagram to the peer's
@@ -226,6 +237,13 @@ class QuicTransport(MessageTransport):
             self._store.set(f"paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
         except Exception as exc:  # closing, or the store is gone: the log above is what is left
             log.debug("rank %d: paths not published: %s", self.rank, exc)
+
+    def _remember(self) -> None:
+        """The dialled peers' sites this rank reached only through a relay, for this process's next set-ups
+        (``verdicts``: an elastic job's next epoch dials them at the relay first)."""
+        for peer, how in self.paths().items():
+            if peer in self._sites:
+                (RELAYED.failed if how.endswith(" relayed") else RELAYED.worked)(self._sites[peer])
 
     def slow_peers(self) -> set[int] | None:
         """The peers reached through a TURN relay, when the traversal offers candidates (else None: never)."""
