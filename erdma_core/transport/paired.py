@@ -107,11 +107,11 @@ class PairedTransport:
         """Per peer: the name of the transport that carries the pair ("TCP", "QUIC")."""
         return {peer: self.parts[i].name for peer, i in self.via.items()}
 
-    def slow_peers(self) -> set[int] | None:
-        """The peers the second transport reaches through a relay (it says which), else None."""
+    def slow_peers(self) -> set[int]:
+        """The peers the second transport reaches through a relay (as it says). Always a set, also on a rank
+        whose pairs all met over the first: the ranks agree on the slow links at set-up, each saying its own."""
         found = [s() for t in self._used if callable(s := getattr(t, "slow_peers", None))]
-        known = [s for s in found if s is not None]
-        return set().union(*known) if known else None
+        return set().union(*(s for s in found if s is not None))
 
     def link_rate(self, peer: int) -> float | None:
         return self.parts[self.via[peer]].link_rate(peer)
@@ -169,7 +169,7 @@ class PairedTransport:
 
     def counters(self) -> dict[str, Any]:
         """How many peers each transport carries, and how many of them through a relay."""
-        slow = self.slow_peers() or set()
+        slow = self.slow_peers()
         out = {f"transport.{t.name.lower()}.peers": len(t.peers()) for t in self._used}
         out["transport.relayed.peers"] = len(slow)
         return out

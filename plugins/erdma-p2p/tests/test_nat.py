@@ -366,3 +366,18 @@ def test_a_site_that_drops_udp_joins_through_turn_over_tcp(tmp_path, over):
     assert "relayed over TCP: every peer goes through the TURN server 198.51.100.1:3478" in said, said
     assert ("no STUN answer" in said) == (over == "auto"), said
     assert results[1]["advertised"].endswith(" relay") and "," not in results[1]["advertised"], results[1]
+
+
+def test_a_rank_whose_pairs_all_meet_over_tcp_agrees_on_the_slow_links_with_the_others(tmp_path):
+    """Site 0 public, site 3 behind a NAT that maps each destination anew: rank 3's SYN reaches rank 0's listener,
+    so rank 0 meets everyone over TCP and opens no QUIC; ranks 1 and 2 reach rank 3 only through the relay. The
+    ranks still agree on the slow (relayed) links at set-up, and the ring keeps them apart."""
+    with NatLab(4, tmp_path, public=frozenset({0}), symmetric=frozenset({3})) as lab:
+        results = run_job(lab, tmp_path, ERDMA_ALGORITHM="ring", **PAIRED)
+    assert [r.get("wrong") for r in results] == [0] * 4, results
+    relayed = {frozenset({1, 3}), frozenset({2, 3})}
+    assert paths(results) == expect(4, relayed), results
+    assert transports(results) == {pair: "QUIC" if how == "relayed" else "TCP"
+                                   for pair, how in expect(4, relayed).items()}, results
+    assert results[0]["counters"]["transport.tcp.peers"] == 3 and "transport.quic.peers" not in results[0]["counters"]
+    assert len({tuple(r["ring"]) for r in results}) == 1, results  # one ring order, agreed
