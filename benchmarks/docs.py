@@ -66,6 +66,22 @@ def chaos_section(text: str) -> list[str]:
             "PCCL's master and torchft's Lighthouse are single processes.", text)
 
 
+def decentralized_section(text: str) -> list[str]:
+    """The whole decentralized job in the NAT bed, beside hivemind (``python -m benchmarks.decentralized``)."""
+    return _fenced("## The decentralized job in the NAT bed",
+            "`python -m benchmarks.decentralized` (see its docstring): the DiLoCo example with int8 pseudo-gradients "
+            "on an elastic group whose membership is in an etcd member on the public segment of erdma-p2p's NAT bed; "
+            "5 peers, site 0 public, sites 1-3 behind masquerade NATs, site 4 and the newcomer's behind fully-random "
+            "(symmetric) ones; every site's link capped at the rate given, no delay added (no netem here). TCP "
+            "through the NATs where a pair meets, QUIC (direct, or through coturn) where it cannot. The peer at site "
+            "1 is SIGKILLed after an outer step, and a newcomer starts later behind the symmetric NAT. hivemind "
+            "1.1.12's averager runs in the same bed at the same size with 8-bit quantization; its peers behind "
+            "NATs need a full averager with a public address (it aggregates everything). The averaging time of a "
+            "step is what the member that came to it last spent in the allreduce (the others also waited for its "
+            "inner steps); hivemind's is its `step` call, matchmaking included, of the peer that spent least.",
+            text)
+
+
 def _fenced(title: str, intro: str, text: str) -> list[str]:
     """A section: its title, a paragraph, and a tool's output in a code block."""
     return [title, "", intro, "", "```", *text.strip("\n").splitlines(), "```", ""]
@@ -176,6 +192,9 @@ def build(src: Path, dest: Path) -> str:
     chaos = src / "chaos.txt"
     if chaos.exists():
         md += chaos_section(chaos.read_text())
+    decentralized = src / "decentralized.txt"
+    if decentralized.exists():
+        md += decentralized_section(decentralized.read_text())
     for run in runs:
         md += _run_section(run, images, metas[run])
     out = "\n".join(md) + "\n"

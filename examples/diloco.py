@@ -21,7 +21,7 @@ import numpy as np
 
 from erdma_core import elastic
 
-DIM, HIDDEN = 32, 128
+DIM = 32
 
 
 def teacher(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -31,8 +31,9 @@ def teacher(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 
 
 def unpack(p: np.ndarray) -> tuple[np.ndarray, ...]:
-    a = DIM * HIDDEN
-    return p[:a].reshape(DIM, HIDDEN), p[a:a + HIDDEN], p[a + HIDDEN:a + 2 * HIDDEN].reshape(HIDDEN, 1), p[-1:]
+    hidden = (p.size - 1) // (DIM + 2)
+    a = DIM * hidden
+    return p[:a].reshape(DIM, hidden), p[a:a + hidden], p[a + hidden:a + 2 * hidden].reshape(hidden, 1), p[-1:]
 
 
 def loss_and_grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
@@ -56,12 +57,15 @@ def main() -> int:
     ap.add_argument("--step-time", type=float, default=0.0, help="seconds each inner step also sleeps (stands "
                     "in for a bigger model's compute)")
     ap.add_argument("--compress", choices=("none", "int8"), default="none")
+    ap.add_argument("--hidden", type=int, default=128, help="hidden units: the model has (32 + 2) x hidden + 1 "
+                    "float32 parameters (128: 17 KiB; 123362: 16 MiB)")
     ap.add_argument("--data-seed", type=int, default=None, help="draw the training data from this seed plus the "
                     "peer's rank when it joined (default: each peer from fresh entropy)")
     args = ap.parse_args()
 
     init = np.random.default_rng(0)
-    params = (init.standard_normal(DIM * HIDDEN + 2 * HIDDEN + 1) * 0.1).astype(np.float32)
+    scale = 0.1 * min(1.0, (128 / args.hidden) ** 0.5)  # a wider layer starts smaller (its sum stays in range)
+    params = (init.standard_normal((DIM + 2) * args.hidden + 1) * scale).astype(np.float32)
     momentum = np.zeros_like(params)
     config = {"compression.name": "int8", "compression.min_bytes": 0} if args.compress == "int8" else {}
     try:
@@ -82,7 +86,9 @@ def main() -> int:
             if args.step_time:
                 time.sleep(args.step_time)
         np.subtract(params, local, out=delta)  # the pseudo-gradient
+        t0 = time.monotonic()
         n = group.allreduce(delta)  # its average over the members
+        averaging = time.monotonic() - t0
         if n == 0:
             continue  # this peer had been counted out and came back with the members' state
         momentum *= args.momentum
@@ -91,7 +97,7 @@ def main() -> int:
         group.step += 1
         val = loss_and_grad(params, val_x, val_y)[0]
         print(f"outer {group.step} epoch {group.epoch} members {n} [{', '.join(group.members())}] "
-              f"hash {group.state_hash()[:16]} loss {val:.5f}", flush=True)
+              f"hash {group.state_hash()[:16]} loss {val:.5f} avg_s {averaging:.4f} at {time.time():.3f}", flush=True)
     print(f"final loss {loss_and_grad(params, val_x, val_y)[0]:.5f} pid {os.getpid()}", flush=True)
     group.finish()
     return 0

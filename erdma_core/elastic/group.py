@@ -231,7 +231,8 @@ class ElasticGroup:
         except ErdmaError as exc:
             # a member that died before the epoch was up: the others fail their set-up too, and vote so
             log.warning("elastic: epoch %d set-up failed on %s: %s", record.epoch, self.name, exc)
-            if isinstance(exc, UnreachableError) and not record.members[index].has_state:
+            if isinstance(exc, UnreachableError) and old is None and record.epoch > 1 \
+                    and not record.members[index].has_state:  # a newcomer (not a founder)
                 self._decide(self._unreachable(record, index, exc), retry=False)  # votes itself out, raises
             outcome = self._decide(exc, not isinstance(exc, (ConfigError, AuthenticationError)))
             if outcome.commit:  # cannot happen: this member voted fail

@@ -196,15 +196,19 @@ class QuicTransport(MessageTransport):
         assert ctx.punch is not None
         for peer in (p for p in self.peers() if p > self.rank):
             try:
-                for cand in self._published(ctx, peer, deadline):
-                    datagram = ctx.punch(cand.host, cand.port)
-                    if not datagram:
-                        continue
-                    for _ in range(2):
-                        sock.sendto(datagram, (cand.host, cand.port))
-                        time.sleep(0.05)
+                cands = self._published(ctx, peer, deadline)
             except Exception as exc:  # the set-up's own wait names what is missing
                 log.debug("rank %d: no hole punched towards rank %d: %s", self.rank, peer, exc)
+                continue
+            for cand in cands:  # each on its own: one that fails must not keep the others (their relay permission)
+                try:
+                    datagram = ctx.punch(cand.host, cand.port)
+                    for _ in range(2 if datagram else 0):
+                        sock.sendto(datagram, (cand.host, cand.port))
+                        time.sleep(0.05)
+                except Exception as exc:
+                    log.warning("rank %d: no hole punched towards rank %d at %s: %s: %s", self.rank, peer,
+                                cand.text(), type(exc).__name__, exc)
 
     def _keep_punching(self, ctx: TransportContext, deadline: float) -> None:
         """The datagrams that open this rank's NAT to each rank that dials it, at each of the peer's direct

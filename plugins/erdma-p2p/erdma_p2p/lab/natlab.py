@@ -189,6 +189,15 @@ class NatLab:
                 sh("tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "u32", "match", "ip", "src",
                    f"{host}/32", "flowid", "1:20", ns=pub)
 
+    def cap_sites(self, rate: str) -> None:
+        """Every site's link to the public segment carries at most ``rate`` each way (tbf, e.g. "100mbit"): on
+        the bridge's port towards the site, and on the site's own end of that link."""
+        for i in range(self.sites):
+            shape = ("tbf", "rate", rate, "burst", "256kb", "latency", "100ms")
+            sh("tc", "qdisc", "add", "dev", f"{self.p}W{i}", "root", *shape, ns=self.ns("pub"))
+            own, dev = (self.host(i), "eth0") if i in self.public else (self.ns(f"r{i}"), "wan0")
+            sh("tc", "qdisc", "add", "dev", dev, "root", *shape, ns=own)
+
     def stop_turn(self) -> None:
         """Stop coturn (STUN and TURN) now."""
         if self.stun is not None and self.stun.poll() is None:
