@@ -71,6 +71,12 @@ def check_config(conf: cfg.Config, comps: Components) -> None:
     if fallback == "tcp":
         raise ConfigError("config key 'transport.fallback': value 'tcp' is the first transport of a paired job, not "
                           "its fallback; valid: none, or a transport that carries the rest (quic)")
+    if fallback != "none":
+        takes = [n for n in comps.names("transport") if getattr(comps.get("transport", n).factory, "takes_peers", False)]
+        if fallback not in takes:
+            raise ConfigError(f"config key 'transport.fallback': value {fallback!r} connects every rank of a job and "
+                              "cannot carry only the pairs another transport left; valid: none, "
+                              + ", ".join(takes or ["(none installed)"]))
     compressed = parse_ops(conf["compression.ops"], True) or frozenset(COLLECTIVES)  # (a bad value raises here)
     compressed &= parse_ops(conf["compression.ops"], False) or frozenset(COLLECTIVES)  # whether lossy or not
     if conf["compression.name"] != "none":

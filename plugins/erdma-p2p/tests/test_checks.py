@@ -23,6 +23,8 @@ STUN = {"traversal.name": "stun", "traversal.stun.server": "127.0.0.1:3478"}
     ({"transport.name": "quic", "transport.fallback": "quic", "security.secret": "s"},
      "config key 'transport.fallback': value 'quic' takes the pairs the built-in TCP cannot connect, and "
      "transport.name is 'quic'"),
+    ({"transport.fallback": "unix"}, "config key 'transport.fallback': value 'unix' connects every rank of a job and "
+     "cannot carry only the pairs another transport left; valid: none, quic"),
     ({"transport.fallback": "udp"}, "config key 'transport.fallback': invalid value 'udp'; valid choices: none,"),
     ({"transport.fallback": "quic", "traversal.stun.port": 7000, "security.secret": "s"},
      "config key 'traversal.stun.port': value 7000 would be both the TCP port and the UDP port"),

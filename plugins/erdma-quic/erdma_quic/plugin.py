@@ -62,6 +62,9 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
     return QuicTransport(config, section)
 
 
+_factory.takes_peers = True  # type: ignore[attr-defined]  # connects only ctx.peers: a paired job's fallback
+
+
 def _check(config: Any, section: dict[str, Any]) -> None:
     from .checks import check
 
