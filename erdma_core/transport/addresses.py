@@ -101,6 +101,12 @@ def candidates(value: str) -> list[Candidate]:
     return out
 
 
+def publish_paths(store: Any, rank: int, paths: dict[int, str]) -> None:
+    """``paths/RANK``: how ``rank`` reaches each peer, a ``PEER PATH`` line each (``HOST:PORT direct|relayed``,
+    and the transport's name in a paired job), which ``erdma doctor`` reads."""
+    store.set(f"paths/{rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
+
+
 def publish(cands: list[Candidate]) -> bytes:
     """What ``candidates`` reads back."""
     return ",".join(c.text() for c in cands).encode()

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from ..errors import ConfigError
+from .addresses import publish_paths
 from .base import MessageTransport, TransportContext, await_key
 from .request import Request
 from .wire import Header
@@ -89,7 +90,7 @@ class PairedTransport:
         (log.warning if any(" relayed " in p for p in paths.values()) else log.info)(
             "rank %d: paths to its peers: %s", self.rank, ", ".join(f"rank {r} at {p}" for r, p in sorted(paths.items())))
         try:
-            ctx.store.set(f"paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
+            publish_paths(ctx.store, self.rank, paths)
         except Exception as exc:  # the store is best effort here: the log above is what is left
             log.debug("rank %d: paths not published: %s", self.rank, exc)
 
@@ -102,10 +103,6 @@ class PairedTransport:
             for peer in t.peers():
                 out[peer] = f"{theirs.get(peer, '? direct')} {t.name}"
         return out
-
-    def transports(self) -> dict[int, str]:
-        """Per peer: the name of the transport that carries the pair ("TCP", "QUIC")."""
-        return {peer: self.parts[i].name for peer, i in self.via.items()}
 
     def slow_peers(self) -> set[int]:
         """The peers the second transport reaches through a relay (as it says). Always a set, also on a rank

@@ -27,8 +27,7 @@ def site(cands: Sequence[Candidate]) -> str:
 class Verdicts:
     """Sites a way of connecting failed to reach, and when."""
 
-    def __init__(self, what: str) -> None:
-        self.what = what  # how log lines name the way ("TCP through the NATs")
+    def __init__(self) -> None:
         self._failed: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -53,4 +52,4 @@ class Verdicts:
             return ago
 
 
-TCP_MEETINGS = Verdicts("a TCP meeting through the NATs")  # the built-in TCP's, when a fallback takes the rest
+TCP_MEETINGS = Verdicts()  # the built-in TCP's meetings through the NATs, when a fallback takes the rest

@@ -423,8 +423,7 @@ class SocketTransport(MessageTransport):
         erdma-quic does) for ``erdma doctor``."""
         log.info("rank %d: %s paths to its peers: %s", self.rank, self.name,
                  ", ".join(f"rank {r} at {p}" for r, p in sorted(self._paths.items())))
-        ctx.store.set(f"paths/{self.rank}",
-                      "\n".join(f"{r} {p}" for r, p in sorted(self._paths.items())).encode())
+        addresses.publish_paths(ctx.store, self.rank, self._paths)
 
     def _pool_size(self, sock: socket.socket) -> int:
         """Connections a pair has when this rank dials over ``sock``: ``connections`` over TCP, one over a Unix

@@ -86,7 +86,8 @@ class RelayedSocket:
 
     # data, directly or through the relay
     def sendto(self, data: bytes | memoryview, addr: tuple[str, int]) -> int:
-        punch = bytes(data[:len(PUNCH)]) == PUNCH  # it opens this rank's own NAT: always direct
+        # a punch opens this rank's own NAT, so it always goes direct (a QUIC packet's first byte is never 0)
+        punch = len(data) > 0 and data[0] == 0 and bytes(data[:len(PUNCH)]) == PUNCH
         if punch and not self.direct:
             return len(data)  # no direct path to open
         if self.direct and (addr not in self._via or punch):

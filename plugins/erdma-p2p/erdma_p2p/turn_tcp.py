@@ -94,16 +94,17 @@ class TcpDatagrams:
                 return got, self.server
             if self._ended:
                 raise BlockingIOError("the TURN server closed the connection")
-            flags = socket.MSG_DONTWAIT if self._timeout == 0.0 else 0
-            if deadline is not None and self._timeout != 0.0:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            if self._timeout == 0.0:  # the transport's loop: no system call but the read
+                chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
+            else:  # the allocation's exchange, before the socket carries data
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise TimeoutError("no message from the TURN server")
                 self.sock.settimeout(left)
-            try:
-                chunk = self.sock.recv(65536, flags)
-            finally:
-                self.sock.settimeout(None)
+                try:
+                    chunk = self.sock.recv(65536)
+                finally:
+                    self.sock.settimeout(None)
             if not chunk:
                 self._ended = True
                 raise OSError("the TURN server closed the connection")  # the caller reads the error queue

@@ -289,6 +289,25 @@ def test_unreachable_pairs_fail_clearly_and_in_time(tmp_path, case, env, symmetr
 PAIRED = RELAY | {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRANSPORT_FALLBACK": "quic"}
 
 
+def relayed_path(tmp: Path, rank: int, timeout: float = CONNECT_S + 60) -> None:
+    """Wait until ``rank`` of the job ``run_job(lab, tmp, ...)`` runs has published a path through the relay
+    (erdma-quic publishes ``paths/RANK`` again when a link comes back, in the job's file store)."""
+    from erdma_core.discovery import FileStore
+
+    store, end = FileStore(str(tmp / "store")), time.monotonic() + timeout
+    while " relayed" not in _read(store, f"paths/{rank}"):
+        if time.monotonic() > end:
+            raise RuntimeError(f"rank {rank} published no relayed path within {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def _read(store: object, key: str) -> str:
+    try:
+        return store.get(key, 0.01).decode()  # type: ignore[attr-defined]
+    except Exception:  # not there yet
+        return ""
+
+
 def transports(results: list[dict]) -> dict[tuple[int, int], str]:
     """(rank, peer) -> the transport that carries the pair, as each rank reported it."""
     return {(rank, int(peer)): name for rank, r in enumerate(results) for peer, name in r["transports"].items()}
@@ -322,7 +341,7 @@ def test_a_rank_lost_on_one_transport_fails_the_ranks_that_reach_it_only_on_the_
     for rank in (0, 2, 3):
         r = results[rank]
         assert r["iters"] == 50 and "rank 1" in r["error"], (rank, r)
-        assert r["after_s"] < 20, (rank, r)  # told, not timed out
+        assert r["error"].startswith("PeerLostError: "), (rank, r)  # told of the loss, not timed out
 
 
 def test_a_direct_path_blocked_mid_job_falls_back_and_unblocked_is_used_again(tmp_path):
@@ -334,7 +353,7 @@ def test_a_direct_path_blocked_mid_job_falls_back_and_unblocked_is_used_again(tm
         def block_then_lift() -> None:
             assert wait_started(tmp_path, 2) == [{"1": "direct"}, {"0": "direct"}]
             lab.block_direct(0, 1)
-            time.sleep(8)  # the idle timeout (2 s) ends the connection; the redial finds the relay
+            relayed_path(tmp_path, 1)  # the idle timeout (2 s) ended the connection; the redial found the relay
             lab.unblock_direct(0, 1)
 
         fast = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",

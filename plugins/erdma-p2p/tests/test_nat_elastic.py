@@ -11,7 +11,7 @@ import time
 
 import pytest
 from erdma_p2p.lab.jobs import RELAY
-from erdma_p2p.lab.natlab import STUN, NatLab, available
+from erdma_p2p.lab.natlab import STUN, NatLab, available, first_line
 
 from erdma_core.testing.elastic import ElasticJob, python, steps, until
 
@@ -29,7 +29,7 @@ def serve_store(lab: NatLab) -> subprocess.Popen[str]:
             "print('up', flush=True); time.sleep(3600)")
     proc = subprocess.Popen(["ip", "netns", "exec", lab.ns("pub"), sys.executable, "-c", code],
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    assert first_line(proc, 30).strip() == "up", "the store did not start within 30 s"
     return proc
 
 

@@ -51,7 +51,8 @@ OPTIONS = {
                            "to a later candidate than the peer's first (its relay, say), whether an earlier one "
                            "answers now; one that completes a handshake carries the pair from then on, and what "
                            "was in flight goes again on it (the listening rank punches its NAT open towards the "
-                           "dialler's candidates as often); 0: a pair stays where set-up or an outage put it",
+                           "dialler's candidates as often); 0: a pair stays where set-up or an outage put it. With "
+                           "insecure_dev_mode no check is made (a trial's peer is proved by its certificate)",
                            minimum=0.0, maximum=3600.0),
 }
 

@@ -42,7 +42,7 @@ from .streams import Inbound, message_parts
 
 log = logging.getLogger("erdma.quic")
 _ABORTED_WAIT = 2.0  # seconds close waits for peers to acknowledge what was sent, after an abort
-RELAYED = verdicts.Verdicts("a direct QUIC path")  # sites this process reached only through a relay lately
+RELAYED = verdicts.Verdicts()  # sites this process reached only through a relay lately
 
 
 def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool,
@@ -50,7 +50,7 @@ def settings(opts: dict[str, Any], rank: int, world: int, job: int, verify: bool
     return Settings(rank=rank, world=world, job=job, peers=peers, window=int(opts["send_window_bytes"]),
                     reconnect_timeout=float(opts["reconnect_timeout"]), idle_timeout=float(opts["idle_timeout"]),
                     keepalive_interval=float(opts["keepalive_interval"]), verify=verify,
-                    path_recheck=float(opts.get("path_recheck", 0.0)))
+                    path_recheck=float(opts["path_recheck"]))
 
 
 
@@ -117,6 +117,7 @@ class QuicTransport(MessageTransport):
         self._store: Any = None  # where the paths are published (a traversal with candidates: erdma doctor reads them)
         self._publishes = True  # whether they are (``ctx.publish_paths``)
         self._sites: dict[int, str] = {}  # dialled peers' sites (``verdicts.site``)
+        self._punches: dict[int, list[tuple[bytes, Any]]] = {}  # per dialling peer: what opens this rank's NAT to it
 
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
@@ -158,9 +159,11 @@ class QuicTransport(MessageTransport):
         if o["workers"]:  # they start (import, bind) while lane 0 connects
             self.lanes = Lanes(o["workers"], self.rank, self.world_size, self.job, dict(o), self._lane_events(),
                                lane_sockets)
+        punching = None
         if ctx.punch is not None and ctx.udp_socket is not None:
-            threading.Thread(target=self._punch, args=(ctx, sock, deadline), name=f"erdma-punch-{self.rank}",
-                             daemon=True).start()
+            punching = threading.Thread(target=self._punch, args=(ctx, sock, deadline), name=f"erdma-punch-{self.rank}",
+                                        daemon=True)
+            punching.start()
         for peer in (p for p in self.peers() if p < self.rank):
             cands = self._published(ctx, peer, deadline)
             plan, wait = ctx.dial_plan(cands) if ctx.dial_plan is not None else (cands[:1], 0.0)
@@ -171,15 +174,17 @@ class QuicTransport(MessageTransport):
             self._relays.update(a for a, c in zip(addrs, plan, strict=True) if c.kind == "relay")
             self._sites[peer] = where = verdicts.site(cands)
             relay = next((a for a, c in zip(addrs, plan, strict=True) if c.kind == "relay"), None)
-            first = relay if relay is not None and RELAYED.failed_before(where) is not None else None
+            ago = RELAYED.failed_before(where) if relay is not None else None
+            first = relay if ago is not None else None
             if first is not None:
                 log.info("rank %d: rank %d at %s was reached through the relay in a set-up %.0f s ago: dialled there "
-                         "first (its direct candidates are checked every path_recheck)", self.rank, peer, where,
-                         RELAYED.failed_before(where) or 0.0)
+                         "first (its direct candidates are checked every path_recheck)", self.rank, peer, where, ago)
             self.endpoint.call(self.mesh.dial, peer, addrs[0], self.endpoint.now, addrs[1:], wait, first)
         self._wait_all(deadline, ctx.connect_timeout, lambda: failed_elsewhere(ctx.store, ctx.job))
-        if ctx.punch is not None and ctx.udp_socket is not None:
-            self._keep_punching(ctx, deadline)
+        if punching is not None:  # (every peer joined: each had published, so it is about done)
+            punching.join(max(0.0, deadline - time.monotonic()))
+            for peer, punches in list(self._punches.items()):
+                self.endpoint.call(self.mesh.punch_towards, peer, punches)
         if self.lanes is not None:
             self.lanes.connect(ctx, bind_host, listen_host, deadline)
         self.endpoint.call(self.mesh.start_keepalive, self.endpoint.now)
@@ -192,7 +197,10 @@ class QuicTransport(MessageTransport):
     def _punch(self, ctx: TransportContext, sock: socket.socket, deadline: float) -> None:
         """Open this rank's NAT to each rank that will dial it: the traversal's datagram to the peer's
         advertised address as soon as it is published (twice, a moment apart, against a lost one). A peer
-        that never publishes is reported by the set-up's wait, not here."""
+        that never publishes is reported by the set-up's wait, not here. The datagrams for a peer's direct
+        candidates are kept (``_punches``): the mesh sends them again at each ``path_recheck``, so that a pair
+        that runs through a relay can find its direct path again; a peer's relay candidates are noted, as the
+        address it may dial from (behind TURN over TCP)."""
         assert ctx.punch is not None
         for peer in (p for p in self.peers() if p > self.rank):
             try:
@@ -200,6 +208,8 @@ class QuicTransport(MessageTransport):
             except Exception as exc:  # the set-up's own wait names what is missing
                 log.debug("rank %d: no hole punched towards rank %d: %s", self.rank, peer, exc)
                 continue
+            self._relays.update((c.host, c.port) for c in cands if c.kind == "relay")
+            kept = self._punches.setdefault(peer, [])
             for cand in cands:  # each on its own: one that fails must not keep the others (their relay permission)
                 try:
                     datagram = ctx.punch(cand.host, cand.port)
@@ -209,18 +219,9 @@ class QuicTransport(MessageTransport):
                 except Exception as exc:
                     log.warning("rank %d: no hole punched towards rank %d at %s: %s: %s", self.rank, peer,
                                 cand.text(), type(exc).__name__, exc)
-
-    def _keep_punching(self, ctx: TransportContext, deadline: float) -> None:
-        """The datagrams that open this rank's NAT to each rank that dials it, at each of the peer's direct
-        candidates: the mesh sends them again now and then (``transport.quic.path_recheck``), so that a pair
-        that runs through a relay can find its direct path again."""
-        assert ctx.punch is not None and self.endpoint is not None and self.mesh is not None
-        for peer in (p for p in self.peers() if p > self.rank):
-            cands = self._published(ctx, peer, deadline)
-            self._relays.update((c.host, c.port) for c in cands if c.kind == "relay")  # a peer that dials from it
-            direct = [c for c in cands if c.kind != "relay"]
-            punches = [(d, (c.host, c.port)) for c in direct if (d := ctx.punch(c.host, c.port))]
-            self.endpoint.call(self.mesh.punch_towards, peer, punches)
+                    continue
+                if datagram and cand.kind != "relay":
+                    kept.append((datagram, (cand.host, cand.port)))
 
     @staticmethod
     def _published(ctx: TransportContext, peer: int, deadline: float) -> list[addresses.Candidate]:
@@ -238,7 +239,7 @@ class QuicTransport(MessageTransport):
                 f"rank {r} at {p}" for r, p in sorted(paths.items())))
             if not self._publishes:  # a paired transport publishes the job's paths
                 return
-            self._store.set(f"paths/{self.rank}", "\n".join(f"{r} {p}" for r, p in sorted(paths.items())).encode())
+            addresses.publish_paths(self._store, self.rank, paths)
         except Exception as exc:  # closing, or the store is gone: the log above is what is left
             log.debug("rank %d: paths not published: %s", self.rank, exc)
 
