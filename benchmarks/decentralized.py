@@ -5,9 +5,9 @@ destination anew. Per outer step: when it ended, the members, the averaging time
 for any system), and whether every member's state hash agrees; per epoch: which pairs run direct or relayed
 and on which transport; the bytes the TURN server relayed; how long the job took to step again after the kill
 and to take the newcomer in. With ``--systems erdma,hivemind``, hivemind 1.1.12's ``DecentralizedAverager``
-averages a tensor of the same size with 8-bit quantization in the same bed (``benchmarks/hivemind_peer.py``;
-the peers behind NATs in client mode, with the public averager its all-reduce needs on the public segment), and
-both are reported side by side.
+averages a tensor of the same size with 8-bit quantization in the same bed (``benchmarks/hivemind_peer.py``:
+site 0's peer, with no NAT, a full averager that reduces every part; the peers behind NATs in client mode), each
+round's average checked, and both are reported side by side.
 
     python -m benchmarks.decentralized --params-mib 16 --outer-steps 14 --json out.json
     python -m benchmarks.decentralized --systems erdma,hivemind --hivemind-python /tmp/hmvenv/bin/python
@@ -195,14 +195,17 @@ def summarize_erdma(peers: list[Peer], victim: Peer, newcomer: Peer | None, even
 
 
 def run_hivemind(lab: Any, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """hivemind's averager: a DHT and a full averager (weight 0, the aggregator NATed peers need) on the public
-    segment, one client-mode averager per site; ``--outer-steps`` rounds of a tensor of the model's size."""
+    """hivemind's averager, one peer per site as eRDMA's: site 0's (no NAT) is a full averager and the DHT's first
+    node, so it takes every part of the all-reduce (a peer in client mode aggregates nothing, and hivemind puts
+    every peer behind a NAT in client mode); the sites behind NATs run in client mode. ``--outer-steps`` rounds
+    of a tensor of the model's size, each peer's link capped as eRDMA's are."""
     py = args.hivemind_python
     script = str(ROOT / "benchmarks" / "hivemind_peer.py")
     n = hidden_for(args.params_mib) * 34 + 1
-    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PATH": os.environ.get("PATH", "")}
-    public = start("hivemind-public", [py, script, "--public", "--host", ETCD[0], "--size", str(n), "--rounds",
-                                       str(args.outer_steps), "--group", str(args.peers + 1)], env, lab.ns("pub"), folder)
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PATH": os.environ.get("PATH", ""),
+           "HIVEMIND_LOGLEVEL": os.environ.get("HIVEMIND_LOGLEVEL", "WARNING")}
+    common = ["--size", str(n), "--rounds", str(args.outer_steps), "--group", str(args.peers)]
+    public = start("hivemind-site0", [py, script, "--public", "--host", lab.wan(0), *common], env, lab.host(0), folder)
     end = time.monotonic() + 120
     maddr = None
     while maddr is None and time.monotonic() < end and public.proc.poll() is None:
@@ -210,29 +213,34 @@ def run_hivemind(lab: Any, folder: Path, args: argparse.Namespace) -> dict[str, 
         time.sleep(0.1)
     if maddr is None:
         public.kill()
-        return {"error": "the public hivemind peer did not start: " + " | ".join(public.lines[-5:])}
-    peers = [start(f"hivemind-site{i}", [py, script, "--initial-peers", maddr, "--size", str(n), "--rounds",
-                                         str(args.outer_steps), "--group", str(args.peers + 1)], env, lab.host(i),
-                   folder) for i in range(args.peers)]
+        return {"error": "site 0's hivemind peer did not start: " + " | ".join(public.lines[-5:])}
+    peers = [public] + [start(f"hivemind-site{i}", [py, script, "--initial-peers", maddr, *common], env,
+                              lab.host(i), folder) for i in range(1, args.peers)]
     end = time.monotonic() + args.timeout
     try:
-        while time.monotonic() < end and any(p.alive() for p in [*peers, public]):
+        while time.monotonic() < end and any(p.alive() for p in peers):
             time.sleep(0.2)
     finally:
-        for p in [*peers, public]:
+        for p in peers:
             p.kill()
+    values = [float(line.split()[1]) for p in peers for line in p.lines if line.startswith("value ")]
+    want = statistics.fmean(values) if len(values) == len(peers) else None
     by_round: dict[int, list[float]] = {}
-    failed = 0
+    failed = wrong = 0
     for p in peers:
         for line in p.lines:
             words = line.split()
             if line.startswith("round ") and words[2] == "ok":
+                # right within 8-bit quantization's error of the spread of the contributions (values 1..97)
+                if want is None or abs(float(words[4]) - want) > 1.0:
+                    wrong += 1
+                    continue
                 by_round.setdefault(int(words[1]), []).append(float(words[3]))
             elif line.startswith("round "):
                 failed += 1
     rounds = [t for ts in by_round.values() for t in ts]
-    errors = [line for p in [*peers, public] for line in p.lines if "Error" in line][:10]
-    return {"rounds_ok": len(rounds), "rounds_failed": failed,
+    errors = [line for p in peers for line in p.lines if "Error" in line][:10]
+    return {"rounds_ok": len(rounds), "rounds_failed": failed, "rounds_wrong": wrong, "expected_mean": want,
             "averaging_s_median": statistics.median(rounds) if rounds else None,
             "averaging_s_last_member_median": statistics.median(min(ts) for ts in by_round.values()) if rounds
             else None, "per_round": {k: sorted(v) for k, v in sorted(by_round.items())}, "errors": errors}
@@ -269,12 +277,13 @@ def report(out: dict[str, Any]) -> str:
                   f"{e['all_hashes_agree']}; errors: {len(e['errors'])}"]
     h = out.get("hivemind")
     if h:
-        lines += ["", "hivemind 1.1.12: DecentralizedAverager, Uniform8BitQuantization, a full averager on the public "
-                  "segment (weight 0), the sites' in client mode"]
+        lines += ["", "hivemind 1.1.12: DecentralizedAverager, Uniform8BitQuantization; site 0's peer (no NAT) a full "
+                  "averager that reduces every part, the other sites' in client mode"]
         if "error" in h:
             lines.append(f"  {h['error']}")
         else:
-            lines += [f"  rounds ok {h['rounds_ok']}, failed {h['rounds_failed']}; averaging median "
+            lines += [f"  rounds right {h['rounds_ok']}, failed {h['rounds_failed']}, returned a wrong average "
+                      f"{h.get('rounds_wrong', 0)}; averaging median "
                       f"{_s(h['averaging_s_median'])}, last member's {_s(h['averaging_s_last_member_median'])}"]
     if e and h and h.get("averaging_s_last_member_median") and e.get("averaging_s_last_member_median"):
         lines.append(f"\neRDMA / hivemind, averaging time per outer step (last member's, median): "

@@ -75,10 +75,14 @@ def decentralized_section(text: str) -> list[str]:
             "(symmetric) ones; every site's link capped at the rate given, no delay added (no netem here). TCP "
             "through the NATs where a pair meets, QUIC (direct, or through coturn) where it cannot. The peer at site "
             "1 is SIGKILLed after an outer step, and a newcomer starts later behind the symmetric NAT. hivemind "
-            "1.1.12's averager runs in the same bed at the same size with 8-bit quantization; its peers behind "
-            "NATs need a full averager with a public address (it aggregates everything). The averaging time of a "
-            "step is what the member that came to it last spent in the allreduce (the others also waited for its "
-            "inner steps); hivemind's is its `step` call, matchmaking included, of the peer that spent least.",
+            "1.1.12's averager runs in the same bed at the same size with 8-bit quantization, one peer per site: "
+            "site 0's (no NAT) is a full averager, so it reduces every part (hivemind puts a peer behind a NAT in "
+            "client mode, which aggregates nothing), behind the same capped link as eRDMA's site-0 peer. A hivemind "
+            "round counts only when its average is right (the benchmark checks each peer's mean against the mean of "
+            "the contributions). "
+            "The averaging time of a step is what the member that came to it last spent in the allreduce (the "
+            "others also waited for its inner steps); hivemind's is its `step` call, matchmaking included, of the "
+            "peer that spent least.",
             text)
 
 

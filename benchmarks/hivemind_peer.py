@@ -1,13 +1,22 @@
 """One hivemind 1.1.12 peer of ``benchmarks.decentralized``: averages a float32 tensor of ``--size`` elements with
 ``DecentralizedAverager`` and 8-bit quantization (``Uniform8BitQuantization``), ``--rounds`` times, and prints
-``round K ok SECONDS`` (the time of ``step``, matchmaking included) or ``round K failed``.
+``round K ok SECONDS MEAN`` (the time of ``step``, matchmaking included, and the mean of the averaged tensor)
+or ``round K failed``; first ``value V``, the mean of what this peer contributes. The caller checks each
+round's MEAN against the mean of the contributions: hivemind's reducer goes on without a sender whose part it
+could not read (it logs "Reducer: received N% of input tensors"), so a round that returns is not a right one.
 
-    python benchmarks/hivemind_peer.py --public --host 198.51.100.1 --size N --rounds R --group G
+    python benchmarks/hivemind_peer.py --public --host 198.51.100.10 --size N --rounds R --group G
     python benchmarks/hivemind_peer.py --initial-peers MADDR[,MADDR] --size N --rounds R --group G
 
-``--public``: the DHT's first node and a full averager (it accepts connections, so it takes the parts of the
-all-reduce: peers behind NATs run in client mode and aggregate nothing) that contributes weight 0; it prints
-``maddrs ...`` for the others. Run with a Python that has hivemind (its own venv: it pins torch and protobuf)."""
+``--public``: a peer with a public address, the DHT's first node and a full averager (it accepts connections, so
+it takes the parts of the all-reduce: peers behind NATs run in client mode and aggregate nothing); it prints
+``maddrs ...`` for the others. Every peer contributes with weight 1.
+
+Run with a Python that has hivemind and numpy < 2 (its own venv; hivemind 1.1.12's 8-bit codec reads its header
+with ``int(np.frombuffer(..., count=1))``, which numpy 2 refuses, and the reducer then drops every part sent to it):
+
+    python3 -m venv /tmp/hmvenv && /tmp/hmvenv/bin/pip install hivemind==1.1.12 "numpy<2"
+"""
 
 from __future__ import annotations
 
@@ -40,18 +49,29 @@ def main() -> int:
         averaged_tensors=[tensor], dht=dht, prefix="decentralized-bench", target_group_size=args.group,
         min_group_size=args.group, min_matchmaking_time=args.matchmaking, request_timeout=1.0,
         client_mode=not args.public, compression=Uniform8BitQuantization(), start=True)
-    value = 0.0 if args.public else float(hash(dht.peer_id) % 97 + 1)
+    # a spread around a level of this peer's (a constant tensor has no spread for the 8-bit codec's scale)
+    level = float(hash(dht.peer_id) % 97 + 1)
+    mine = level + torch.randn(args.size, generator=torch.Generator().manual_seed(int(level)), dtype=torch.float32)
+    value = float(mine.double().mean())
+    print(f"value {value:.6f}", flush=True)
     for k in range(args.rounds):
         with averager.get_tensors() as tensors:
-            tensors[0].fill_(value)
+            tensors[0].copy_(mine)
         t0 = time.monotonic()
         try:
-            got = averager.step(weight=0.0 if args.public else 1.0, timeout=300.0)
+            got = averager.step(weight=1.0, timeout=300.0)
         except Exception as exc:  # a failed round is reported, not fatal
             print(f"round {k} failed {type(exc).__name__}: {exc}", flush=True)
             continue
         took = time.monotonic() - t0
-        print(f"round {k} {'ok' if got is not None else 'failed'} {took:.4f}", flush=True)
+        if got is None:
+            print(f"round {k} failed (no group)", flush=True)
+            continue
+        with averager.get_tensors() as tensors:
+            mean = float(tensors[0].double().mean())
+        print(f"round {k} ok {took:.4f} {mean:.6f}", flush=True)
+    if args.public:  # its step returns before every client has its averaged parts: let them arrive
+        time.sleep(10.0)
     averager.shutdown()
     dht.shutdown()
     return 0

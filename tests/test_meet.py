@@ -184,3 +184,42 @@ def test_a_listening_address_the_traversal_overrides_is_refused(tmp_path, key, v
                                    connect_timeout=2.0, secret=SECRET, tcp_socket=tr.tcp_socket,
                                    candidates=tr.candidates))
     t.close()
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair()
+
+
+def test_a_connection_from_an_unpublished_port_is_a_lower_ranks_meeting_only_when_its_host_is_that_ranks_alone():
+    """A NAT that maps each destination anew sends a lower rank's SYN from a port it never published: the listener
+    gives it to that rank's meeting by host, as a peer-reflexive candidate, only once every peer's candidates are
+    known and no other peer is published at that host; otherwise the acceptor takes it (as before)."""
+    arrivals = meet.Arrivals(peers=3)
+    arrivals.expect(0, [Candidate("10.0.0.5", 4000), Candidate("203.0.113.7", 4000, "srflx")])
+    arrivals.expect(1, [Candidate("10.0.1.5", 4000), Candidate("203.0.113.8", 4000, "srflx")])
+    a, b = _pair()
+    assert not arrivals.divert(a, ("203.0.113.7", 51234))  # rank 3 not known yet: it may be there too
+    arrivals.known(3, [Candidate("198.51.100.9", 4000), Candidate("203.0.113.9", 7000, "relay")])
+    assert arrivals.divert(a, ("203.0.113.7", 51234))
+    got = arrivals.take(0)
+    assert got is not None and got[1] == Candidate("203.0.113.7", 51234, "prflx")
+    assert arrivals.take(0) is None
+    assert arrivals.divert(b, ("203.0.113.8", 4000))  # a published port: that rank's, as before
+    assert arrivals.take(1) == (b, Candidate("203.0.113.8", 4000, "srflx"))
+    c, d = _pair()
+    assert not arrivals.divert(c, ("203.0.113.9", 50000))  # rank 3 is higher (it dials), and only its relay is there
+    assert not arrivals.divert(c, ("198.51.100.9", 50000))  # a higher rank's host: the acceptor's
+    for s in (a, b, c, d):
+        s.close()
+
+
+def test_two_peers_behind_one_nat_leave_an_unpublished_port_to_the_acceptor():
+    arrivals = meet.Arrivals(peers=2)
+    arrivals.expect(0, [Candidate("203.0.113.7", 4000, "srflx")])
+    arrivals.known(2, [Candidate("203.0.113.7", 4100, "srflx")])  # a higher rank behind the same NAT
+    a, b = _pair()
+    assert not arrivals.divert(a, ("203.0.113.7", 51234))  # rank 0's, or rank 2 dialling: not guessed
+    assert arrivals.divert(a, ("203.0.113.7", 4000))
+    assert arrivals.take(0) == (a, Candidate("203.0.113.7", 4000, "srflx"))
+    a.close()
+    b.close()

@@ -67,7 +67,8 @@ def choose(bind_address: str, interface: str, towards: str | None) -> tuple[str,
 
 class Candidate(NamedTuple):
     """One address a rank can be reached at, as a traversal offers it: ``kind`` is ``host`` (its own
-    interface), ``srflx`` (its NAT's mapping, server-reflexive) or ``relay`` (an allocation on a TURN server)."""
+    interface), ``srflx`` (its NAT's mapping, server-reflexive) or ``relay`` (an allocation on a TURN server);
+    ``prflx`` (peer-reflexive) names an address a peer's connection came from that no candidate published."""
 
     host: str
     port: int

@@ -56,7 +56,8 @@ class TransportContext:
     # returns the peers both ends connected; it keeps those and closes the rest. None: every peer is required
     open_udp: Callable[[], Any] | None = None  # the traversal's ``udp_socket``, not yet called: for a transport that
     # needs the datagram socket only for some pairs (``paired``), which calls it when it does
-    publish_paths: bool = True  # publish ``paths/RANK`` for erdma doctor (``paired`` publishes its own)
+    publish_paths: bool | Callable[[], None] = True  # publish ``paths/RANK`` for erdma doctor; False: not; a
+    # callable (``paired``, which publishes the job's): not, but call it when a peer's path changes mid-job
 
 
 FAILED_PREFIX = "erdma/failed/"  # a store that cleans up what it wrote at close keeps these: the others read them

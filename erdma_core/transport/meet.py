@@ -11,6 +11,7 @@ import errno
 import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -94,36 +95,65 @@ def meet(local: tuple[str, int], plan: list[Candidate], wait: float, deadline: f
 
 
 class Arrivals:
-    """Connections a meeting port's listener took from lower ranks' published addresses: each is that rank's
-    meeting (this rank, the higher, dials it), not one for the acceptor (``divert``, as ``accept.Gate``
-    asks). At most one waits per rank; an older one is stale and dropped."""
+    """Connections a meeting port's listener took from lower ranks: each is that rank's meeting (this rank, the
+    higher, dials it), not one for the acceptor (``divert``, as ``accept.Gate`` asks). A connection is a lower
+    rank's when it comes from one of its published addresses, or, from a NAT that maps each destination to a
+    new port (so from no published port), from a host that only that rank's candidates name among every peer's
+    (``known``); the acceptor takes the rest. At most one waits per rank; an older one is stale and dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, peers: int = 0) -> None:
         self._at: dict[tuple[str, int], tuple[int, Candidate]] = {}
         self._waiting: dict[int, list[tuple[socket.socket, Candidate]]] = {}
+        self._hosts: dict[str, set[int]] = {}  # candidate host -> the peers whose candidates name it
+        self._known: set[int] = set()
+        self._peers = peers  # how many peers this rank has: a host is one peer's only once all are known
+        self._lock = threading.Lock()
 
     def expect(self, peer: int, cands: list[Candidate]) -> None:
         """``peer`` (a lower rank) meets from ``cands``."""
-        self._at.update({(c.host, c.port): (peer, c) for c in cands})
-        self._waiting[peer] = []
+        with self._lock:
+            self._at.update({(c.host, c.port): (peer, c) for c in cands})
+            self._waiting[peer] = []
+        self.known(peer, cands)
+
+    def known(self, peer: int, cands: list[Candidate]) -> None:
+        """``peer``'s published candidates (any rank), for telling whose host a connection comes from."""
+        with self._lock:
+            self._known.add(peer)
+            for c in cands:
+                if c.kind != "relay":
+                    self._hosts.setdefault(c.host, set()).add(peer)
+
+    def _whose(self, source: tuple[str, int]) -> tuple[int, Candidate] | None:
+        found = self._at.get(source)
+        if found is not None:
+            return found
+        owners = self._hosts.get(source[0], set())
+        if len(self._known) < self._peers or len(owners) != 1:
+            return None  # another peer may be behind that host too: not this rank's to guess
+        (peer,) = owners
+        return (peer, Candidate(source[0], source[1], "prflx")) if peer in self._waiting else None
 
     def divert(self, sock: socket.socket, source: tuple[str, int]) -> bool:
-        found = self._at.get(source)
-        if found is None:
-            return False
-        waiting = self._waiting[found[0]]
-        while waiting:
-            drop(waiting.pop()[0])
-        waiting.append((sock, found[1]))
-        return True
+        with self._lock:
+            found = self._whose(source)
+            if found is None:
+                return False
+            waiting = self._waiting[found[0]]
+            while waiting:
+                drop(waiting.pop()[0])
+            waiting.append((sock, found[1]))
+            return True
 
     def take(self, peer: int) -> tuple[socket.socket, Candidate] | None:
         """The connection that arrived from ``peer``, once (None if none has)."""
-        waiting = self._waiting.get(peer)
-        return waiting.pop() if waiting else None
+        with self._lock:
+            waiting = self._waiting.get(peer)
+            return waiting.pop() if waiting else None
 
     def close(self) -> None:
         """Drop what nobody took."""
-        for waiting in self._waiting.values():
-            while waiting:
-                drop(waiting.pop()[0])
+        with self._lock:
+            for waiting in self._waiting.values():
+                while waiting:
+                    drop(waiting.pop()[0])

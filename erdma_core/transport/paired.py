@@ -61,7 +61,7 @@ class PairedTransport:
             try:
                 udp = ctx.open_udp() if ctx.open_udp is not None else ctx.udp_socket
                 second.connect(attrs.evolve(ctx, peers=rest, udp_socket=udp, tcp_socket=None, open_udp=None,
-                                            settle=None, publish_paths=False))
+                                            settle=None, publish_paths=lambda: self._publish(ctx)))
             except BaseException as exc:
                 first.abort(exc)
                 first.close()

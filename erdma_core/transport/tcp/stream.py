@@ -154,6 +154,7 @@ class SocketTransport(MessageTransport):
         listeners = [s for s, _ in listening]
         met: dict[int, tuple[socket.socket, bytes, str]] = {}
         if self.meeting is not None:
+            self._arrivals = meet.Arrivals(self.world_size - 1)
             self.meeting[0].listen(BACKLOG)  # where no NAT filters, a peer's SYN arrives here
             listeners.append(self.meeting[0])
             self._learn_lower(ctx, deadline)  # before accepting: which connections come from a lower rank
@@ -269,6 +270,20 @@ class SocketTransport(MessageTransport):
             except Exception:  # it does not meet (listens and dials only): nothing arrives from it here
                 pass
 
+    def _know(self, ctx: TransportContext, peer: int, addrs: list[str]) -> None:
+        """Every host ``peer`` is published at (its meeting candidates and its addresses), so that the listener
+        can tell a lower rank's connection from a NAT that picked a new port for it (``meet.Arrivals``)."""
+        try:
+            cands = addresses.published_candidates(ctx.store, f"{self.key}/meet/{peer}", 0.5)
+        except Exception:  # it does not meet (listens and dials only)
+            cands = []
+        for a in addrs:
+            try:
+                cands += addresses.candidates(a)
+            except (ValueError, OSError):  # not HOST:PORT (a Unix socket's path)
+                pass
+        self._arrivals.known(peer, cands)
+
     def _meet_all(self, ctx: TransportContext, accepting: Acceptor, met: dict[int, tuple[socket.socket, bytes, str]],
                   deadline: float) -> None:
         """Every peer reached at once, each on a thread of its own (two ranks' handshakes never wait on a
@@ -281,6 +296,7 @@ class SocketTransport(MessageTransport):
         def reach(peer: int) -> None:
             try:
                 addrs = self._address_of(ctx, peer, deadline).split()
+                self._know(ctx, peer, addrs)
                 if any(self.nearby(a) for a in addrs):
                     if peer < self.rank:
                         sock, transcript = self._dial_peer(ctx, peer, lambda: self._connect(peer, addrs, deadline),

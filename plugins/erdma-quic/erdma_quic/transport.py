@@ -115,7 +115,7 @@ class QuicTransport(MessageTransport):
         self._relays: set[tuple[str, int]] = set()  # peers' addresses on a TURN relay (that this rank dials, or
         # that a peer behind TURN over TCP dials it from)
         self._store: Any = None  # where the paths are published (a traversal with candidates: erdma doctor reads them)
-        self._publishes = True  # whether they are (``ctx.publish_paths``)
+        self._publishes: bool | Callable[[], None] = True  # ``ctx.publish_paths``: whether they are, or who does
         self._sites: dict[int, str] = {}  # dialled peers' sites (``verdicts.site``)
         self._punches: dict[int, list[tuple[bytes, Any]]] = {}  # per dialling peer: what opens this rank's NAT to it
 
@@ -191,7 +191,7 @@ class QuicTransport(MessageTransport):
         if ctx.dial_plan is not None:
             self._store = ctx.store
             self._publishes = ctx.publish_paths
-            self._publish_paths()
+            self._publish_paths(changed=False)
             self._remember()
 
     def _punch(self, ctx: TransportContext, sock: socket.socket, deadline: float) -> None:
@@ -227,17 +227,20 @@ class QuicTransport(MessageTransport):
     def _published(ctx: TransportContext, peer: int, deadline: float) -> list[addresses.Candidate]:
         return addresses.published_candidates(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
 
-    def _publish_paths(self) -> None:
+    def _publish_paths(self, changed: bool = True) -> None:
         """Log how each peer is reached (a warning when one is relayed) and publish it as ``paths/RANK``
-        (``PEER HOST:PORT direct|relayed`` lines) for ``erdma doctor``."""
+        (``PEER HOST:PORT direct|relayed`` lines) for ``erdma doctor``; or, when a paired transport publishes
+        the job's paths (``ctx.publish_paths`` a callable), tell it that a path ``changed`` after set-up."""
         try:
             paths = self.paths()
             relayed = [r for r, p in paths.items() if p.endswith(" relayed")]
-            loud = relayed and self._publishes  # (a paired transport says it for the whole job)
+            loud = relayed and self._publishes is True  # (a paired transport says it for the whole job)
             (log.warning if loud else log.info)("rank %d: QUIC (%s) paths to its peers: %s", self.rank,
                                                    engine_name(self.opts), ", ".join(
                 f"rank {r} at {p}" for r, p in sorted(paths.items())))
-            if not self._publishes:  # a paired transport publishes the job's paths
+            if self._publishes is not True:  # a paired transport publishes the job's paths
+                if changed and callable(self._publishes):
+                    self._publishes()
                 return
             addresses.publish_paths(self._store, self.rank, paths)
         except Exception as exc:  # closing, or the store is gone: the log above is what is left
