@@ -4,6 +4,7 @@ the transport chosen. Nothing here resolves a name or touches the network (the f
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from urllib.parse import urlparse
 
@@ -38,10 +39,14 @@ def check_stun(config: Any, section: dict[str, Any]) -> None:
         if not (section["relay_user"] and section["relay_password"]):
             raise ConfigError("config key 'traversal.stun.relay': a TURN server needs traversal.stun.relay_user and "
                               "traversal.stun.relay_password (its long-term credentials)")
-    elif section.get("relay_over", "auto") == "tcp":
-        raise ConfigError("config key 'traversal.stun.relay_over': value 'tcp' needs traversal.stun.relay (a TURN "
-                          "server); set it, or relay_over = 'auto'")
-    elif section["relay_when"] == "always":
+    elif section.get("relay_over", "auto") in ("tcp", "tls"):
+        raise ConfigError(f"config key 'traversal.stun.relay_over': value {section['relay_over']!r} needs "
+                          "traversal.stun.relay (a TURN server); set it, or relay_over = 'auto'")
+    ca = section.get("relay_ca", "")
+    if ca and not os.path.isfile(ca):
+        raise ConfigError(f"config key 'traversal.stun.relay_ca': value {ca!r} is not a file; valid: a PEM file of the "
+                          "CA that signed the TURN server's certificate, or empty (the system's CAs)")
+    if section["relay_when"] == "always" and not section["relay"]:
         raise ConfigError("config key 'traversal.stun.relay_when': value 'always' needs traversal.stun.relay "
                           "(a TURN server); set it, or relay_when = 'fallback'")
     transport = config["transport.name"] if config is not None else None  # (None: a traversal outside a job)

@@ -27,9 +27,15 @@ OPTIONS = {
     "relay_user": Option(str, "", "the TURN server's long-term credential: user name"),
     "relay_password": Option(str, "", "the TURN server's long-term credential: password", secret=True),
     "relay_over": Option(str, "auto", "how this rank talks to the TURN server: udp; tcp (every peer through the "
-                         "relay, over one TCP connection to the server; for a site that drops UDP); auto (UDP, and TCP "
-                         "when the STUN server gives no answer over UDP within timeout)",
-                         choices=("auto", "udp", "tcp")),
+                         "relay, over one TCP connection to the server; for a site that drops UDP); tls (the same over "
+                         "TLS to relay_tls_port, the server's certificate checked against relay_ca; for a site that "
+                         "lets only TLS out); auto (UDP; TCP when the STUN server gives no answer over UDP within "
+                         "timeout; TLS when no TCP connection to the relay's port is made either)",
+                         choices=("auto", "udp", "tcp", "tls")),
+    "relay_tls_port": Option(int, 5349, "the TURN server's TLS port (coturn's tls-listening-port), on the relay's "
+                             "host: relay_over = 'tls', and 'auto' when TCP fails", minimum=1, maximum=65535),
+    "relay_ca": Option(str, "", "a PEM file of the CA (or CAs) that signed the TURN server's TLS certificate, which "
+                       "must name the relay's host; empty: the system's CAs"),
     "relay_when": Option(str, "fallback", "which paths go through the relay: those for which no direct candidate "
                          "answered within check_timeout (fallback), or every one (always)",
                          choices=("fallback", "always")),

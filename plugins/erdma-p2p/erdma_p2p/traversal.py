@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +64,8 @@ class StunTraversal:
         self.relay = server_address(section["relay"], "traversal.stun.relay") if section["relay"] else None
         self.always = section["relay_when"] == "always"
         self.relay_over = section.get("relay_over", "auto")
-        self.over_tcp = False  # every peer through the relay, over TCP to it (``_relay_over_tcp``)
+        self.over_tcp = False  # every peer through the relay, over TCP or TLS to it (``_relay_over_tcp``)
+        self.tls_port, self.ca = section.get("relay_tls_port", 5349), section.get("relay_ca", "")
         self.credentials = (section["relay_user"], section["relay_password"])
         self.mapped: stun.Mapped | None = None
         self.relayed: stun.Mapped | None = None  # the relay allocation's address
@@ -76,8 +78,8 @@ class StunTraversal:
     def udp_socket(self) -> socket.socket:
         """The data socket, bound, with its mapping learned (raises StunError naming the server within the
         timeout when no answer comes) and, with ``relay`` set, its relay allocation taken (TurnError)."""
-        if self.relay is not None and self.relay_over == "tcp":
-            return self._relay_over_tcp()
+        if self.relay is not None and self.relay_over in ("tcp", "tls"):
+            return self._relay_over_tcp(tls=self.relay_over == "tls")
         sock = self._bound(_udp, self.tcp_port)
         try:
             try:
@@ -106,27 +108,44 @@ class StunTraversal:
             sock.close()
             raise
 
-    def _relay_over_tcp(self) -> Any:
-        """The data socket as TURN over TCP (``turn_tcp``): one connection to the relay server, an allocation
-        taken over it, and every peer reached through the relayed address (TurnError, StunError or OSError
-        naming the server within the timeout when it cannot be had)."""
+    def _relay_over_tcp(self, tls: bool = False) -> Any:
+        """The data socket as TURN over TCP, or TLS (``turn_tcp``): one connection to the relay server (its TLS
+        port for TLS; with relay_over = 'auto', TLS when TCP cannot connect), an allocation taken over it, and
+        every peer reached through the relayed address (TurnError, StunError or OSError naming the server within
+        the timeout when it cannot be had)."""
         assert self.relay is not None
-        where = f"{self.relay[0]}:{self.relay[1]}"
+        server = (self.relay[0], self.tls_port) if tls else self.relay
+        where = f"{server[0]}:{server[1]}"
         try:
-            stream = TcpDatagrams.connect(self.relay, self.timeout)
+            stream = TcpDatagrams.connect(server, self.timeout, self._tls() if tls else None)
+        except ssl.SSLError as exc:
+            raise TurnError(f"TURN server {where}: its TLS certificate was not accepted (traversal.stun.relay_ca = "
+                            f"{self.ca or 'the system CAs'!r}): {exc}") from None
         except OSError as exc:
-            raise TurnError(f"TURN server {where}: no TCP connection within {self.timeout:.1f}s: {exc}") from None
+            if not tls and self.relay_over == "auto":
+                log.warning("TURN server %s: no TCP connection within %.1fs (%s); trying TLS on port %d", where,
+                            self.timeout, exc, self.tls_port)
+                return self._relay_over_tcp(tls=True)
+            raise TurnError(f"TURN server {where}: no {'TLS' if tls else 'TCP'} connection within "
+                            f"{self.timeout:.1f}s: {exc}") from None
         try:
-            self.sock = allocate(stream, self.relay, *self.credentials, self.timeout, direct=False)
+            self.sock = allocate(stream, server, *self.credentials, self.timeout, direct=False)
         except BaseException:
             stream.close()
             raise
         self.relayed, self.over_tcp = self.sock.client.relayed, True
         self.local_port = stream.getsockname()[1]
         assert self.relayed is not None
-        log.warning("relayed over TCP: every peer goes through the TURN server %s (relayed address %s:%d)", where,
-                    *self.relayed)
+        log.warning("relayed over %s: every peer goes through the TURN server %s (relayed address %s:%d)",
+                    "TLS" if tls else "TCP", where, *self.relayed)
         return self.sock
+
+    def _tls(self) -> ssl.SSLContext:
+        """What checks the TURN server's certificate: relay_ca's CAs (the system's when empty), the name of the
+        relay's host, TLS 1.2 at least."""
+        context = ssl.create_default_context(cafile=self.ca or None)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return context
 
     def udp_sockets(self, count: int) -> list[socket.socket]:
         """``count`` more data sockets for a transport that stripes (one per lane), each bound to a free port

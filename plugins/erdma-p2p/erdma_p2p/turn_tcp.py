@@ -1,5 +1,6 @@
-"""TURN over TCP (RFC 8656 section 3.1): the client talks to its TURN server over one TCP connection, and the
-server still relays UDP datagrams to the peers. For a site whose firewall drops UDP, this is the one way in.
+"""TURN over TCP and over TLS (RFC 8656 section 3.1): the client talks to its TURN server over one TCP
+connection, or one TLS connection whose server certificate it checks, and the server still relays UDP
+datagrams to the peers. For a site whose firewall drops UDP (or lets only TLS out), this is the one way in.
 
 ``TcpDatagrams`` makes that connection look like the UDP socket the TURN client's adapter (``relayed.py``)
 expects: ``sendto(message, server)`` writes one STUN message or ChannelData (padded to a multiple of 4 bytes, as
@@ -12,8 +13,11 @@ once.
 
 from __future__ import annotations
 
+import select
 import socket
+import ssl
 import struct
+import threading
 import time
 from typing import Any
 
@@ -42,10 +46,19 @@ class TcpDatagrams:
         self._timeout: float | None = None  # what ``settimeout`` asked (blocking reads wait this long)
         self._ended = False  # the server closed the connection (reported once through the error queue)
         self._told = False
+        self._tls = threading.Lock()  # one TLS object: never read and written by two threads at once
 
     @classmethod
-    def connect(cls, server: tuple[str, int], timeout: float) -> TcpDatagrams:
+    def connect(cls, server: tuple[str, int], timeout: float, tls: ssl.SSLContext | None = None) -> TcpDatagrams:
+        """A connection to ``server``; with ``tls``, a TLS one whose certificate names ``server``'s host
+        (ssl.SSLError when it does not, or its CA is not trusted), its handshake within ``timeout``."""
         sock = socket.create_connection(server, timeout=timeout)
+        try:
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=server[0])  # the handshake, within the timeout
+        except BaseException:
+            sock.close()
+            raise
         sock.settimeout(None)  # reads never block (MSG_DONTWAIT); a write that cannot leave fails after:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(SEND_TIMEOUT_S), 0))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -81,7 +94,11 @@ class TcpDatagrams:
             raise OSError(f"TURN over TCP reaches only its server {self.server[0]}:{self.server[1]}, not "
                           f"{addr[0]}:{addr[1]}")
         pad = b"\0" * (-len(data) % 4) if len(data) >= 1 and data[0] >> 6 == 1 else b""
-        self.sock.sendall(bytes(data) + pad)
+        if isinstance(self.sock, ssl.SSLSocket):
+            with self._tls:
+                self.sock.sendall(bytes(data) + pad)
+        else:
+            self.sock.sendall(bytes(data) + pad)
         return len(data)
 
     def recvfrom(self, size: int) -> tuple[bytes, tuple[str, int]]:
@@ -95,7 +112,7 @@ class TcpDatagrams:
             if self._ended:
                 raise BlockingIOError("the TURN server closed the connection")
             if self._timeout == 0.0:  # the transport's loop: no system call but the read
-                chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
+                chunk = self._read_now()
             else:  # the allocation's exchange, before the socket carries data
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -109,6 +126,22 @@ class TcpDatagrams:
                 self._ended = True
                 raise OSError("the TURN server closed the connection")  # the caller reads the error queue
             self._buf += chunk
+
+    def _read_now(self) -> bytes:
+        """What has arrived, without waiting (BlockingIOError: nothing). Over TLS, what the TLS layer holds
+        decrypted comes first (the descriptor does not show it), and a record not yet whole is nothing."""
+        if not isinstance(self.sock, ssl.SSLSocket):
+            return self.sock.recv(65536, socket.MSG_DONTWAIT)
+        with self._tls:
+            if not self.sock.pending() and not select.select([self.sock], [], [], 0)[0]:
+                raise BlockingIOError("nothing from the TURN server yet")
+            self.sock.setblocking(False)
+            try:
+                return self.sock.recv(65536)
+            except ssl.SSLWantReadError:
+                raise BlockingIOError("a TLS record from the TURN server is not whole yet") from None
+            finally:
+                self.sock.setblocking(True)
 
     def recvmsg(self, bufsize: int, ancbufsize: int = 0, flags: int = 0) -> Any:
         """The error queue: once the server has closed the connection, one error from the server's address."""

@@ -56,6 +56,12 @@ def test_tcp_with_a_relay_and_quic_as_the_fallback_is_a_valid_config():
     ({"traversal.stun.relay_when": "always"}, "config key 'traversal.stun.relay_when': value 'always' needs"),
     ({"traversal.stun.relay_over": "tcp"}, "config key 'traversal.stun.relay_over': value 'tcp' needs "
      "traversal.stun.relay"),
+    ({"traversal.stun.relay_over": "tls"}, "config key 'traversal.stun.relay_over': value 'tls' needs "
+     "traversal.stun.relay"),
+    ({"traversal.stun.relay_over": "dtls"}, "config key 'traversal.stun.relay_over': invalid value 'dtls'; valid "
+     "choices: auto, udp, tcp, tls"),
+    ({"traversal.stun.relay_ca": "/nonexistent/ca.pem"}, "config key 'traversal.stun.relay_ca': value "
+     "'/nonexistent/ca.pem' is not a file; valid: a PEM file of the CA"),
     ({"traversal.stun.server": "nohost"}, "config key 'traversal.stun.server': value 'nohost' is not HOST:PORT"),
     ({"transport.name": "quic", "security.secret": "s", "transport.quic.workers": 2,
       "traversal.stun.relay": "127.0.0.1:3478", "traversal.stun.relay_user": "u", "traversal.stun.relay_password": "p"},

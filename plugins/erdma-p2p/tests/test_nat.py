@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from erdma_p2p.lab import certs
 from erdma_p2p.lab.jobs import CONNECT_S, RELAY, TURN_HOSTS, run_job, wait_started
 from erdma_p2p.lab.natlab import RFC3489, STUN, NatLab, available
 
@@ -369,22 +370,70 @@ def test_a_direct_path_blocked_mid_job_falls_back_and_unblocked_is_used_again(tm
                      r"the pair moved there", said), said
 
 
-@pytest.mark.parametrize("over", ["auto", "tcp"])
+def test_a_paired_jobs_quic_pair_that_changes_path_mid_job_is_published_again(tmp_path):
+    """A TCP job with QUIC as the fallback, two masquerade sites whose routers drop TCP between them: the pair
+    goes to QUIC, direct. Then UDP between them is dropped too: QUIC falls back to the relay, and the job's
+    ``paths/RANK`` (which the paired transport writes, for erdma doctor) says so; lifted, the pair moves back,
+    and the allreduces go on exact throughout."""
+    with NatLab(2, tmp_path) as lab:
+        lab.block_direct(0, 1, "tcp")
+
+        def block_then_lift() -> None:
+            assert wait_started(tmp_path, 2) == [{"1": "direct"}, {"0": "direct"}]
+            lab.block_direct(0, 1, "udp")
+            relayed_path(tmp_path, 1)  # the paired transport published QUIC's new path
+            lab.unblock_direct(0, 1, "udp")
+
+        fast = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
+                "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TRANSPORT_QUIC_PATH_RECHECK": "1",
+                "ERDMA_TIMEOUTS_COLLECTIVE": "30", "JOB_PAUSE": "0.01"}
+        results = run_job(lab, tmp_path, iters=1500, count=1000, during=block_then_lift, **PAIRED, **fast)
+    for r in results:
+        assert r.get("wrong") == 0 and r["iters"] == 1500, r
+    assert transports(results) == {(0, 1): "QUIC", (1, 0): "QUIC"}, results
+    assert paths(results) == expect(2, set()), results  # back on the direct path
+    assert "the pair moved there" in results[1]["stderr"], results[1]["stderr"]
+
+
+@pytest.mark.parametrize("over", ["auto", "tcp", "tls", "auto-tls"])
 def test_a_site_that_drops_udp_joins_through_turn_over_tcp(tmp_path, over):
     """Site 1's router drops all UDP. With relay_over = "auto" its STUN question over UDP goes unanswered (2 s),
-    and it takes its relay allocation over TCP (with "tcp", at once); the pair runs through the relay, the
-    allreduces exact. Rank 0's side is as usual (UDP, its own relay unused)."""
-    env = RELAY | {"ERDMA_TRAVERSAL_STUN_TIMEOUT": "2", "ERDMA_TRAVERSAL_STUN_RELAY_OVER": over}
+    and it takes its relay allocation over TCP (with "tcp", at once; with "tls", over TLS to coturn's TLS port,
+    its certificate checked against the bed's CA; "auto-tls": auto at a site that also drops TCP to port 3478,
+    so TLS after TCP fails); the pair runs through the relay, the allreduces exact. Rank 0's side is as usual
+    (UDP, its own relay unused)."""
     with NatLab(2, tmp_path) as lab:
+        env = RELAY | {"ERDMA_TRAVERSAL_STUN_TIMEOUT": "2", "ERDMA_TRAVERSAL_STUN_RELAY_OVER": over.split("-")[0],
+                       "ERDMA_TRAVERSAL_STUN_RELAY_CA": str(lab.turn_ca)}
         lab.block_udp(1)
+        if over == "auto-tls":
+            lab.block_port(1, "tcp", 3478)
         results = run_job(lab, tmp_path, **env)
     for r in results:
         assert r.get("wrong") == 0 and r["iters"] == 20, r
     assert paths(results) == expect(2, {frozenset({0, 1})}), results
     said = results[1]["stderr"]
-    assert "relayed over TCP: every peer goes through the TURN server 198.51.100.1:3478" in said, said
-    assert ("no STUN answer" in said) == (over == "auto"), said
+    how = "TLS" if "tls" in over else "TCP"
+    port = 5349 if how == "TLS" else 3478
+    assert f"relayed over {how}: every peer goes through the TURN server 198.51.100.1:{port}" in said, said
+    assert ("no STUN answer" in said) == over.startswith("auto"), said
+    assert ("no TCP connection" in said) == (over == "auto-tls"), said
     assert results[1]["advertised"].endswith(" relay") and "," not in results[1]["advertised"], results[1]
+
+
+def test_turn_over_tls_refuses_a_server_whose_certificate_it_cannot_check(tmp_path):
+    """relay_over = "tls" with a CA that did not sign coturn's certificate: each rank fails at set-up, before it
+    allocates anything on that server, with a TurnError naming the server, the CA setting and the TLS error."""
+    certs.authority(tmp_path, "other-ca")
+    with NatLab(2, tmp_path) as lab:
+        lab.block_udp(1)
+        results = run_job(lab, tmp_path, **RELAY, ERDMA_TRAVERSAL_STUN_RELAY_OVER="tls",
+                          ERDMA_TRAVERSAL_STUN_RELAY_CA=str(tmp_path / "other-ca.pem"))
+    for r in results:
+        err = r.get("error", "")
+        assert err.startswith("TurnError: TURN server 198.51.100.1:5349: its TLS certificate was not accepted "
+                              f"(traversal.stun.relay_ca = '{tmp_path / 'other-ca.pem'}')"), r
+        assert "CERTIFICATE_VERIFY_FAILED" in err, r
 
 
 def test_a_rank_whose_pairs_all_meet_over_tcp_agrees_on_the_slow_links_with_the_others(tmp_path):
@@ -400,3 +449,15 @@ def test_a_rank_whose_pairs_all_meet_over_tcp_agrees_on_the_slow_links_with_the_
                                    for pair, how in expect(4, relayed).items()}, results
     assert results[0]["counters"]["transport.tcp.peers"] == 3 and "transport.quic.peers" not in results[0]["counters"]
     assert len({tuple(r["ring"]) for r in results}) == 1, results  # one ring order, agreed
+
+
+def test_a_lower_rank_behind_a_nat_that_maps_each_destination_anew_meets_a_public_one_over_tcp(tmp_path):
+    """Rank 0 behind a NAT that maps each destination to a new port, rank 1 public: rank 0's SYN reaches rank 1's
+    listener from a port rank 0 never published, and rank 1's SYN to rank 0's mapping is dropped. Rank 1 knows
+    the connection as rank 0's meeting by its host (no other peer is there) and dials the job's handshake on
+    it, so the pair runs on kernel TCP, not relayed (before, each end waited for the other to prove itself)."""
+    with NatLab(2, tmp_path, public=frozenset({1}), symmetric=frozenset({0})) as lab:
+        results = run_job(lab, tmp_path, **PAIRED)
+    assert [r.get("wrong") for r in results] == [0] * 2, results
+    assert paths(results) == expect(2, set()), results
+    assert transports(results) == {(0, 1): "TCP", (1, 0): "TCP"}, results

@@ -1,6 +1,7 @@
 """A NAT test bed from network namespaces: a public segment (a bridge in namespace ``pub``, 198.51.100.0/24)
 with coturn at 198.51.100.1:3478 (and .2, for the mapping test) serving STUN, and TURN for user ``TURN_USER``
-(long-term credentials; relayed addresses on the same segment), stund (RFC 3489, both addresses) at port
+(long-term credentials; relayed addresses on the same segment; also over TCP on 3478 and TLS on 5349, its
+certificate signed by a CA made at the start, ``NatLab.turn_ca``), stund (RFC 3489, both addresses) at port
 3490 for pystun3's classification, and sites:
 each a NAT router (WAN 198.51.100.1x, nftables masquerade, unsolicited inbound on the WAN dropped, as a home
 router does) with one private host behind it (10.<site>.0.2), or a host on the public segment itself.
@@ -17,9 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+from . import certs
+
 STUN = ("198.51.100.1", 3478)
 STUN_CHECK = ("198.51.100.2", 3478)  # the same coturn at its second address (erdma doctor's mapping test)
 TURN_USER, TURN_PASSWORD = "erdma", "relay-test-password"
+TURN_TLS_PORT = 5349  # coturn's TLS listener, its certificate signed by the bed's CA (``NatLab.turn_ca``)
 RFC3489 = (STUN[0], 3490)  # stund (Debian's stun-server), on both addresses: pystun3's classification
 
 
@@ -59,6 +63,7 @@ class NatLab:
         self.sites, self.tmp, self.symmetric, self.public = sites, tmp, symmetric, public
         self.namespaces: list[str] = []
         self.stun: subprocess.Popen[bytes] | None = None
+        self.turn_ca = tmp / "turn-ca.pem"  # the CA that signed coturn's TLS certificate (written at start)
 
     def ns(self, name: str) -> str:
         return f"{self.p}{name}"
@@ -125,11 +130,14 @@ class NatLab:
                 f"  chain inbound {{\n{guard.format('input')}  }}\n"
                 "}\n")
             sh("nft", "-f", str(rules), ns=router)
+        self.turn_ca = certs.write(self.tmp, STUN[0])  # coturn serves TURN over TLS too (TURN_TLS_PORT)
         self.stun = subprocess.Popen(
             ["ip", "netns", "exec", pub, "turnserver", "-L", STUN[0], "-L", STUN_CHECK[0], "-p", str(STUN[1]),
              "--lt-cred-mech", f"--user={TURN_USER}:{TURN_PASSWORD}", "--realm=erdma.test", "--no-cli",
              "--denied-peer-ip=10.0.0.0-10.255.255.255", "--no-multicast-peers",
-             "--no-tls", "--no-dtls", "--log-file", str(self.tmp / "turnserver.log"), "--simple-log",
+             f"--tls-listening-port={TURN_TLS_PORT}", f"--cert={self.tmp / 'turn-cert.pem'}",
+             f"--pkey={self.tmp / 'turn-key.pem'}", "--no-dtls", "--log-file", str(self.tmp / "turnserver.log"),
+             "--simple-log",
              "--pidfile", str(self.tmp / "turnserver.pid")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         subprocess.Popen(["ip", "netns", "exec", pub, "stund", "-h", STUN[0], "-a", STUN_CHECK[0], "-p", str(RFC3489[1]),
                           "-o", str(RFC3489[1] + 1)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -155,24 +163,33 @@ class NatLab:
             raise RuntimeError(f"erdma dht serve did not start: {line}")
         return f"{STUN[0]}:{port}"
 
-    def block_direct(self, a: int, b: int) -> None:
+    def block_direct(self, a: int, b: int, proto: str = "") -> None:
         """A firewall at site ``a``'s NAT router drops every packet between the two sites' public addresses
-        (the relay stays reachable). Both must be sites behind a NAT."""
+        (the relay stays reachable), or only those of ``proto`` ("tcp", "udp"). Both must be sites behind a NAT."""
         router = self.ns(f"r{a}")
+        only = ["meta", "l4proto", proto] if proto else []
         for match in ("daddr", "saddr"):
-            sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "ip", match, self.wan(b), "drop", ns=router)
+            sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "ip", match, self.wan(b), *only, "drop",
+               ns=router)
 
     def block_udp(self, site: int) -> None:
         """Site ``site``'s router drops every UDP packet it would forward, both ways (a site that allows TCP only)."""
         sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "meta", "l4proto", "udp", "drop",
            ns=self.ns(f"r{site}"))
 
-    def unblock_direct(self, a: int, b: int) -> None:
-        """Lift the firewall ``block_direct(a, b)`` put up at site ``a``'s router."""
+    def block_port(self, site: int, proto: str, port: int) -> None:
+        """Site ``site``'s router drops what it would forward to or from ``port`` over ``proto`` ("tcp", "udp")."""
+        for match in ("dport", "sport"):
+            sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", proto, match, str(port), "drop",
+               ns=self.ns(f"r{site}"))
+
+    def unblock_direct(self, a: int, b: int, proto: str = "") -> None:
+        """Lift the firewall ``block_direct(a, b, proto)`` put up at site ``a``'s router."""
         router = self.ns(f"r{a}")
         listed = sh("nft", "-a", "list", "chain", "ip", "erdmanat", "forward_guard", ns=router)
         for line in listed.splitlines():
-            if f" {self.wan(b)} drop" in line and "# handle " in line:
+            ours = f" {self.wan(b)} " in line and f" {proto} drop" in line if proto else f" {self.wan(b)} drop" in line
+            if ours and "# handle " in line:
                 sh("nft", "delete", "rule", "ip", "erdmanat", "forward_guard", "handle", line.rsplit(" ", 1)[1],
                    ns=router)
 
