@@ -99,14 +99,15 @@ class Arrivals:
     higher, dials it), not one for the acceptor (``divert``, as ``accept.Gate`` asks). A connection is a lower
     rank's when it comes from one of its published addresses, or, from a NAT that maps each destination to a
     new port (so from no published port), from a host that only that rank's candidates name among every peer's
-    (``known``); the acceptor takes the rest. At most one waits per rank; an older one is stale and dropped."""
+    (``known``: a higher rank not yet known may be there too, and then its dial fails one handshake and is
+    made again, whereas a lower rank's meeting left to the acceptor would wait out its whole check, both ends
+    waiting for the other to speak); the acceptor takes the rest. At most one waits per rank; an older one is
+    stale and dropped."""
 
-    def __init__(self, peers: int = 0) -> None:
+    def __init__(self) -> None:
         self._at: dict[tuple[str, int], tuple[int, Candidate]] = {}
         self._waiting: dict[int, list[tuple[socket.socket, Candidate]]] = {}
         self._hosts: dict[str, set[int]] = {}  # candidate host -> the peers whose candidates name it
-        self._known: set[int] = set()
-        self._peers = peers  # how many peers this rank has: a host is one peer's only once all are known
         self._lock = threading.Lock()
 
     def expect(self, peer: int, cands: list[Candidate]) -> None:
@@ -119,7 +120,6 @@ class Arrivals:
     def known(self, peer: int, cands: list[Candidate]) -> None:
         """``peer``'s published candidates (any rank), for telling whose host a connection comes from."""
         with self._lock:
-            self._known.add(peer)
             for c in cands:
                 if c.kind != "relay":
                     self._hosts.setdefault(c.host, set()).add(peer)
@@ -129,8 +129,8 @@ class Arrivals:
         if found is not None:
             return found
         owners = self._hosts.get(source[0], set())
-        if len(self._known) < self._peers or len(owners) != 1:
-            return None  # another peer may be behind that host too: not this rank's to guess
+        if len(owners) != 1:
+            return None  # another peer is behind that host too: not this rank's to guess
         (peer,) = owners
         return (peer, Candidate(source[0], source[1], "prflx")) if peer in self._waiting else None
 

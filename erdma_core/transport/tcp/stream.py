@@ -154,7 +154,7 @@ class SocketTransport(MessageTransport):
         listeners = [s for s, _ in listening]
         met: dict[int, tuple[socket.socket, bytes, str]] = {}
         if self.meeting is not None:
-            self._arrivals = meet.Arrivals(self.world_size - 1)
+            self._arrivals = meet.Arrivals()
             self.meeting[0].listen(BACKLOG)  # where no NAT filters, a peer's SYN arrives here
             listeners.append(self.meeting[0])
             self._learn_lower(ctx, deadline)  # before accepting: which connections come from a lower rank
