@@ -345,6 +345,12 @@ def test_a_rank_lost_on_one_transport_fails_the_ranks_that_reach_it_only_on_the_
         assert r["error"].startswith("PeerLostError: "), (rank, r)  # told of the loss, not timed out
 
 
+# a pair whose path breaks falls back within 2 s of silence, and checks its better path every second
+MOVES = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
+         "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TRANSPORT_QUIC_PATH_RECHECK": "1",
+         "ERDMA_TIMEOUTS_COLLECTIVE": "30", "JOB_PAUSE": "0.01"}
+
+
 def test_a_direct_path_blocked_mid_job_falls_back_and_unblocked_is_used_again(tmp_path):
     """Two sites behind masquerade NATs, a direct pair. A firewall between them mid-job: the pair falls back to
     the relay. The firewall lifted: the dialling rank's next check of the better path (path_recheck, 1 s here)
@@ -357,10 +363,7 @@ def test_a_direct_path_blocked_mid_job_falls_back_and_unblocked_is_used_again(tm
             relayed_path(tmp_path, 1)  # the idle timeout (2 s) ended the connection; the redial found the relay
             lab.unblock_direct(0, 1)
 
-        fast = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
-                "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TRANSPORT_QUIC_PATH_RECHECK": "1",
-                "ERDMA_TIMEOUTS_COLLECTIVE": "30", "JOB_PAUSE": "0.01"}
-        results = run_job(lab, tmp_path, iters=1500, count=1000, during=block_then_lift, **RELAY, **fast)
+        results = run_job(lab, tmp_path, iters=1500, count=1000, during=block_then_lift, **RELAY, **MOVES)
     for r in results:
         assert r.get("wrong") == 0 and r["iters"] == 1500, r
     assert paths(results) == expect(2, set()), results  # back on the direct path
@@ -384,10 +387,7 @@ def test_a_paired_jobs_quic_pair_that_changes_path_mid_job_is_published_again(tm
             relayed_path(tmp_path, 1)  # the paired transport published QUIC's new path
             lab.unblock_direct(0, 1, "udp")
 
-        fast = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
-                "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TRANSPORT_QUIC_PATH_RECHECK": "1",
-                "ERDMA_TIMEOUTS_COLLECTIVE": "30", "JOB_PAUSE": "0.01"}
-        results = run_job(lab, tmp_path, iters=1500, count=1000, during=block_then_lift, **PAIRED, **fast)
+        results = run_job(lab, tmp_path, iters=1500, count=1000, during=block_then_lift, **PAIRED, **MOVES)
     for r in results:
         assert r.get("wrong") == 0 and r["iters"] == 1500, r
     assert transports(results) == {(0, 1): "QUIC", (1, 0): "QUIC"}, results
