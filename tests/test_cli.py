@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 import textwrap
@@ -14,8 +15,8 @@ ERDMA = [sys.executable, "-m", "erdma_core.cli"]
 
 def erdma(*args, timeout=120, env_extra=None, **kw):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_") or k == "ERDMA_DISABLE_PLUGINS"}
-    return subprocess.run([*ERDMA, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env | (env_extra or {}), **kw)
+    kw.setdefault("capture_output", "stdout" not in kw)
+    return subprocess.run([*ERDMA, *args], text=True, timeout=timeout, env=env | (env_extra or {}), **kw)
 
 
 def script(tmp_path, text):
@@ -110,8 +111,37 @@ def test_bench_prints_validated_table():
     head = next(line for line in r.stdout.splitlines() if "size(B)" in line).split()
     assert head == ["#", "size(B)", "count", "type", "op", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong",
                     "maxerr"]
-    assert "[bench] erdma allreduce" in r.stderr
+    assert "[bench]" not in r.stderr and "[bench]" not in r.stdout  # no progress text where no terminal shows it
     assert "# backend: erdma  ranks: 2  transport: tcp  algorithm: auto  compression: none" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("piped", [False, True])
+def test_bench_shows_progress_only_when_its_output_is_on_a_terminal(piped):
+    """stdout and stderr on a terminal (a pty): progress is shown. stdout a pipe (``erdma bench | cat``), stderr
+    still the terminal: no progress, so nothing lands between the table's lines; stdout holds the table alone."""
+    master, slave = pty.openpty()
+    try:
+        r = erdma("bench", "-n", "2", "--sizes", "4K,64K", "--iters", "400", "--warmup", "1", "--small-iters", "400",
+                  stdout=subprocess.PIPE if piped else slave, stderr=slave)
+    finally:
+        os.close(slave)
+    shown = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and everything was read
+            break
+        if not data:
+            break
+        shown += data
+    os.close(master)
+    assert r.returncode == 0
+    assert (b"\r[bench] erdma allreduce 4K " in shown) == (not piped), shown
+    table = r.stdout if piped else shown.decode().replace("\r\n", "\n")
+    assert "busbw(GB/s)" in table, table
+    if piped:
+        lines = r.stdout.splitlines()
+        assert all(line.startswith("#") or line.split()[0].isdigit() for line in lines), r.stdout
 
 
 def test_bench_names_the_compressor_it_ran_with():

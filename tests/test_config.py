@@ -45,6 +45,18 @@ def test_file_then_env_then_argument(tmp_path, monkeypatch):
     assert conf["collectives.allreduce"] == "tree" and conf.sources["collectives.allreduce"] == "argument"
 
 
+def test_an_empty_environment_value_is_unset(tmp_path, monkeypatch):
+    """``ERDMA_COMPRESSION_NAME= cmd`` is as if the variable were not there: the file's value (or the default)
+    holds, and an empty variable of no known name is no error (a shell's way to unset it for one command)."""
+    path = write(tmp_path, '[collectives]\nallreduce = "ring"\n')
+    for var in ("ERDMA_COMPRESSION_NAME", "ERDMA_COLLECTIVES_ALLREDUCE", "ERDMA_TIMEOUT", "ERDMA_NO_SUCH_KEY"):
+        monkeypatch.setenv(var, "")
+    conf = load_config(path)
+    assert conf["collectives.allreduce"] == "ring" and conf.sources["collectives.allreduce"] == f"file {path}"
+    assert conf.sources["timeouts.collective"] == "default"
+    assert conf["compression.name"] == "none" and conf.sources["compression.name"] == "default"
+
+
 def test_erdma_toml_in_cwd_and_erdma_config(tmp_path, monkeypatch):
     write(tmp_path, '[collectives]\nalltoall = "sequential"\n')
     assert load_config()["collectives.alltoall"] == "sequential"

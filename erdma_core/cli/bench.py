@@ -231,6 +231,8 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
     rows = []
     p = backend.size
     shown = 0.0
+    # progress (on stderr) only when the output is a terminal too: `erdma bench | cat` shows the table alone
+    live = backend.rank == 0 and sys.stderr.isatty() and sys.stdout.isatty()
     for nbytes in sizes:
         n_iters = small_iters if small_iters and nbytes <= SMALL else iters
         n_warm = small_warmup if small_warmup is not None and nbytes <= SMALL else warmup
@@ -254,7 +256,7 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
             if i >= n_warm:
                 elapsed += took
                 cpu += cpu_took
-            if backend.rank == 0 and time.perf_counter() - shown > 0.5:  # now and then: a write skews the ranks
+            if live and time.perf_counter() - shown > 0.5:  # now and then: a write skews the ranks
                 shown = time.perf_counter()
                 sys.stderr.write(f"\r[bench] {backend.name} {op} {human(nbytes)} {i + 1}/{n_warm + n_iters}   ")
                 sys.stderr.flush()
@@ -267,7 +269,7 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
                      "max_err": float(backend.max_over_ranks(err)),  # largest |error| / largest |expected value|
                      "cpu_s_per_gb": cpu_per_gb,  # CPU seconds of all ranks per GB of the op's buffer
                      "setup": backend.describe(op) if hasattr(backend, "describe") else ""})
-    if backend.rank == 0:
+    if live:
         sys.stderr.write("\r" + " " * 60 + "\r")
     return rows
 

@@ -5,7 +5,8 @@ Environment rule: every key ``section.key`` (and ``section.sub.key``) can be set
 e.g. ``collectives.chunk_bytes`` <- ``ERDMA_COLLECTIVES_CHUNK_BYTES``. Shorthands (``SHORTHANDS``) set the
 most used keys in fewer letters; when a shorthand and the long name of the same key are both set, the long
 name wins, and if their values differ a ``ConfigWarning`` says so. Any other ``ERDMA_*`` variable must be
-declared by the core or a plugin (``erdma_register_environment``), else it is an error naming it.
+declared by the core or a plugin (``erdma_register_environment``), else it is an error naming it. A variable
+set to the empty string is unset.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def build(
     long_names = {env_name(k): k for k in options}
     declared = set(declared_env or ())
     from_env: dict[str, str] = {}  # key -> the variable that set it
-    for var in sorted(v for v in environ if v.startswith("ERDMA_")):  # shorthands first: long names win
+    # an empty value is unset (``ERDMA_COMPRESSION_NAME= cmd`` as ``unset``); shorthands first: long names win
+    for var in sorted(v for v in environ if v.startswith("ERDMA_") and environ[v] != ""):
         key = SHORTHANDS.get(var) or long_names.get(var)
         if key is None:
             if var in declared:

@@ -80,7 +80,7 @@ def settings(section: Mapping[str, Any], environ: Mapping[str, str] | None = Non
     environ = os.environ if environ is None else environ
     key = SECTION + ".nodes"
     text, where = section["nodes"], key
-    if "ERDMA_NACA_NODES" in environ:
+    if environ.get("ERDMA_NACA_NODES"):  # (empty: unset, as for every ERDMA_ variable)
         text, where = environ["ERDMA_NACA_NODES"], "ERDMA_NACA_NODES"
     nodes, addrs = parse_nodes(text, f"{where}={text!r}")
     admission = b""
