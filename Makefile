@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
+# the index torch is installed from; empty: pip's own configuration (its default index, or what the machine sets)
+TORCH_INDEX ?=
+TORCH  := 'torch==2.13.0'
+TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 .PHONY: demo test fuzz bench bench-quick lint clean
 
@@ -25,7 +29,8 @@ $(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS)) $(wildcard p
 	scripts/system-deps.sh test
 	if [ -f $(GUEST_BUILD) ] && [ "$$(id -u)" = 0 ] && command -v mmdebstrap > /dev/null; then \
 		nohup bash $(GUEST_BUILD) > $(VENV)/guest-build.log 2>&1 & fi
-	$(PIP) install -q -e '.[test]' 'torch==2.13.0' $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -q $(TORCH_FROM) $(TORCH)
+	$(PIP) install -q -e '.[test]' $(TORCH) $(addprefix -e ,$(PLUGINS))
 	touch $@
 
 ## demo: a 4-rank job on loopback with the embedded defaults; prints the allreduce table
@@ -44,7 +49,8 @@ fuzz: $(VENV)/.test
 
 $(VENV)/.bench: $(VENV)/.test
 	scripts/system-deps.sh bench
-	$(PIP) install -q -e '.[test,bench]' 'torch==2.13.0'
+	$(PIP) install -q $(TORCH_FROM) $(TORCH)
+	$(PIP) install -q -e '.[test,bench]' $(TORCH)
 	touch $@
 
 ## bench: eRDMA vs Gloo vs Open MPI on loopback and emulated WAN links; rewrites docs/benchmarks.md (root)
