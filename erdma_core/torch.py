@@ -403,6 +403,24 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         self.pg.abort()
 
 
+def counters(group: Any = None) -> dict[str, Any]:
+    """This rank's counters for a torch group of the erdma backend (None: the default group), as the eRDMA
+    group's ``counters()``: with a compressor, ``compression.<name>.encoded.messages``, ``.raw_bytes`` and
+    ``.wire_bytes`` (what went out for those), and the messages sent raw (``.small.*``, ``.skipped.*``,
+    ``.declined.*``); offloads' and a paired transport's counts. ValueError for a group of another backend."""
+    pg = dist.group.WORLD if group is None else group
+    if pg is None:
+        raise ValueError("erdma_core.torch.counters: no default process group (call init_process_group first)")
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except RuntimeError as exc:
+        raise ValueError(f"erdma_core.torch.counters: the group has no erdma backend: {exc}") from None
+    if not isinstance(backend, ErdmaProcessGroup):
+        raise ValueError(f"erdma_core.torch.counters: the group's backend is {dist.get_backend(pg)!r}, not "
+                         f"{BACKEND!r}")
+    return backend.pg.counters()
+
+
 def create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ErdmaProcessGroup:
     """torch.distributed's creator for "erdma" (also what the ``torch.backends`` entry point calls)."""
     return ErdmaProcessGroup(store, rank, size, timeout)

@@ -18,7 +18,7 @@ CORE = Path(erdma_core.__file__).parent
 # exports and below the front ends that use it.
 FLOORS: list[set[str]] = [
     {"protocol", "errors"},
-    {"config", "compression", "traversal", "algorithms"},
+    {"config", "compression", "traversal", "algorithms", "logs"},
     {"transport"},
     {"discovery"},
     {"plugins"},

@@ -33,6 +33,14 @@ def test_every_op_on_cuda_tensors():
     assert sorted(r.stdout.splitlines()) == ["[rank 0] OK", "[rank 1] OK"]
 
 
+def test_counters_reach_the_erdma_group_through_torch():
+    """``erdma_core.torch.counters(group=None)``: the default group's eRDMA counters, a subgroup's, and a
+    ValueError for a Gloo group or before ``init_process_group``."""
+    r = erdma_run(2, str(ROOT / "tests" / "torch_counters_script.py"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == ["[rank 0] OK", "[rank 1] OK"]
+
+
 def test_a_call_torch_waits_for_at_once_runs_on_the_callers_thread():
     """``dist.all_reduce(t)``: no hand-off to a runner thread and back (4 ranks on 2 cores: 4 KiB took
     ~880 us that way, ~225 us on the caller's thread); ``async_op=True`` still progresses on its own."""

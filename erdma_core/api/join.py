@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ import attrs
 
 from .. import config as cfg
 from ..engine import topology
-from ..engine.codecs import Codecs, parse_ops
+from ..engine.codecs import Codecs, applies, parse_ops
 from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, CollectiveError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
@@ -25,6 +26,8 @@ from ..transport.base import MessageTransport, TransportContext, failed_elsewher
 from ..transport.paired import PairedTransport
 from ..transport.tcp.stream import SocketTransport
 from .process_group import ProcessGroup
+
+log = logging.getLogger("erdma")
 
 _default: ProcessGroup | None = None
 LINGER_S = 2.0  # seconds a rank that serves the store and failed in set-up serves on, for the others to read why
@@ -169,6 +172,10 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
                  job=job, codecs=codecs)
     rt.slow_links = slow
     pg = ProcessGroup(rt, range(world_size), 0)
+    fallback = conf["transport.fallback"]
+    log.info("rank %d of %d: transport %s%s, allreduce %s, %s", rank, world_size, conf["transport.name"],
+             f" ({fallback} for the pairs it cannot connect)" if fallback != "none" else "",
+             conf["collectives.allreduce"], applies(codecs))
     _default = pg
     return pg
 

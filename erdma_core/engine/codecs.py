@@ -55,6 +55,16 @@ def parse_ops(value: str, lossy: bool) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def applies(codecs: Codecs) -> str:
+    """What compression does in this job, in words: which compressor, on which collectives, from what size."""
+    if codecs.sender is None:
+        return "no compression"
+    which = "every collective" if codecs.ops is None else ", ".join(sorted(codecs.ops))
+    how = "per message when it saves time on the link" if codecs.link_rate is not None else "every message"
+    return (f"compression {codecs.sender.name!r} ({'lossy' if codecs.lossy else 'lossless'}) on {which}: "
+            f"{how} of {codecs.min_bytes} bytes or more, smaller ones raw")
+
+
 QUIET_AFTER = 20  # collectives with a compressor configured and nothing encoded before ``Codecs.issued`` warns
 
 

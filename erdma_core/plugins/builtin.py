@@ -129,6 +129,8 @@ ENVIRONMENT = {
     "ERDMA_PLUGINS": "comma list: load only these external plugins (a name no installed plugin has is an error)",
     "ERDMA_DISABLE_PLUGINS": "comma list: do not load these plugins",
     "ERDMA_TRACE_PLUGINS": "1: log every hook call to stderr",
+    "ERDMA_DEBUG": "INFO, DEBUG, WARNING or ERROR: the library's log lines at that level and above on stderr, with "
+                   "no change to the program (as NCCL_DEBUG=INFO); empty: the program's logging decides",
 }
 
 

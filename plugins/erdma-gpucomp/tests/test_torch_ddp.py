@@ -4,6 +4,7 @@ parameter broadcast travels exact."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from erdma_gpucomp.device import absent, gpu_present
 torch = pytest.importorskip("torch")
 
 SCRIPT = textwrap.dedent('''
-    import hashlib, os, torch, torch.distributed as dist
+    import hashlib, json, os, torch, torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
     import erdma_core.torch  # noqa: F401
@@ -41,13 +42,14 @@ SCRIPT = textwrap.dedent('''
         x = torch.randn(1024, 32, generator=torch.Generator().manual_seed(9)).to(dev)
         held = nn.functional.mse_loss(model(x), x @ target).item()
     print(f"RESULT {rank} {start} {end} {held:.6f}", flush=True)
+    print("COUNTERS " + json.dumps(erdma_core.torch.counters()), flush=True)
     dist.destroy_process_group()
 ''')
 
 
-def job(tmp_path, codec: str, device: str = "cpu") -> list[tuple[str, str, float]]:
+def job(tmp_path, codec: str, device: str = "cpu", counted: list | None = None) -> list[tuple[str, str, float]]:
     """Two ranks train the same model with ``codec``, on ``device`` ("cuda": the model's tensors on the GPU,
-    and the int8 codec encodes there)."""
+    and the int8 codec encodes there); each rank's ``erdma_core.torch.counters()`` into ``counted``."""
     script = tmp_path / "ddp.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
@@ -57,6 +59,8 @@ def job(tmp_path, codec: str, device: str = "cpu") -> list[tuple[str, str, float
                           str(script)], capture_output=True, text=True, timeout=180, env=env)
     rows = sorted(line.split("RESULT ")[1].split() for line in out.stdout.splitlines() if "RESULT" in line)
     assert len(rows) == 2, out.stdout + out.stderr
+    if counted is not None:
+        counted += [json.loads(line.split("COUNTERS ", 1)[1]) for line in out.stdout.splitlines() if "COUNTERS" in line]
     return [(start, end, float(held)) for _, start, end, held in rows]
 
 
@@ -65,10 +69,15 @@ def job(tmp_path, codec: str, device: str = "cpu") -> list[tuple[str, str, float
 def test_int8_ddp_ranks_agree_and_train_like_uncompressed(tmp_path, device):
     """On "cuda" the model lives on the GPU: the torch backend stages its gradients through host memory and
     the int8 codec encodes each message on the GPU."""
-    plain, int8 = job(tmp_path, "none", device), job(tmp_path, "int8", device)
+    counted: list[dict] = []
+    plain, int8 = job(tmp_path, "none", device), job(tmp_path, "int8", device, counted)
     for rows in (plain, int8):
         assert rows[0][0] == rows[1][0]  # the parameter broadcast made every rank start alike
         assert rows[0][1] == rows[1][1]  # and they stay alike, bit for bit
     assert plain[0][0] == int8[0][0]  # the broadcast went raw: the same start as without compression
     assert plain[0][1] != int8[0][1]  # the gradients did not
     assert abs(int8[0][2] - plain[0][2]) <= 0.01 * plain[0][2], (int8[0][2], plain[0][2])
+    assert len(counted) == 2, counted  # what erdma_core.torch.counters() said on each rank
+    for c in counted:  # every gradient message encoded: a quarter of float32's bytes, and its scales
+        raw, wire = c["compression.int8.encoded.raw_bytes"], c["compression.int8.encoded.wire_bytes"]
+        assert c["compression.int8.encoded.messages"] >= 30 and 0.25 <= wire / raw <= 0.30, c
