@@ -192,13 +192,14 @@ def _pair() -> tuple[socket.socket, socket.socket]:
 
 def test_a_connection_from_an_unpublished_port_is_a_lower_ranks_meeting_only_when_its_host_is_that_ranks_alone():
     """A NAT that maps each destination anew sends a lower rank's SYN from a port it never published: the listener
-    gives it to that rank's meeting by host, as a peer-reflexive candidate, when no other peer known is published
-    at that host; otherwise the acceptor takes it (as before)."""
-    arrivals = meet.Arrivals()
+    gives it to that rank's meeting by host, as a peer-reflexive candidate, only once every peer's candidates are
+    known and no other peer is published at that host; otherwise the acceptor takes it (as before)."""
+    arrivals = meet.Arrivals(peers=3)
     arrivals.expect(0, [Candidate("10.0.0.5", 4000), Candidate("203.0.113.7", 4000, "srflx")])
     arrivals.expect(1, [Candidate("10.0.1.5", 4000), Candidate("203.0.113.8", 4000, "srflx")])
-    arrivals.known(3, [Candidate("198.51.100.9", 4000), Candidate("203.0.113.9", 7000, "relay")])
     a, b = _pair()
+    assert not arrivals.divert(a, ("203.0.113.7", 51234))  # rank 3 not known yet: it may be there too
+    arrivals.known(3, [Candidate("198.51.100.9", 4000), Candidate("203.0.113.9", 7000, "relay")])
     assert not arrivals.divert(a, ("192.0.2.1", 51234))  # nobody's host
     assert arrivals.divert(a, ("203.0.113.7", 51234))
     got = arrivals.take(0)
@@ -213,13 +214,17 @@ def test_a_connection_from_an_unpublished_port_is_a_lower_ranks_meeting_only_whe
         s.close()
 
 
-def test_two_peers_behind_one_nat_leave_an_unpublished_port_to_the_acceptor():
-    arrivals = meet.Arrivals()
-    arrivals.expect(0, [Candidate("203.0.113.7", 4000, "srflx")])
-    arrivals.known(2, [Candidate("203.0.113.7", 4100, "srflx")])  # a higher rank behind the same NAT
+def test_peers_on_one_host_leave_every_unpublished_port_to_the_acceptor():
+    """Ranks on one machine (or behind one NAT): a host names several peers, so nothing is guessed; a higher rank
+    dialling from its published port is the acceptor's too (it is not a lower rank's)."""
+    arrivals = meet.Arrivals(peers=2)
+    arrivals.expect(0, [Candidate("127.0.0.1", 4000, "srflx")])
     a, b = _pair()
-    assert not arrivals.divert(a, ("203.0.113.7", 51234))  # rank 0's, or rank 2 dialling: not guessed
-    assert arrivals.divert(a, ("203.0.113.7", 4000))
-    assert arrivals.take(0) == (a, Candidate("203.0.113.7", 4000, "srflx"))
+    assert not arrivals.divert(a, ("127.0.0.1", 4100))  # rank 2 not known yet
+    arrivals.known(2, [Candidate("127.0.0.1", 4100, "srflx")])
+    assert not arrivals.divert(a, ("127.0.0.1", 4100))  # rank 2's own address: it dials, the acceptor proves it
+    assert not arrivals.divert(a, ("127.0.0.1", 51234))  # rank 0's, or rank 2's: not guessed
+    assert arrivals.divert(a, ("127.0.0.1", 4000))
+    assert arrivals.take(0) == (a, Candidate("127.0.0.1", 4000, "srflx"))
     a.close()
     b.close()

@@ -19,6 +19,7 @@ from .addresses import Candidate
 
 Arrival = Callable[[], "tuple[socket.socket, Candidate] | None"]
 TICK = 0.05  # seconds between looks for a connection that arrived otherwise (set-up only)
+HELLO_S = 2.0  # a lower rank whose own connection reached a peer's listener waits this long for its handshake
 RETRY_S = (0.05, 0.5)  # after a reset (the peer's port is not open yet): first pause, longest pause
 _REFUSED = (errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT)
 
@@ -98,16 +99,18 @@ class Arrivals:
     """Connections a meeting port's listener took from lower ranks: each is that rank's meeting (this rank, the
     higher, dials it), not one for the acceptor (``divert``, as ``accept.Gate`` asks). A connection is a lower
     rank's when it comes from one of its published addresses, or, from a NAT that maps each destination to a
-    new port (so from no published port), from a host that only that rank's candidates name among every peer's
-    (``known``: a higher rank not yet known may be there too, and then its dial fails one handshake and is
-    made again, whereas a lower rank's meeting left to the acceptor would wait out its whole check, both ends
-    waiting for the other to speak); the acceptor takes the rest. At most one waits per rank; an older one is
-    stale and dropped."""
+    new port (so from no published port), from a host that only that rank's candidates name once every peer's
+    are known (``known``: until then, or where two peers share a host, as on one machine, the acceptor takes it,
+    and the lower rank, hearing nothing on it within ``HELLO_S``, connects again). At most one waits per rank;
+    an older one is stale and dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, peers: int = 0) -> None:
         self._at: dict[tuple[str, int], tuple[int, Candidate]] = {}
         self._waiting: dict[int, list[tuple[socket.socket, Candidate]]] = {}
         self._hosts: dict[str, set[int]] = {}  # candidate host -> the peers whose candidates name it
+        self._published: set[tuple[str, int]] = set()  # every known peer's candidates
+        self._known: set[int] = set()
+        self._peers = peers  # how many peers this rank has: a host is one peer's only once all are known
         self._lock = threading.Lock()
 
     def expect(self, peer: int, cands: list[Candidate]) -> None:
@@ -120,7 +123,9 @@ class Arrivals:
     def known(self, peer: int, cands: list[Candidate]) -> None:
         """``peer``'s published candidates (any rank), for telling whose host a connection comes from."""
         with self._lock:
+            self._known.add(peer)
             for c in cands:
+                self._published.add((c.host, c.port))
                 if c.kind != "relay":
                     self._hosts.setdefault(c.host, set()).add(peer)
 
@@ -129,8 +134,8 @@ class Arrivals:
         if found is not None:
             return found
         owners = self._hosts.get(source[0], set())
-        if len(owners) != 1:
-            return None  # another peer is behind that host too: not this rank's to guess
+        if source in self._published or len(self._known) < self._peers or len(owners) != 1:
+            return None  # a higher rank's address, or another peer may be behind that host: not this rank's to guess
         (peer,) = owners
         return (peer, Candidate(source[0], source[1], "prflx")) if peer in self._waiting else None
 

@@ -154,7 +154,7 @@ class SocketTransport(MessageTransport):
         listeners = [s for s, _ in listening]
         met: dict[int, tuple[socket.socket, bytes, str]] = {}
         if self.meeting is not None:
-            self._arrivals = meet.Arrivals()
+            self._arrivals = meet.Arrivals(self.world_size - 1)
             self.meeting[0].listen(BACKLOG)  # where no NAT filters, a peer's SYN arrives here
             listeners.append(self.meeting[0])
             self._learn_lower(ctx, deadline)  # before accepting: which connections come from a lower rank
@@ -409,8 +409,8 @@ class SocketTransport(MessageTransport):
             sock, addr = connect()
             hs = auth.Accepting(self._key, self.job, self.rank, self.world_size, range(peer, peer + 1),
                                 lambda rank, lane, lanes: None if lanes == 1 else auth.WRONG_LANES)
-            try:
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:  # the higher rank speaks first; silence (its listener took this for another): connect again
+                sock.settimeout(max(0.1, min(deadline - time.monotonic(), meet.HELLO_S)))
                 probe_idle(sock)
                 while hs.need:
                     sock.sendall(hs.feed(recv_exact(sock, hs.need)))
