@@ -119,8 +119,15 @@ def _async(opts: Any) -> bool:
     return getattr(opts, "asyncOp", True) is not False
 
 
+def _eager(method: Any) -> Any:
+    """A backend method torch.compile never traces: torch calls it from C++ (DDP's reducer, a collective in a
+    compiled function), and dynamo, still hooked into every Python frame there, would otherwise trace into
+    this Python ProcessGroup (an opaque object to it: "Member 'pg' is not registered")."""
+    return torch.compiler.disable(method, reason="the erdma backend runs its collectives eagerly")
+
+
 def _staged(method: Any) -> Any:
-    """Run the op on host copies of tensors that live on a device the transport cannot move."""
+    """Run the op on host copies of tensors that live on a device the transport cannot move (and eagerly)."""
 
     @functools.wraps(method)
     def op(self: ErdmaProcessGroup, *args: Any) -> Any:
@@ -133,7 +140,7 @@ def _staged(method: Any) -> Any:
             return method(self, *host_args)
         finally:
             self._local.staging = None
-    return op
+    return _eager(op)
 
 
 class ErdmaWork(dist.Work):
@@ -306,6 +313,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         op = _reduce_op(opts) if opts is not None else "sum"
         return self._work([self.pg.allreduce(t, op=op, async_op=_async(opts)) for t in tensors], tensors)
 
+    @_eager
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
@@ -363,6 +371,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         return self._work([self.pg.alltoall(output, input, list(output_split_sizes) or None,
                                             list(input_split_sizes) or None, async_op=_async(opts))], [output])
 
+    @_eager
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None,
                           input_split_sizes: list[int] | None, opts: Any = None) -> Any:
         return self.alltoall_base(output, input, output_split_sizes or [], input_split_sizes or [], opts)
@@ -383,6 +392,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         scatter_list = inputs[0] if self.pg.rank() == root else None
         return self._work([self.pg.scatter(outputs[0], scatter_list, src=root, async_op=_async(opts))], outputs)
 
+    @_eager
     def barrier(self, opts: Any = None) -> Any:
         return self._work([self.pg.barrier(async_op=_async(opts))], [])
 
