@@ -29,9 +29,9 @@ def test_core_layout_shows_the_layers():
     line are packages of their own; only the interfaces every layer shares sit at the top (before: 21 flat
     modules, one of them a setup.py holding init)."""
     core = ROOT / "erdma_core"
-    assert sorted(p.stem for p in core.glob("*.py")) == ["__init__", "compression", "errors", "sdk", "torch",
+    assert sorted(p.stem for p in core.glob("*.py")) == ["__init__", "compression", "errors", "logs", "sdk", "torch",
                                                          "torchft", "traversal"]  # (torch, torchft: the framework
-    # front ends; sdk: what plugins may use)
+    # front ends; sdk: what plugins may use; logs: ERDMA_DEBUG)
     assert sorted(p.name for p in core.iterdir() if (p / "__init__.py").is_file()) == [
         "algorithms", "api", "cli", "config", "discovery", "elastic", "engine", "plugins", "protocol", "testing",
         "transport"]
