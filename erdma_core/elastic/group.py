@@ -77,6 +77,7 @@ class ElasticGroup:
         self._admit = 0  # tickets the last committed step said to admit
         self.counters = {"epochs": 0, "aborted": 0, "admitted": 0, "lost": 0, "rejoined": 0}
         self.setup_s = 0.0  # how long the last epoch's ProcessGroup took to set up
+        self._was_up = False  # whether an epoch's group of this peer's ever came up
         self.liveness = None if beats is None else Liveness(beats, self.keys, self.id,
                                                             conf["elastic.liveness_timeout"])
 
@@ -228,11 +229,14 @@ class ElasticGroup:
             self.pg = init_with_store(prefix, index, len(record.members), self.conf)
             prefix.settle()
             self.setup_s = time.monotonic() - started
+            self._was_up = True
         except ErdmaError as exc:
             # a member that died before the epoch was up: the others fail their set-up too, and vote so
             log.warning("elastic: epoch %d set-up failed on %s: %s", record.epoch, self.name, exc)
-            if isinstance(exc, UnreachableError) and old is None and record.epoch > 1 \
-                    and not record.members[index].has_state:  # a newcomer (not a founder)
+            # a newcomer (not a founder) whose group never came up: its first epoch may have been called off
+            # by a member that failed first, so "first" means never up, not the first epoch it was put in
+            if isinstance(exc, UnreachableError) and not self._was_up and record.epoch > 1 \
+                    and not record.members[index].has_state:
                 self._decide(self._unreachable(record, index, exc), retry=False)  # votes itself out, raises
             outcome = self._decide(exc, not isinstance(exc, (ConfigError, AuthenticationError)))
             if outcome.commit:  # cannot happen: this member voted fail
