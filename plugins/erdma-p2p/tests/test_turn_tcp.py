@@ -49,7 +49,7 @@ def _server(tmp: Path, tls: bool, pieces: list[bytes], gap: float = 0.05) -> tup
     return listener.getsockname(), thread
 
 
-def _read_all(stream: TcpDatagrams, want: int, timeout: float = 5.0) -> list[bytes]:
+def _read_all(stream: TcpDatagrams, want: int, timeout: float = 30.0) -> list[bytes]:
     """Messages as the transport's loop reads them: non-blocking reads after the descriptor is readable."""
     stream.setblocking(False)
     got: list[bytes] = []

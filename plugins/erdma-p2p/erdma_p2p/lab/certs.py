@@ -19,15 +19,20 @@ def _name(text: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
 
 
+def _signed(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: ec.EllipticCurvePrivateKey,
+            extension: x509.ExtensionType, critical: bool) -> x509.Certificate:
+    """A certificate for ``subject``'s ``key``, valid from 5 minutes ago for 2 days, signed by ``signer``."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(extension, critical=critical).sign(signer, hashes.SHA256()))
+
+
 def authority(folder: Path, stem: str = "turn-ca") -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A new CA, its certificate written to ``folder/STEM.pem``."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(_name(stem)).issuer_name(_name(stem))
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = _signed(stem, key, _name(stem), key, x509.BasicConstraints(ca=True, path_length=0), True)
     (folder / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return key, cert
 
@@ -36,12 +41,8 @@ def write(folder: Path, ip: str) -> Path:
     """The CA and coturn's certificate and key for ``ip``, in ``folder``; the CA's file."""
     ca_key, ca = authority(folder)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(_name("turn")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = _signed("turn", key, ca.subject, ca_key,
+                   x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), False)
     (folder / "turn-cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (folder / "turn-key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                             serialization.PrivateFormat.TraditionalOpenSSL,
