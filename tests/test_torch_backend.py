@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,6 +90,19 @@ def test_ddp_erdma_matches_gloo_bit_for_bit(tmp_path):
     assert params["gloo"].keys() == params["erdma"].keys()
     for key in params["gloo"]:
         assert torch.equal(params["gloo"][key], params["erdma"][key]), key
+
+
+def test_the_ddp_example_learns_its_task():
+    """``examples/train_ddp.py`` as the README runs it (300 steps, 2 ranks): rank 0 prints the mean loss of
+    the first and the last 10 steps, and the last is at least 5x lower (before: 0.50 -> 0.496, the target
+    was nearly noise). Each rank's data differ, so the falling loss is the averaged gradients'."""
+    r = erdma_run(2, str(ROOT / "examples" / "train_ddp.py"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = re.search(r"backend=erdma world=2 steps=300 loss (\S+) -> (\S+) \((\S+)x lower\)", r.stdout)
+    assert found, r.stdout
+    start, end = float(found[1]), float(found[2])
+    assert start >= 5 * end, r.stdout
+    assert f"{start / end:.1f}" == found[3]
 
 
 # Four ranks: a gradient element is a sum of four floats, and Gloo and eRDMA add them in different orders
