@@ -8,8 +8,9 @@ their pseudo-gradients (how far the inner steps moved each shard) across sites a
     ERDMA_COMPRESSION_NAME=int8 erdma run -n 4 -- python examples/multisite.py  # ... sending int8
     erdma run -n 4 -- python examples/multisite.py --cross-backend gloo         # the same job all on Gloo
 
-Ranks 0..k-1 are site 0, k..2k-1 site 1, and so on. Rank 0 prints one JSON line: the held-out loss before
-and after, a hash of the final parameters and the bytes this rank's cross-site collectives sent.
+Ranks 0..k-1 are site 0, k..2k-1 site 1, and so on. Rank 0 prints the bytes each site sent to the others,
+with and without compression, then one JSON line: the held-out loss before and after, a hash of the final
+parameters and the bytes every rank's cross-site collectives sent.
 """
 
 from __future__ import annotations
@@ -99,11 +100,17 @@ def main() -> None:
                 s.copy_(a)
     after = evaluate()
     digest = hashlib.sha256(b"".join(a.numpy().tobytes() for a in anchor))
-    total = torch.tensor([cross_bytes(cross, raw), raw], dtype=torch.int64)
-    dist.all_reduce(total)  # over every rank: each sends its shards' share
+    mine = torch.tensor([cross_bytes(cross, raw), raw], dtype=torch.int64)
+    every = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(every, mine)  # what each rank's cross-site collectives sent
+    total = torch.stack(every).sum(dim=0)
     if rank == 0 and args.out:
         torch.save(anchor, args.out)
     if rank == 0:
+        for s in range(args.sites):  # what left each site, and what it would have been uncompressed
+            sent, plain = (int(x) for x in torch.stack(every[s * per_site:(s + 1) * per_site]).sum(dim=0))
+            print(f"site {s} sent {sent / 1e6:.2f} MB to the other sites ({plain / 1e6:.2f} MB uncompressed, "
+                  f"{sent / plain:.2f}x)", flush=True)
         print(json.dumps({"cross_backend": args.cross_backend, "loss_before": before, "loss_after": after,
                           "params": digest.hexdigest(), "cross_site_bytes": int(total[0]),
                           "pseudo_gradient_bytes": int(total[1])}), flush=True)

@@ -152,7 +152,7 @@ def test_bench_names_the_compressor_it_ran_with():
     fp16 = {"ERDMA_COMPRESSION_NAME": "fp16", "ERDMA_DISABLE_PLUGINS": ""}
     r = erdma(*args, "--rtol", "0.01", env_extra=fp16)
     assert r.returncode == 0, r.stderr
-    assert "transport: tcp  algorithm: ring  compression: fp16 (from 65536 bytes, ops auto)" in r.stdout, r.stdout
+    assert "transport: tcp  algorithm: ring  compression: fp16 (from 1024 bytes, ops auto)" in r.stdout, r.stdout
     # random data, which fp16 does not carry exactly: the error is reported, and counts as wrong without --rtol
     row = next(line.split() for line in r.stdout.splitlines() if line.strip().startswith("262144"))
     assert row[-2] == "0" and 1e-5 < float(row[-1]) < 1e-2, row

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,8 @@ def _run(tmp_path: Path, name: str, cross: str, **env: str) -> tuple[dict, list]
         if r.returncode == 0 or (line and GLOO_TEARDOWN_ABORT in r.stderr and attempt < 2 and out.exists()):
             break
     assert line is not None and out.exists(), (name, r.returncode, r.stderr[-3000:])
-    return json.loads(line[line.index("{"):]), torch.load(out)
+    sites = [x[x.index("site "):] for x in r.stdout.splitlines() if "site " in x and " sent " in x]
+    return json.loads(line[line.index("{"):]) | {"site_lines": sites}, torch.load(out)
 
 
 def test_multisite_outer_steps_on_erdma_equal_gloo_and_int8_stays_close(tmp_path):
@@ -43,11 +45,19 @@ def test_multisite_outer_steps_on_erdma_equal_gloo_and_int8_stays_close(tmp_path
     assert raw["cross_site_bytes"] == raw["pseudo_gradient_bytes"]  # uncompressed: each byte crosses once
     if importlib.util.find_spec("erdma_gpucomp") is None:
         pytest.skip("int8 comes with erdma-gpucomp, which is not installed (the uncompressed half passed)")
-    int8, int8_params = _run(tmp_path, "int8", "erdma", ERDMA_COMPRESSION_NAME="int8",
-                             ERDMA_COMPRESSION_MIN_BYTES="1024")
+    int8, int8_params = _run(tmp_path, "int8", "erdma", ERDMA_COMPRESSION_NAME="int8")  # the README's command
     # int8 with error feedback: the parameters stay within 2% (relative L2) of Gloo's, the loss within 10%
     diff = sum(float((a - b).norm() ** 2) for a, b in zip(int8_params, gloo_params, strict=True)) ** 0.5
     norm = sum(float(b.norm() ** 2) for b in gloo_params) ** 0.5
     assert diff / norm < 0.02, diff / norm
     assert abs(int8["loss_after"] - gloo["loss_after"]) < 0.1 * gloo["loss_after"], (int8, gloo)
     assert int8["cross_site_bytes"] < 0.3 * int8["pseudo_gradient_bytes"], int8
+    # the README's figures come from that command, with the default compression.min_bytes
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"int8 erdma run -n 4 -- python examples/multisite.py`\) .*?the sites exchanged (\S+)x the\s+"
+                     r"bytes \((\S+) MB instead of (\S+) MB", readme, re.S)
+    assert said, "README.md no longer gives the multisite figures"
+    sent, plain = int8["cross_site_bytes"], int8["pseudo_gradient_bytes"]
+    assert (f"{sent / plain:.2f}", f"{sent / 1e6:.2f}", f"{plain / 1e6:.2f}") == said.groups(), int8
+    assert int8["site_lines"] == [f"site {s} sent {sent / 2e6:.2f} MB to the other sites ({plain / 2e6:.2f} MB "
+                                  f"uncompressed, {sent / plain:.2f}x)" for s in range(2)], int8  # half each

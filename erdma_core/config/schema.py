@@ -44,7 +44,9 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
         "compression": {
             "name": Option(str, "none", "compressor applied to the messages of collectives",
                            choices=lambda: names("compressor")),
-            "min_bytes": Option(int, 65536, "messages smaller than this (raw bytes) are sent raw", minimum=0),
+            "min_bytes": Option(int, 1024, "messages smaller than this (raw bytes) are sent raw (so DDP's buckets, "
+                                "FSDP's gradient shards and a small model's pseudo-gradients are compressed, and "
+                                "a bias of a few hundred floats may not be)", minimum=0),
             "ops": Option(str, "auto", "collectives whose messages are compressed: auto (a lossy compressor: the "
                           "reductions allreduce, reduce and reduce_scatter, which carry gradients, while parameters "
                           "and data travel raw; a lossless one: every collective), all, or a comma-separated list "
