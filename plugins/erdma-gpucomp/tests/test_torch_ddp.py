@@ -1,6 +1,8 @@
-"""A DDP training job under ``erdma run`` with ERDMA_COMPRESSION=int8: every rank ends with the same
-parameters, bit for bit, close to the uncompressed job's; with the default ``compression.ops`` the initial
-parameter broadcast travels exact."""
+"""A DDP training job, and an FSDP2 one, under ``erdma run`` with ERDMA_COMPRESSION=int8 and every other
+setting at its default: every rank ends with the same parameters, bit for bit, close to the uncompressed
+job's; every gradient message (DDP's buckets, FSDP's reduce-scatters of a layer's gradients) is encoded; with
+the default ``compression.ops`` the initial parameter broadcast (DDP) and the parameter all-gathers (FSDP)
+travel exact."""
 
 from __future__ import annotations
 
@@ -23,10 +25,18 @@ SCRIPT = textwrap.dedent('''
     dist.init_process_group("erdma")
     rank = dist.get_rank()
     dev = torch.device(os.environ["DDP_DEVICE"])
-    torch.manual_seed(rank)  # different on every rank: DDP's broadcast must make them equal
+    fsdp = os.environ["WRAP"] == "fsdp"
+    torch.manual_seed(0 if fsdp else rank)  # DDP: different on every rank, its broadcast must make them equal
     model = nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 1)).to(dev)
-    ddp = DDP(model, bucket_cap_mb=1)
-    digest = lambda: hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters()))
+    if fsdp:  # FSDP2, a layer at a time: its reduce-scatters send 16896 bytes, then 1028
+        from torch.distributed.fsdp import fully_shard
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        ddp = fully_shard(model)
+    else:
+        ddp = DDP(model, bucket_cap_mb=1)
+    full = lambda p: p.full_tensor() if fsdp else p
+    digest = lambda: hashlib.sha256(b"".join(full(p).detach().cpu().numpy().tobytes() for p in model.parameters()))
     start = digest().hexdigest()[:16]
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -47,13 +57,15 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def job(tmp_path, codec: str, device: str = "cpu", counted: list | None = None) -> list[tuple[str, str, float]]:
+def job(tmp_path, codec: str, device: str = "cpu", counted: list | None = None,
+        wrap: str = "ddp") -> list[tuple[str, str, float]]:
     """Two ranks train the same model with ``codec``, on ``device`` ("cuda": the model's tensors on the GPU,
-    and the int8 codec encodes there); each rank's ``erdma_core.torch.counters()`` into ``counted``."""
+    and the int8 codec encodes there), wrapped in ``wrap`` (ddp or fsdp); each rank's
+    ``erdma_core.torch.counters()`` into ``counted``."""
     script = tmp_path / "ddp.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}
-    env |= {"ERDMA_COMPRESSION": codec, "ERDMA_COMPRESSION_MIN_BYTES": "0", "DDP_DEVICE": device,
+    env |= {"ERDMA_COMPRESSION": codec, "DDP_DEVICE": device, "WRAP": wrap,
             "ERDMA_COMPRESSION_INT8_DEVICE": "cuda" if device == "cuda" else "cpu"}
     out = subprocess.run([sys.executable, "-m", "erdma_core.cli", "run", "-n", "2", "--", sys.executable,
                           str(script)], capture_output=True, text=True, timeout=180, env=env)
@@ -81,3 +93,22 @@ def test_int8_ddp_ranks_agree_and_train_like_uncompressed(tmp_path, device):
     for c in counted:  # every gradient message encoded: a quarter of float32's bytes, and its scales
         raw, wire = c["compression.int8.encoded.raw_bytes"], c["compression.int8.encoded.wire_bytes"]
         assert c["compression.int8.encoded.messages"] >= 30 and 0.25 <= wire / raw <= 0.30, c
+
+
+def test_int8_fsdp_compresses_each_layers_gradient_shards_by_default(tmp_path):
+    """FSDP2 reduce-scatters each layer's gradients (the first layer's 8448 floats: 16.5 KiB to the other
+    rank), under the 64 KiB that ``compression.min_bytes`` was before: nothing was encoded. Now each is, and
+    the ranks stay alike."""
+    counted: list[dict] = []
+    plain, int8 = job(tmp_path, "none", counted=None, wrap="fsdp"), job(tmp_path, "int8", counted=counted,
+                                                                          wrap="fsdp")
+    for rows in (plain, int8):
+        assert rows[0][0] == rows[1][0] and rows[0][1] == rows[1][1]  # alike at the start and the end
+    assert plain[0][0] == int8[0][0] and plain[0][1] != int8[0][1]  # the same start; the gradients compressed
+    assert abs(int8[0][2] - plain[0][2]) <= 0.02 * plain[0][2], (int8[0][2], plain[0][2])
+    assert len(counted) == 2, counted
+    for c in counted:  # 30 steps of two reduce-scatters, each message encoded; the all-gathers raw
+        raw, wire = c["compression.int8.encoded.raw_bytes"], c["compression.int8.encoded.wire_bytes"]
+        assert c["compression.int8.encoded.messages"] == 60 and raw == 30 * (16896 + 1028), c
+        assert 0.25 <= wire / raw <= 0.30 and "compression.int8.small.messages" not in c, c
+        assert c["compression.int8.uncovered.collectives"] >= 60, c  # FSDP's all-gathers, not compressed
