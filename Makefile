@@ -8,7 +8,7 @@ TORCH_INDEX ?=
 TORCH  := 'torch==2.13.0'
 TORCH_FROM := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: demo test fuzz bench bench-quick lint clean
+.PHONY: demo test check fuzz bench bench-quick lint clean
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,23 @@ test: $(VENV)/.test
 	scripts/system-deps.sh test
 	VENV=$(VENV) scripts/test-all.sh
 
+# the contributor's loop (CONTRIBUTING.md): a venv of its own with the core and its test tools only (no torch, no
+# plugins, no system packages, no root), then ruff, mypy and the core's tests that need nothing else
+CHECK_VENV ?= .venv-check
+CHECK_TESTS := $(addprefix tests/test_,$(addsuffix .py,config config_verdict wire mailbox serial schedules plans \
+	program topology progress progress_driver offload single_copy meet discovery leftovers layers docs bench_docs makefile))
+
+$(CHECK_VENV)/.check: pyproject.toml
+	$(PYTHON) -m venv $(CHECK_VENV)
+	$(CHECK_VENV)/bin/pip install -q -e '.[check]'
+	touch $@
+
+## check: ruff, mypy on erdma_core and the in-process core tests, in under a minute (CONTRIBUTING.md)
+check: $(CHECK_VENV)/.check
+	$(CHECK_VENV)/bin/ruff check .
+	$(CHECK_VENV)/bin/mypy erdma_core
+	$(CHECK_VENV)/bin/python -m pytest -q -p no:randomly $(CHECK_TESTS)
+
 ## fuzz: 100,000 new random inputs to every parser that reads a peer's bytes (make test runs a fixed 2,000)
 fuzz: $(VENV)/.test
 	ERDMA_FUZZ_EXAMPLES=100000 $(VENV)/bin/python -m pytest -q -p no:randomly -n $${TEST_WORKERS:-3} tests/test_fuzz.py
@@ -61,4 +78,4 @@ bench-quick: $(VENV)/.bench
 	QUICK=1 benchmarks/reproduce.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CHECK_VENV) build *.egg-info

@@ -160,7 +160,7 @@ class ErdmaWork(dist.Work):
         """``parts``: torch Works this one stands for (the ops of a coalesced block), finished with it."""
         super().__init__()
         self._parts = list(parts)
-        self._works = [w for p in self._parts for w in p._works] + list(works)
+        self._works: list[Any] = [w for p in self._parts for w in p._works] + list(works)
         self._result = result
         self._staging = staging
         self._restoring = threading.Lock()  # the copies back to the device run once, on whichever thread
@@ -241,10 +241,11 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on an eRDMA ProcessGroup."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # (torch 2.13 stubs name only the store form)
         conf = load_config()
         if conf.sources["timeouts.collective"] == "default":  # nothing configured: torch's timeout rules
-            conf = load_config(None, **{"timeouts.collective": timeout.total_seconds()})
+            torchs: dict[str, Any] = {"timeouts.collective": timeout.total_seconds()}
+            conf = load_config(None, **torchs)
         self.pg = init_with_store(TorchStore(store, os.environ.get("MASTER_ADDR")), rank, size, conf)
         self._local = threading.local()  # the staging of the op being issued on this thread
         for device in DEVICES:  # torch keeps no backends for a Python group: name the devices it serves
@@ -253,7 +254,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
-    def _get_backend(self, device: torch.device) -> ErdmaProcessGroup:
+    def _get_backend(self, device: torch.device) -> ErdmaProcessGroup:  # type: ignore[override]  # (a Python group)
         """This group is its own backend for every device it serves (DCP's ``async_save`` checks that the
         group serves "cpu"; torch's helpers such as ``_set_pg_timeout`` then ask for that device's backend)."""
         if torch.device(device).type not in DEVICES:
@@ -279,7 +280,7 @@ class ErdmaProcessGroup(dist.ProcessGroup):
         self.pg.name = f"{self.group_name} ({desc})" if desc else self.group_name
 
     @property
-    def group_name(self) -> str:
+    def group_name(self) -> str:  # type: ignore[override]  # (GroupName is a str)
         return getattr(self, "_erdma_group_name", "")
 
     # ---- Work plumbing ----------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def check_config(conf: cfg.Config, comps: Components) -> None:
     if conf["compression.name"] != "none":
         for op in sorted(compressed):
             name = conf.section("collectives").get(op)
-            algo = comps.algorithms.get(op, {}).get(name)
+            algo = comps.algorithms.get(op, {}).get(name or "")
             if algo is not None and algo.offload:
                 raise ConfigError(f"config key 'collectives.{op}': value {name!r} runs through an offload (plugin "
                                   f"{algo.plugin!r}), which compression.name={conf['compression.name']!r} cannot apply "

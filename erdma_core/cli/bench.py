@@ -184,7 +184,7 @@ def _values(rank: int, count: int, dtype: np.dtype) -> np.ndarray:
     return (values if dtype.kind in "iu" else values / 8).astype(dtype)
 
 
-def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _buffers(op: str, count: int, rank: int, p: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, Any]:
     """(template for out, input, expected out) for ``op`` on random data (``_values``)."""
     if op == "allreduce":
         return _values(rank, count, dtype), np.empty(0, dtype), sum(_values(r, count, dtype) for r in range(p))
@@ -228,7 +228,7 @@ def bench(backend: Any, op: str, sizes: list[int], dtype: np.dtype, iters: int, 
     longer than that, predicted from the sizes before (from the max over ranks: every rank stops alike).
     Data are random (``_values``). An element is wrong when it differs from its expected value (by more than
     ``rtol`` times the largest expected value); ``max_err`` is the largest such difference, relative."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     p = backend.size
     shown = 0.0
     # progress (on stderr) only when the output is a terminal too: `erdma bench | cat` shows the table alone

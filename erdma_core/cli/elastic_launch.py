@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..discovery.store import TCPStore
 from ..errors import ConfigError
@@ -62,7 +63,7 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
         port = port or free_port()
         store = TCPStore(host, port, is_server=True, timeout=10.0, secret=secret.encode())
         written = None if secret_file else _write_secret(secret, port)
-        path = secret_file or written
+        path = secret_file or written or ""
         where = f"{socket.gethostname() if host in ('', '0.0.0.0') else host}:{port}"  # what other machines dial
         sys.stderr.write(f"erdma run: elastic job's store on {where}; add a peer from another shell with\n"
                          f"  erdma run --join {where} --secret-file {path} -n 1 -- {' '.join(cmd)}\n")
@@ -117,7 +118,8 @@ def _replicated(url: str, secret: str, config: str | None) -> str:
         raise ConfigError(f"erdma run: --store {url!r}: valid: etcd://HOST:PORT[,HOST:PORT...]/PREFIX (an etcd "
                           "cluster; without --store this process serves the job's store)")
     where = f"{url.rstrip('/')}/{secrets.token_hex(6)}"
-    conf = load_config(config, **{"security.secret": secret})
+    secret_key: dict[str, Any] = {"security.secret": secret}
+    conf = load_config(config, **secret_key)
     open_store(where, conf).close()
     return where
 

@@ -31,7 +31,8 @@ def _check_config(path: str | None) -> None:
     from ..api.join import load_config
 
     given = os.environ.get("ERDMA_SECRET") or os.environ.get("ERDMA_SECURITY_SECRET")
-    load_config(path, **({} if given else {"security.secret": "(the one erdma run gives its ranks)"}))
+    assumed: dict[str, Any] = {} if given else {"security.secret": "(the one erdma run gives its ranks)"}
+    load_config(path, **assumed)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -43,11 +43,11 @@ class Option:
             raise ConfigError(
                 f"config key {key!r}: value {value!r} is a {type(value).__name__}, expected {self.type.__name__}"
             )
-        if self.type is float and not math.isfinite(value):
+        if self.type is float and not math.isfinite(value):  # type: ignore[arg-type]  # (a float: checked above)
             raise ConfigError(f"config key {key!r}: value {value!r} is not a finite number")
-        if self.minimum is not None and value < self.minimum:
+        if self.minimum is not None and value < self.minimum:  # type: ignore[operator]  # (int or float)
             raise ConfigError(f"config key {key!r}: value {value!r} is below the minimum {self.minimum!r}")
-        if self.maximum is not None and value > self.maximum:
+        if self.maximum is not None and value > self.maximum:  # type: ignore[operator]
             raise ConfigError(f"config key {key!r}: value {value!r} is above the maximum {self.maximum!r}")
         choices = self.valid_choices()
         if choices is not None and value not in choices:

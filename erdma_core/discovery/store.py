@@ -140,7 +140,7 @@ class _Server:
                 elif op == _CAS:
                     out = cas_apply(self.data, key, value)
                     self.cond.notify_all()
-                elif self.cond.wait_for(lambda k=key: k in self.data, timeout=timeout):
+                elif self.cond.wait_for(lambda k=key: k in self.data, timeout=timeout):  # type: ignore[misc]
                     out = self.data[key]
                 else:
                     status = 1

@@ -41,6 +41,8 @@ class CasStore(Protocol):
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...
 
+    def close(self) -> None: ...
+
 
 class ExcludedError(ErdmaError):
     """This peer was counted as dead by the others (it answered too late): it has to join again."""

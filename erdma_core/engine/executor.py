@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -226,8 +226,8 @@ def _grace(timeout: float) -> float:
     return min(10.0, max(1.0, timeout / 10))
 
 
-def _fields(exc: CollectiveError, op: Op) -> dict[str, object]:
-    fields: dict[str, object] = {"rank": op.rank, "op": op.name}
+def _fields(exc: CollectiveError, op: Op) -> dict[str, Any]:
+    fields: dict[str, Any] = {"rank": op.rank, "op": op.name}
     if hasattr(exc, "peer"):
         fields["peer"] = exc.peer
     return fields

@@ -52,7 +52,7 @@ class OffloadCall(NamedTuple):
     seq: int
     buffers: Mapping[str, np.ndarray]
     dtype: str
-    count: int
+    count: int  # type: ignore[assignment]  # (a field, shadowing tuple.count)
     reduce_op: ReduceOp | None
     root: int | None
     deadline: float

@@ -32,7 +32,7 @@ class Msg(NamedTuple):
     tag: int
     buf: str
     offset: int
-    count: int
+    count: int  # type: ignore[assignment]  # (a field, shadowing tuple.count)
     nbytes: int
     reduce: bool  # a receive combined into its target (it lands in scratch memory first)
     scratch: int  # a reducing receive: its offset in the step's scratch, in elements

@@ -275,7 +275,7 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
                 other = comps.codecs.get(cid)
                 if other is not None or cid == 0:
                     raise PluginError(f"compressor {name!r} of plugin {current['plugin']!r} has codec id {cid:#010x}, "
-                                      f"which {'is RAW' if cid == 0 else f'compressor {other.name!r} has'}; rename it")
+                                      f"which {'is RAW' if other is None else f'compressor {other.name!r} has'}; rename it")
                 comps.codecs[cid] = comp
             comps.by_kind[kind][name] = comp
         return register
@@ -332,9 +332,9 @@ def _hooks(plugin: Any) -> tuple[str, ...]:
 
 def _dist_of(ep: Any) -> str:
     """The distribution that declares entry point ``ep`` (stevedore's cached entry points lack ``dist``)."""
-    dist = getattr(ep, "dist", None)
-    if getattr(dist, "name", None):
-        return str(dist.name)
+    name = getattr(getattr(ep, "dist", None), "name", None)
+    if name:
+        return str(name)
     from importlib.metadata import distributions
 
     for d in distributions():

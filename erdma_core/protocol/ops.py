@@ -68,7 +68,7 @@ OPS: dict[str, OpInfo] = {op.name: op for op in (
     OpInfo(name="scatter", code=6, default="direct", sizes=_scatter),
     OpInfo(name="reduce_scatter", code=7, default="ring", reduces=True, sizes=lambda s: (s.count * s.size, s.count),
            bus_factor=lambda p: (p - 1) / p),
-    OpInfo(name="alltoall", code=8, default="pairwise", sizes=lambda s: (sum(s.send_counts), sum(s.recv_counts)),
+    OpInfo(name="alltoall", code=8, default="pairwise", sizes=lambda s: (sum(s.send_counts), sum(s.recv_counts)),  # type: ignore[attr-defined]
            bus_factor=lambda p: (p - 1) / p),
     OpInfo(name="barrier", code=9, default="dissemination", sizes=lambda s: (0, 0)),
     OpInfo(name="send", code=10),  # point to point (send/recv): no algorithm

@@ -256,4 +256,4 @@ class StreamReader:
         self._tail = 0
         if stream is not None:
             self._check.streamed(self._counter, stream, tag)  # type: ignore[union-attr,arg-type]
-        self.inbox.landed(token)
+        self.inbox.landed(token)  # type: ignore[arg-type]  # (set while a frame is landing)

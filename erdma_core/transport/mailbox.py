@@ -51,7 +51,7 @@ class _Early:
 
     __slots__ = ("data", "header", "landed", "lent", "waiter")
 
-    def __init__(self, header: Header, data: memoryview | bytearray | None, lent: Lent | None = None,
+    def __init__(self, header: Header, data: memoryview | None, lent: Lent | None = None,
                  landed: bool = False) -> None:
         self.header, self.data, self.landed, self.lent = header, data, landed or lent is not None, lent
         self.waiter: _Posted | None = None
@@ -319,7 +319,7 @@ class Mailbox:
             if seq < floor or (seq == floor and self._posted and any(k[1][0] == group for k in self._posted)):
                 return False
         self._hold_early(peer, h)
-        self._unexpected[key] = _Early(h, bytearray(payload), landed=True)
+        self._unexpected[key] = _Early(h, memoryview(bytearray(payload)), landed=True)  # small: never a spare
         return True
 
     def _hold_early(self, peer: int, h: Header) -> None:
@@ -392,6 +392,7 @@ class Mailbox:
             posted.req.complete(err or error)
             return
         if err is None:
+            assert early.data is not None  # held here: not lent
             if early.header.codec != RAW:
                 posted.req.encoded = (early.header, early.data)
             else:
@@ -452,7 +453,7 @@ class Spares:
                 for i, buf in enumerate(self._free):
                     if nbytes <= len(buf) <= 2 * nbytes:
                         return self._free.pop(i)[:nbytes]
-        return memoryview(np.empty(nbytes, np.uint8) if nbytes >= self.SMALL else bytearray(nbytes))
+        return np.empty(nbytes, np.uint8).data if nbytes >= self.SMALL else memoryview(bytearray(nbytes))
 
     def give(self, data: memoryview) -> None:
         """``data`` (from ``take``) is no longer read by anyone."""
@@ -465,5 +466,5 @@ class Spares:
 
 
 def as_bytes(arr: np.ndarray) -> memoryview:
-    return memoryview(arr).cast("B")
+    return arr.data.cast("B")
 

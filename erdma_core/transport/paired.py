@@ -97,9 +97,9 @@ class PairedTransport:
     # ---- what the pairs use ---------------------------------------------------------------------------
     def paths(self) -> dict[int, str]:
         """Per peer: ``HOST:PORT direct|relayed TRANSPORT`` (the transport's own path, and its name)."""
-        out = {}
+        out: dict[int, str] = {}
         for t in self._used:
-            theirs = getattr(t, "paths", dict)()
+            theirs: dict[int, str] = getattr(t, "paths", dict)()
             for peer in t.peers():
                 out[peer] = f"{theirs.get(peer, '? direct')} {t.name}"
         return out

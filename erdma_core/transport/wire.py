@@ -144,7 +144,7 @@ class _Fields(NamedTuple):
     codec: int
     meta: int
     numel: int
-    count: int
+    count: int  # type: ignore[assignment]  # (a field, shadowing tuple.count)
     nbytes: int
 
 

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ...errors import IntegrityError, PeerLostError, ProtocolError
 from ..frames import StreamReader
@@ -129,7 +130,7 @@ class Progress:
                     req.complete(ch.ended or PeerLostError(f"rank {ch.peer}'s connection is closed", peer=ch.peer))
                 return
             if not ch.out:
-                views = frame.views() if sealed is not None else frame  # type: ignore[union-attr]
+                views: Any = frame.views() if sealed is not None else frame  # type: ignore[union-attr]
                 try:
                     n = ch.sock.sendmsg(views)  # header and payload in one call, neither copied
                 except (BlockingIOError, InterruptedError):
@@ -137,7 +138,7 @@ class Progress:
                 except OSError as exc:
                     n, failed = 0, f"sending failed: {exc}"
                 if failed is None:
-                    item = _Out([] if sealed is not None else list(map(memoryview, views)), req, sealed)
+                    item = _Out([] if sealed is not None else [memoryview(v) for v in views], req, sealed)
                     if item.wrote(n):
                         if req is not None:
                             req.complete()
@@ -288,7 +289,7 @@ class Progress:
 
     def _end(self, ch: Channel, why: str, cleanly: bool = False) -> BaseException:
         """The connection to ``ch.peer`` is over: fail what waits to be sent on it. Returns the error."""
-        error = PeerLostError(f"rank {ch.peer}'s connection closed: {why}", peer=ch.peer)
+        error: BaseException = PeerLostError(f"rank {ch.peer}'s connection closed: {why}", peer=ch.peer)
         if ch.dead:  # another thread ended it first (a reader that heard the peer's ABORT, then its close): its reason
             return ch.ended or error
         ch.dead = True
