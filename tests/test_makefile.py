@@ -30,3 +30,21 @@ def test_torch_comes_from_the_index_named_by_torch_index():
 def test_without_torch_index_pip_uses_its_own_configuration():
     lines = _torch_lines()
     assert len(lines) == 4 and all("--index-url" not in line for line in lines), lines
+
+
+def test_make_check_builds_a_venv_of_the_core_alone_and_runs_lint_types_and_tests():
+    """``make check`` (CONTRIBUTING.md): its own venv with the core and its ``check`` extra (no torch, no
+    plugin, no system packages, nothing as root), then ruff, mypy on erdma_core and pytest on files that exist."""
+    import tomllib
+
+    lines = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "check"], capture_output=True, text=True,
+                           timeout=60, check=True).stdout.splitlines()
+    installs = [line for line in lines if "pip install" in line]
+    assert installs == [".venv-check/bin/pip install -q -e '.[check]'"], lines
+    assert not any(word in line for line in lines for word in ("system-deps", "apt-get", "sudo", "torch", "plugins/"))
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["check"]
+    assert not any(req.startswith(("torch", "lightning", "accelerate")) for req in extra), extra
+    runs = [line for line in lines if line.startswith(".venv-check/bin/")][1:]
+    assert runs[0] == ".venv-check/bin/ruff check ." and runs[1] == ".venv-check/bin/mypy erdma_core", runs
+    files = runs[2].split("-p no:randomly ")[1].split()
+    assert len(files) >= 15 and all((ROOT / f).is_file() for f in files), files
