@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -475,3 +476,28 @@ def test_a_stopped_peer_is_counted_out_within_twice_the_liveness_timeout(tmp_pat
 def test_a_liveness_timeout_that_would_flood_the_store_is_refused():
     with pytest.raises(ConfigError, match=r"elastic.liveness_timeout.*0.1.*valid: 0 \(off\) or at least 0.5"):
         elastic.join({}, {"elastic.liveness_timeout": 0.1})
+
+
+def test_a_members_moved_path_reorders_every_members_ring_at_the_next_step(tmp_path):
+    """Rank 1 says its path to rank 2 went through a relay from step 4 (its vote says its paths moved), and
+    direct again from step 8. Every member agrees after the step that vote committed: steps 1-4 run in the
+    ring 0-1-2-3, steps 5-8 in a ring with 1 and 2 not neighbours, from step 9 the first ring again; every
+    member gets the exact mean, in the same epoch (nothing failed). Before: the set-up's ring for the epoch."""
+    peer = python(Path(__file__).resolve().parent / "elastic_paths_peer.py")
+    with ElasticJob(peer, tmp_path, min_peers=4, env={"STEPS": "11", "MOVE_AT": "4", "BACK_AT": "8"}) as job:
+        peers = [job.start() for _ in range(4)]
+        assert [p.wait(120) for p in peers] == [0] * 4, "\n".join(peers[0].lines[-20:])
+    rows = [[line.split() for line in _steps(p)] for p in peers]
+    assert all(len(r) == 11 for r in rows), rows
+    mine = sorted(float(r[0][10]) for r in rows)
+    for step in range(11):
+        seen = {(r[step][3], " ".join(r[step][5:5 + 4])) for r in rows}  # (epoch, ring) on every member
+        assert len(seen) == 1, (step + 1, seen)
+        epoch, ring = seen.pop()
+        assert epoch == "1", (step + 1, epoch)
+        order = [int(x.strip("[],")) for x in ring.split()]
+        if 4 <= step < 8:  # steps 5-8
+            assert abs(order.index(1) - order.index(2)) == 2, (step + 1, order)  # across the ring, not beside
+        else:
+            assert order == [0, 1, 2, 3], (step + 1, order)
+        assert {float(r[step][-1]) for r in rows} == {sum(mine) / 4}, (step + 1, [r[step] for r in rows])

@@ -72,3 +72,38 @@ def _permuted_ring(pg):  # the runtime's agreed links, as relayed paths would ha
     stages = compiled.program.stages
     return g.ring, ({m.to for st in stages for m in st.sends}, {m.to for st in stages for m in st.recvs}), arr
 
+
+
+def test_agree_paths_reorders_the_default_groups_ring_when_a_path_moved(erdma_world):
+    """``pg.agree_paths()``, called by every rank: rank 1 now reaches rank 2 through a relay (as erdma-quic's
+    ``slow_peers`` says after a direct path failed over); every rank ends with the same links and a ring with 1
+    and 2 apart, a ring allreduce in it sums bit for bit; a second round with nothing moved changes nothing, a
+    subgroup refuses the call, and once the path is direct again the ring is the first one."""
+    with erdma_world(4) as world:
+        outs = world.run(_moved)
+    want = sum(((np.arange(10_000) * (k + 1)) % 1000).astype(np.float32) for k in range(4))
+    for before, changed, after, again, out, refused in outs:
+        assert before == (0, 1, 2, 3) and changed and after == (0, 1, 3, 2) and again is False, (before, after)
+        assert np.array_equal(out, want)
+        assert "agree_paths() is called on the default group (the whole job); this is group 1" in refused
+
+
+def _moved(pg):
+    before = pg.ring
+    if pg.rank() == 1:
+        pg.rt.transport.slow_peers = lambda: {2}  # what a transport whose path to rank 2 moved to a relay says
+    changed = pg.agree_paths()
+    after = pg.ring
+    arr = ((np.arange(10_000) * (pg.rank() + 1)) % 1000).astype(np.float32)
+    pg.allreduce(arr, algorithm="ring")
+    again = pg.agree_paths()
+    sub = pg.new_group(list(range(4)))
+    try:
+        sub.agree_paths()
+        refused = ""
+    except Exception as exc:
+        refused = str(exc)
+    if pg.rank() == 1:
+        del pg.rt.transport.slow_peers  # the path is direct again: so is the ring (and the shared world as it was)
+    assert pg.agree_paths() and pg.ring == before and not pg.rt.slow_links
+    return before, changed, after, again, arr, refused

@@ -51,11 +51,7 @@ class ProcessGroup:
         self._recv_waiters = cf.ThreadPoolExecutor(16, thread_name_prefix=f"erdma-pg{group_id}-rx")
         self._sender = Serial(f"erdma-pg{group_id}-tx")
         self._lock = threading.Lock()
-        # a ring allreduce runs through the group's ranks in this order (global ranks): as few slow links
-        # (relayed paths) between neighbours as there can be; the group's own order when none is slow
-        local = frozenset(frozenset(self.ranks.index(r) for r in pair) for pair in rt.slow_links
-                          if all(r in self.ranks for r in pair))
-        self.ring = tuple(self.ranks[i] for i in topology.ring_order(len(self.ranks), local))
+        self.ring = self._ring()
         self.runner = Runner(transport=rt.transport, algorithm=rt.algorithm, choose=self._algorithm, job=rt.job,
                              group=group_id, ranks=self.ranks, rank=rt.rank, timeout=rt.timeout,
                              chunk_bytes=chunk_bytes(rt.config["collectives.chunk_bytes"], rt.transport.stripes),
@@ -200,6 +196,37 @@ class ProcessGroup:
         candidates): ``HOST:PORT direct`` or ``relayed``, and with ``transport.fallback`` the transport's name
         after it; empty when it does not."""
         return dict(getattr(self.rt.transport, "paths", dict)())
+
+    def slow_peers(self) -> set[int]:
+        """The ranks this rank's transport reaches through a relay now (empty when none, or it cannot say)."""
+        found = getattr(self.rt.transport, "slow_peers", None)
+        return set((found() if callable(found) else None) or ())
+
+    def agree_paths(self) -> bool:
+        """Agree again with every rank on the job's slow links (pairs whose transport goes through a relay
+        now: a relayed path that moved to a direct one, or back) and run this group's later ring allreduces in
+        an order with as few of them between neighbours as there can be. Collective over the whole job: every
+        rank calls it on the default group at the same point, with no op of the job under way (an elastic group
+        does, at the step boundary after a member's paths changed). Returns whether the ring order changed."""
+        if self.group_id != 0:
+            raise ErdmaError(f"rank {self.rt.rank}: agree_paths() is called on the default group (the whole job); "
+                             f"this is group {self.group_id}")
+        self.rt.paths_round += 1
+        self.rt.slow_links = topology.agree(self.rt.store, self.rt.rank, self.rt.world_size, self.slow_peers(),
+                                            self.rt.config["timeouts.connect"], self.rt.paths_round)
+        ring = self._ring()
+        if ring == self.ring:
+            return False
+        self.ring = ring
+        self.runner.reorder(ring)
+        return True
+
+    def _ring(self) -> tuple[int, ...]:
+        """The order (global ranks) a ring allreduce runs through the group's ranks: as few slow links between
+        neighbours as there can be; the group's own order when none is slow."""
+        local = frozenset(frozenset(self.ranks.index(r) for r in pair) for pair in self.rt.slow_links
+                          if all(r in self.ranks for r in pair))
+        return tuple(self.ranks[i] for i in topology.ring_order(len(self.ranks), local))
 
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self.size():

@@ -78,6 +78,8 @@ class ElasticGroup:
         self.counters = {"epochs": 0, "aborted": 0, "admitted": 0, "lost": 0, "rejoined": 0}
         self.setup_s = 0.0  # how long the last epoch's ProcessGroup took to set up
         self._was_up = False  # whether an epoch's group of this peer's ever came up
+        self._moved = 0  # the epoch's count of moved paths its last committed allreduce said (``Ballot.moved``)
+        self._slow: set[int] = set()  # the peers this one reached through a relay when the epoch last agreed
         self.liveness = None if beats is None else Liveness(beats, self.keys, self.id,
                                                             conf["elastic.liveness_timeout"])
 
@@ -134,6 +136,9 @@ class ElasticGroup:
                 outcome = self._decide(error)
                 if outcome.commit:
                     self._admit = max(self._admit, outcome.tickets)
+                    if outcome.moved > self._moved:  # every member reads the same commit: all agree here
+                        self._moved = outcome.moved
+                        self._agree_paths()
                     return self.size()
                 buf[...] = backup
                 self._recover(outcome, error)
@@ -190,6 +195,9 @@ class ElasticGroup:
         assert self.record is not None
         ballot = Ballot(self.store, self.keys, self.epoch, self._op, self.rank(), self.size())
         self._op += 1
+        if error is None and self.pg is not None and (slow := self.pg.slow_peers()) != self._slow:
+            self._slow = slow  # a relayed path went direct, or the other way: said before the vote counts
+            ballot.moved()
         if error is not None and not (isinstance(error, RETRIED) if retry is None else retry):
             ballot.leave()
             raise error
@@ -227,6 +235,7 @@ class ElasticGroup:
             prefix = PrefixStore(self.store, self.keys("pg", record.epoch) + "/", lambda: self._called_off(record, index))
             started = time.monotonic()
             self.pg = init_with_store(prefix, index, len(record.members), self.conf)
+            self._moved, self._slow = 0, self.pg.slow_peers()
             prefix.settle()
             self.setup_s = time.monotonic() - started
             self._was_up = True
@@ -246,6 +255,20 @@ class ElasticGroup:
         self._lapse()  # a lapse seen after the last look and before the group was up ends its first collective
         if self.announce and index == 0:
             self._say(record, old)
+
+    def _agree_paths(self) -> None:
+        """A member's paths moved in the step just committed: every member agrees on the slow links again
+        and runs later ring allreduces in the order they give. Should that fail here, the epoch's group is
+        aborted, and the next step forms a new epoch (whose set-up agrees anew)."""
+        assert self.pg is not None
+        try:
+            if self.pg.agree_paths():
+                log.info("elastic: epoch %d: paths moved; ring allreduces now run in the order %s", self.epoch,
+                         list(self.pg.ring))
+        except ErdmaError as exc:
+            log.warning("elastic: epoch %d: agreeing on the moved paths failed (%s); the next step forms a new "
+                        "epoch", self.epoch, exc)
+            self.pg.abort()
 
     def _unreachable(self, record: Record, index: int, exc: UnreachableError) -> UnreachableError:
         """What a newcomer that could not connect to members of the epoch that admitted it says as it goes:

@@ -87,6 +87,7 @@ class Outcome:
     commit: bool
     tickets: int  # tickets drawn when the step committed (0 on abort)
     survivors: tuple[int, ...]  # on abort: the members (indices) whose vote is not dead
+    moved: int = 0  # on commit: how many times members of the epoch said their paths moved (``Ballot.moved``)
 
 
 class Keys:
@@ -116,6 +117,7 @@ class Ballot:
         self.store, self.index, self.size = store, index, size
         self._key = lambda *p: keys("vote", epoch, step, *p)
         self._tickets = keys("tickets")
+        self._moved = keys("moved", epoch)
 
     def _vote(self, member: int, value: bytes) -> bytes:
         return self.store.compare_set(self._key(member), b"", value)
@@ -124,8 +126,15 @@ class Ballot:
         self.store.compare_set(self._key("outcome"), b"", value)
 
     def _commit(self) -> None:
-        """Every vote is done: commit, with the tickets drawn by now (the newcomers the next boundary admits)."""
-        self._settle(b"commit:%d" % self.store.add(self._tickets, 0))
+        """Every vote is done: commit, with the tickets drawn by now (the newcomers the next boundary admits)
+        and the epoch's count of moved paths (``moved``: a member says so before it votes, so the count holds
+        every member's word for this step)."""
+        self._settle(b"commit:%d:%d" % (self.store.add(self._tickets, 0), self.store.add(self._moved, 0)))
+
+    def moved(self) -> None:
+        """Before this member votes done: its transport's paths moved since the epoch last agreed on them, so
+        the members agree again (``ProcessGroup.agree_paths``) after the step this ballot commits."""
+        self.store.add(self._moved, 1)
 
     def _read(self, member: int) -> bytes:
         try:
@@ -167,7 +176,8 @@ class Ballot:
                 scan = now + SCAN_S
                 self._look(gone, now > deadline)
         if out.startswith(b"commit:"):
-            return Outcome(True, int(out[7:]), ())
+            tickets, moved = (int(x) for x in out[7:].split(b":"))
+            return Outcome(True, tickets, (), moved)
         end = time.monotonic() + settle_s
         while True:
             votes = [self._read(m) for m in range(self.size)]

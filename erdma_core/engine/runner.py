@@ -69,6 +69,11 @@ class Runner:
         self._label = value
         self._plans.clear()  # their ops carry the label
 
+    def reorder(self, ring: Sequence[int]) -> None:
+        """Run later ring allreduces in ``ring``'s order (every rank switches at the same collective)."""
+        self.ring = tuple(ring)
+        self._plans.clear()
+
     def cached(self, key: Hashable) -> Compiled | None:
         """The collective compiled under ``key``, if it was."""
         return self._plans.get(key)

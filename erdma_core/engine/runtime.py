@@ -21,6 +21,7 @@ class Runtime:
         self.store, self.transport, self.job = store, transport, job
         self.codecs = codecs
         self.slow_links: frozenset[frozenset[int]] = frozenset()  # pairs of global ranks (``topology.agree``)
+        self.paths_round = 0  # rounds of ``ProcessGroup.agree_paths`` after set-up's
         self.timeout: float = config["timeouts.collective"]
         self._groups = itertools.count(1)
         self._algorithms: dict[tuple[str, str], tuple[Component, Options]] = {}

@@ -1,7 +1,9 @@
 """Slow links, as the algorithms see them: pairs of ranks whose transport reaches each other the slow way
-(erdma-quic through a TURN relay). The ranks agree on them once, at set-up, through the discovery store;
-a ring allreduce then runs in an order that puts as few of them as it can between ring neighbours
-(``ring_order``). Every rank computes the same order from the same links, so no further agreement is needed.
+(erdma-quic through a TURN relay). The ranks agree on them at set-up, through the discovery store, and again
+in each round of ``ProcessGroup.agree_paths`` (an elastic group runs one at the step boundary after a member's
+paths changed); a ring allreduce then runs in an order that puts as few of them as it can between ring
+neighbours (``ring_order``). Every rank computes the same order from the same links, so no further agreement
+is needed.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ Links = frozenset[frozenset[int]]
 EXHAUSTIVE = 8  # up to this many ranks every ring is tried; above, a greedy ring improved by 2-opt
 
 
-def agree(store: Any, rank: int, world: int, mine: Iterable[int], timeout: float) -> Links:
-    """Publish this rank's slow peers (``erdma/slow/RANK``) and read every rank's; a pair counts as slow when
-    either end says so, so every rank ends with the same set."""
-    store.set(f"erdma/slow/{rank}", ",".join(str(p) for p in sorted(set(mine))).encode())
+def agree(store: Any, rank: int, world: int, mine: Iterable[int], timeout: float, round_: int = 0) -> Links:
+    """Publish this rank's slow peers (``erdma/slow/RANK``; in a later round ``erdma/slow/ROUND/RANK``) and read
+    every rank's; a pair counts as slow when either end says so, so every rank ends with the same set."""
+    key = "erdma/slow/" + (f"{round_}/" if round_ else "")
+    store.set(f"{key}{rank}", ",".join(str(p) for p in sorted(set(mine))).encode())
     links: set[frozenset[int]] = set()
     for r in range(world):
-        value = store.get(f"erdma/slow/{r}", timeout).decode()
+        value = store.get(f"{key}{r}", timeout).decode()
         links.update(frozenset({r, int(p)}) for p in value.split(",") if p and int(p) != r and 0 <= int(p) < world)
     return frozenset(links)
 
