@@ -7,7 +7,8 @@ exists on one of them (a MAX allreduce of a flag each step), or after ``STEPS`` 
 a peer still waiting to be admitted is told so, prints ``job finished`` and exits 0. ``DIE_IN=k``: this peer
 kills itself (SIGKILL) in the middle of its k-th allreduce of the vector, before one of that allreduce's
 messages picked at random (the first allreduce counts how many there are). A ``sync`` that changed the
-membership prints how long it took.
+membership prints how long it took. ``SHOW_RING=1``: each step's line ends with the ring order the vector's
+allreduce started in (``ring 0,1,2,3``) and this peer's rank.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> int:
     steps = int(os.environ.get("STEPS", "20"))
     die_in = int(os.environ.get("DIE_IN", "0"))
     stop_file = os.environ.get("STOP_FILE", "")
+    show_ring = os.environ.get("SHOW_RING") == "1"
     state = {"w": np.zeros(n_elements, np.float32)}
     try:
         group = elastic.join(state)
@@ -70,6 +72,7 @@ def main() -> int:
         x = np.full(n_elements, mine, np.float32)
         taken += 1
         assert group.pg is not None
+        ring = ",".join(map(str, group.pg.ring))
         kill_at = random.randint(1, frames) if taken == die_in and frames else 0
         killer = Killer(group.pg.rt.transport, kill_at) if taken <= die_in else None
         t0, aborted = time.monotonic(), group.counters["aborted"]
@@ -87,7 +90,7 @@ def main() -> int:
         uniform = bool((x == x[0]).all())
         print(f"step {group.step} n {n} value {x[0]!r} uniform {uniform} epoch {group.epoch} "
               f"hash {group.state_hash()[:16]} took {took:.4f} retried {group.counters['aborted'] - aborted} "
-              f"setup {group.setup_s:.4f}",
+              f"setup {group.setup_s:.4f}" + (f" ring {ring} rank {group.rank()}" if show_ring else ""),
               flush=True)
     print(f"counters {' '.join(f'{k}={v}' for k, v in group.counters.items())}", flush=True)
     group.finish()

@@ -1,7 +1,8 @@
-"""An elastic job behind NATs on the built-in TCP (every pair meets through its NATs), with its store on the
-public side: a newcomer behind a NAT that maps each destination anew cannot meet any member. The members lose
+"""Elastic jobs behind NATs, with their store on the public side. On the built-in TCP (every pair meets through
+its NATs): a newcomer behind a NAT that maps each destination anew cannot meet any member. The members lose
 one connect timeout to it and go on stepping; the newcomer leaves with an error naming the pairs, instead of
-being taken into every next epoch and failing each one."""
+being taken into every next epoch and failing each one. On QUIC: a pair whose direct path moves to the relay
+and back reorders every member's ring at a step boundary, with no step aborted."""
 
 from __future__ import annotations
 
@@ -103,3 +104,47 @@ def test_an_epoch_after_a_kill_does_not_check_again_the_pairs_an_earlier_one_los
         for line in steps(p):
             hashes.setdefault(line.split()[1], set()).add(line.split()[11])
     assert all(len(h) == 1 for h in hashes.values()), hashes
+
+
+def test_a_path_that_moves_to_the_relay_and_back_reorders_the_members_ring_without_an_abort(tmp_path):
+    """Four members on QUIC at four ordinary NATs, every pair direct: the ring is 0-1-2-3. UDP between the sites
+    of ranks 1 and 2 is dropped: that pair falls back to the relay (2 s idle timeout), its ends say their paths
+    moved in the next step's votes, and from the step after every member runs its ring with 1 and 2 apart. The
+    drop is lifted: the pair moves back (path_recheck 1 s) and the ring is 0-1-2-3 again. One epoch throughout
+    (no step aborted), and one state hash per step on every member."""
+    env = {**RELAY, "ERDMA_TRANSPORT": "quic", "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
+           "ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
+           "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TRANSPORT_QUIC_PATH_RECHECK": "1",
+           "ERDMA_TIMEOUTS_CONNECT": "30", "ERDMA_TIMEOUTS_COLLECTIVE": "60", "ERDMA_COLLECTIVES_ALLREDUCE": "ring",
+           "STEPS": "100000", "ELEMENTS": "1024", "STOP_FILE": str(tmp_path / "stop"), "SHOW_RING": "1"}
+
+    def rings(peer) -> list[str]:
+        return [line.split()[-3] for line in steps(peer)]
+
+    with NatLab(4, tmp_path) as lab:
+        store = serve_store(lab)
+        try:
+            with ElasticJob(python("-m", "erdma_core.testing.elastic_peer"), tmp_path, min_peers=4,
+                            secret="elastic-nat", env=env, store_url=f"tcp://{STORE[0]}:{STORE[1]}") as job:
+                members = [job.start(wrap=["ip", "netns", "exec", lab.host(i)]) for i in range(4)]
+                until(lambda: all(len(steps(p)) >= 3 for p in members), "3 steps of every member", 120)
+                site = {int(steps(p)[0].split()[-1]): i for i, p in enumerate(members)}  # rank -> its site
+                assert rings(members[0])[-1] == "0,1,2,3", steps(members[0])[-3:]
+                lab.block_direct(site[1], site[2], "udp")
+                until(lambda: rings(members[0])[-1] == "0,1,3,2", "the ring with 1 and 2 apart", 90)
+                apart = len(steps(members[0]))
+                lab.unblock_direct(site[1], site[2], "udp")
+                until(lambda: len(steps(members[0])) > apart and rings(members[0])[-1] == "0,1,2,3",
+                      "the first ring again", 90)
+                (tmp_path / "stop").touch()
+                assert [p.wait(60) for p in members] == [0] * 4, members[0].lines[-10:]
+        finally:
+            store.kill()
+    lines = [steps(p) for p in members]
+    assert {line.split()[9] for p in lines for line in p} == {"1"}, lines[0][-5:]  # one epoch: nothing aborted
+    by_step: dict[str, set[tuple[str, str]]] = {}
+    for p in lines:
+        for line in p:
+            words = line.split()
+            by_step.setdefault(words[1], set()).add((words[11], words[-3]))  # (state hash, ring) per step
+    assert all(len(seen) == 1 for seen in by_step.values()), [s for s in by_step.values() if len(s) > 1]
