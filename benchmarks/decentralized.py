@@ -169,10 +169,14 @@ def summarize_erdma(peers: list[Peer], victim: Peer, newcomer: Peer | None, even
                     paths.setdefault(int(m[2]), {}).setdefault(f"site{i}", {})[f"site{sites[int(rank)]}"] = \
                         f"{how} {over}"
                 said = []
-    recover = None
+    recover = in_step = None
     if "kill" in events:
         after = [r for r in rows if r["at"] > events["kill"] and r["members"] == args.peers - 1]
         recover = after[0]["at"] - events["kill"] if after else None
+        # the kill lands between steps: the survivors first finish their inner steps. The survivors' first step
+        # then holds the recovery (the failed averaging, the ballot, the new epoch's set-up, the averaging
+        # again), and its last member waited for nobody's inner steps
+        in_step = after[0]["averaging_s_min"] if after else None
     admitted = None
     if "join" in events:
         after = [r for r in rows if r["at"] > events["join"] and r["members"] == args.peers]
@@ -185,7 +189,7 @@ def summarize_erdma(peers: list[Peer], victim: Peer, newcomer: Peer | None, even
     undisturbed = [r["since_last_s"] for r in rows if r["since_last_s"] is not None and r["epoch"] == rows[0]["epoch"]]
     said = [line for p in peers for line in p.lines if "Error" in line or "Traceback" in line]
     return {"rows": rows, "paths": paths, "relayed_bytes": relayed, "recovery_after_kill_s": recover,
-            "epoch_after_kill_s": formed,
+            "epoch_after_kill_s": formed, "recovery_step_s": in_step,
             "newcomer_admitted_s": admitted, "undisturbed_step_s": statistics.median(undisturbed) if undisturbed else None,
             "averaging_s_median": statistics.median(r["averaging_s"] for r in rows) if rows else None,
             # the member that came last to a step waited for nobody's inner steps: its time is the averaging's own
@@ -272,6 +276,8 @@ def report(out: dict[str, Any]) -> str:
                   f"  kill -> the survivors' epoch up: {_s(e.get('epoch_after_kill_s'))}, -> their first step: "
                   f"{_s(e['recovery_after_kill_s'])}; newcomer start -> first step "
                   f"with it: {_s(e['newcomer_admitted_s'])} (its steps: {e['newcomer_steps']})",
+                  f"  the survivors' first step after the kill, its last member's averaging (the failed one, the "
+                  f"ballot, the new epoch, the averaging again): {_s(e.get('recovery_step_s'))}",
                   f"  undisturbed step {_s(e['undisturbed_step_s'])}; averaging median {_s(e['averaging_s_median'])}, "
                   f"last member's {_s(e['averaging_s_last_member_median'])}; every step's hashes agree: "
                   f"{e['all_hashes_agree']}; errors: {len(e['errors'])}"]
