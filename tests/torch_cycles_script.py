@@ -6,7 +6,7 @@ then destroyed (``destroy_process_group``) or aborted (``_abort_process_group``)
 
 The ranks meet in SYNC_DIR after each cycle, so that the next group starts only once both gave the last one
 back. Prints one JSON line: after each cycle, this process's Python threads, OS threads and open descriptors
-(OS threads counted once those that were told to end have: at most 2 s)."""
+(OS threads counted once those that were told to end have: at most 2 s; ``counts``)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,17 @@ import torch.distributed as dist
 
 
 def counts(settle_to: int | None) -> tuple[int, int, int]:
+    """The counts once the OS threads are down to ``settle_to``; for the first cycle (None), once their number
+    has not changed for 0.5 s (a thread the first group told to end may still be on its way out: under load
+    one was, and the first row read one thread more than every later one). Either way at most 2 s."""
     end = time.monotonic() + 2.0
+    last, since = -1, time.monotonic()
     while True:
         tasks = len(os.listdir("/proc/self/task"))
-        if settle_to is None or tasks <= settle_to or time.monotonic() > end:
+        if tasks != last:
+            last, since = tasks, time.monotonic()
+        settled = time.monotonic() - since >= 0.5 if settle_to is None else tasks <= settle_to
+        if settled or time.monotonic() > end:
             return threading.active_count(), tasks, len(os.listdir("/proc/self/fd"))
         time.sleep(0.01)
 
