@@ -148,14 +148,13 @@ def build(
     from_env: dict[str, str] = {}  # key -> the variable that set it
     # an empty value is unset (``ERDMA_COMPRESSION_NAME= cmd`` as ``unset``); shorthands first: long names win
     for var in sorted(v for v in environ if v.startswith("ERDMA_") and environ[v] != ""):
-        named = SHORTHANDS.get(var) or long_names.get(var)
-        if named is None:
+        key = SHORTHANDS.get(var) or long_names.get(var) or ""
+        if not key:
             if var in declared:
                 continue
             raise ConfigError(f"environment variable {var}={environ[var]!r} is not a config key and no installed "
                               "plugin declares it; config keys follow ERDMA_<SECTION>_<KEY>"
                               + did_you_mean(var, [*long_names, *SHORTHANDS, *declared]))
-        key = named
         if key not in options:
             continue
         value = _coerce(options[key], key, environ[var], f"environment variable {var}", from_text=True)

@@ -72,7 +72,7 @@ def main() -> int:
         x = np.full(n_elements, mine, np.float32)
         taken += 1
         assert group.pg is not None
-        ring = ",".join(map(str, group.pg.ring))
+        ring = ",".join(map(str, group.pg.ring)) if show_ring else ""  # (the order this allreduce starts in)
         kill_at = random.randint(1, frames) if taken == die_in and frames else 0
         killer = Killer(group.pg.rt.transport, kill_at) if taken <= die_in else None
         t0, aborted = time.monotonic(), group.counters["aborted"]

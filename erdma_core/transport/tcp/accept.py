@@ -74,8 +74,7 @@ class Gate:
                 if now >= deadline:
                     return
                 for sock in self.admission.expired(now):
-                    why = f"did not finish its handshake within {HANDSHAKE_S:.0f}s"
-                    self._drop(sock, why)  # type: ignore[arg-type]  # (this gate's keys are its sockets)
+                    self._drop(sock, f"did not finish its handshake within {HANDSHAKE_S:.0f}s")  # type: ignore[arg-type]
                 wait = min(POLL, deadline - now, (self.admission.deadline() or math.inf) - now)
                 try:
                     events = self._sel.select(max(0.0, wait))
