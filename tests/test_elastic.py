@@ -473,6 +473,31 @@ def test_a_stopped_peer_is_counted_out_within_twice_the_liveness_timeout(tmp_pat
     assert "no sign of life from member(s)" in said and "elastic.liveness_timeout" in said
 
 
+def test_survivors_form_the_next_epoch_while_they_compute(tmp_path):
+    """One of 3 peers is SIGKILLed 1 s into the survivors' 8 s of local work (their next call is the step's
+    allreduce). Each survivor's beat thread sees its epoch's transport lose the peer and forms the survivors'
+    epoch then, on a thread of its own: when the work ends, that epoch is up, and the step's allreduce runs
+    in it once, with no failed attempt. Before, the survivors found the loss only in that allreduce (it
+    failed, they voted, set up the epoch and ran it again: ``came_in 1 ... retried 1``)."""
+    stop = tmp_path / "stop"
+    with ElasticJob(python(*PEER), tmp_path, min_peers=3,
+                    env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024", "COMPUTE_S": "8",
+                         "ERDMA_ELASTIC_LIVENESS_TIMEOUT": "2"}) as job:
+        a, b, c = job.start(), job.start(), job.start()
+        _until(lambda: all(len(_steps(p)) >= 1 for p in (a, b, c)), "a step of each", 120)
+        time.sleep(1.0)  # into the next step's work
+        os.kill(c.pid, signal.SIGKILL)
+        _until(lambda: all(len(_steps(p)) >= 2 for p in (a, b)), "the survivors' step", 60)
+        stop.touch()
+        assert [p.wait(60) for p in (a, b)] == [0, 0]
+    for p in (a, b):
+        row = _steps(p)[1].split()
+        assert (row[3], row[9], row[-1], row[15]) == ("2", "2", "2", "0"), (row, p.lines[-10:])  # n, epoch,
+        # came_in, retried
+        assert " aborted=1 " in next(line for line in p.lines if line.startswith("counters")), p.lines[-3:]
+    assert _steps(a)[1].split()[11] == _steps(b)[1].split()[11]
+
+
 def test_a_liveness_timeout_that_would_flood_the_store_is_refused():
     with pytest.raises(ConfigError, match=r"elastic.liveness_timeout.*0.1.*valid: 0 \(off\) or at least 0.5"):
         elastic.join({}, {"elastic.liveness_timeout": 0.1})

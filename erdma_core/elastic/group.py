@@ -5,6 +5,12 @@ Steps taken together (a state transfer, an allreduce) end in a ballot (``members
 or aborted everywhere. An aborted allreduce is rolled back (each member's input restored) and run again among
 the survivors, who form the next epoch from the votes alone. Newcomers wait with a ticket; a committed step
 admits those who drew one before it, at the next ``sync()``, where they receive the state and check it.
+
+A member lost while the others are between calls (computing their inner steps) is not left for the next
+call to find: each survivor's beat thread sees the loss (a lapse, or its epoch's transport failed) and, on a
+thread of its own, votes the next step failed and sets up the survivors' epoch then, so that the epoch is up
+when the caller comes back (``_ahead``). The caller's next call waits for that thread and goes on from the
+epoch it made.
 """
 
 from __future__ import annotations
@@ -72,7 +78,8 @@ class ElasticGroup:
         self.step = 0  # the caller's outer step; travels with the state and is part of its hash
         self.min_peers, self.join_timeout, self.announce = min_peers, join_timeout, announce
         self.record: Record | None = None
-        self.pg: ProcessGroup | None = None
+        self._pg: ProcessGroup | None = None
+        self._ahead_thread: threading.Thread | None = None  # recovering ahead of the caller (``_ahead``)
         self._op = 0  # ballots cast in this epoch
         self._admit = 0  # tickets the last committed step said to admit
         self.counters = {"epochs": 0, "aborted": 0, "admitted": 0, "lost": 0, "rejoined": 0}
@@ -80,6 +87,8 @@ class ElasticGroup:
         self._was_up = False  # whether an epoch's group of this peer's ever came up
         self._moved = 0  # the epoch's count of moved paths its last committed allreduce said (``Ballot.moved``)
         self._slow: set[int] = set()  # the peers this one reached through a relay when the epoch last agreed
+        self._calls = threading.Lock()  # held by a caller's call, or by the thread that recovers ahead of it
+        self._ahead_error: Exception | None = None  # what recovering ahead of the caller ended with
         self.liveness = None if beats is None else Liveness(beats, self.keys, self.id,
                                                             conf["elastic.liveness_timeout"])
 
@@ -87,6 +96,15 @@ class ElasticGroup:
     @property
     def epoch(self) -> int:
         return self.record.epoch if self.record else 0
+
+    @property
+    def pg(self) -> ProcessGroup | None:
+        """The current epoch's ProcessGroup (None between epochs). While the members form an epoch ahead of
+        the caller (a member was lost between calls), this waits until it is up."""
+        thread = self._ahead_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        return self._pg
 
     def rank(self) -> int:
         index = self.record.index(self.id) if self.record else None
@@ -106,14 +124,22 @@ class ElasticGroup:
     def sync(self) -> None:
         """A step boundary: admit the newcomers the last committed step counted (they receive the state and
         check its hash). Every member calls it at the same point of its loop."""
-        if self.record is None:
-            self._join()
-        elif self._admit > self.record.admitted:
-            old = self.record
+        with self._calls:
             try:
-                self._enter(propose(self.store, self.keys, Record(
-                    old.epoch + 1, old.members + self._newcomers(old.admitted, self._admit), self._admit)), old)
-                self._transfer()
+                self._caught_up()
+                if self.record is None:
+                    self._join()
+                    return
+                while self._admit > self.record.admitted or not self.record.complete():
+                    if self._admit > self.record.admitted:
+                        # the epoch this proposes may lose to the survivors' of a loss another member saw
+                        # ahead: then this member enters theirs and proposes the admission after it
+                        old = self.record
+                        self._enter(propose(self.store, self.keys, Record(
+                            old.epoch + 1, old.members + self._newcomers(old.admitted, self._admit),
+                            self._admit)), old)
+                    if not self.record.complete():
+                        self._transfer()
             except ExcludedError:
                 self._rejoin()
 
@@ -123,13 +149,22 @@ class ElasticGroup:
         members that count returns. 0: this peer was counted out and has rejoined as a newcomer, with the
         members' state (``x`` is restored; start the step again)."""
         buf = shared.view(x)
+        with self._calls:
+            try:
+                self._caught_up()
+            except ExcludedError:
+                self._rejoin()
+                return 0
+            return self._allreduce(x, buf, op)
+
+    def _allreduce(self, x: Any, buf: Any, op: ReduceOp | str) -> int:
         backup = buf.copy()
         while True:
-            assert self.pg is not None
+            assert self._pg is not None
             error: BaseException | None = None
             try:
                 self._ready()
-                self.pg.allreduce(x, op=op)
+                self._pg.allreduce(x, op=op)
             except ErdmaError as exc:
                 error = exc
             try:
@@ -154,7 +189,15 @@ class ElasticGroup:
 
     def leave(self) -> None:
         """Leave the job: the others go on without waiting to find out."""
-        if self.record is not None and self.pg is not None:
+        with self._calls:
+            try:
+                self._caught_up()
+            except ErdmaError:  # counted out, or failed, ahead of the call: leaving is all that is left
+                pass
+            self._leave()
+
+    def _leave(self) -> None:
+        if self.record is not None and self._pg is not None:
             try:
                 Ballot(self.store, self.keys, self.epoch, self._op, self.rank(), self.size()).leave()
             except ErdmaError:
@@ -168,13 +211,13 @@ class ElasticGroup:
     # ---- epochs ------------------------------------------------------------------------------------------
     def _ready(self) -> None:
         """Fail at once when the epoch's transport already lost a peer (its next collective cannot finish)."""
-        failure = self.pg.failure() if self.pg else None
+        failure = self._pg.failure() if self._pg else None
         if failure is not None:
             raise failure
 
     def _lost(self) -> set[int]:
         """Members this one knows are gone: the one its transport saw go, those whose beats lapsed."""
-        failure = self.pg.failure() if self.pg else None
+        failure = self._pg.failure() if self._pg else None
         gone = {failure.peer} if isinstance(failure, PeerLostError) else set()
         if self.liveness is not None and self.record is not None:
             gone |= {i for i, m in enumerate(self.record.members) if m.id in self.liveness.lapsed()}
@@ -182,11 +225,52 @@ class ElasticGroup:
 
     def _lapse(self) -> None:
         """A member's beats lapsed (the beat thread): end the collective waiting on it now (unless this peer
-        has gone on to an epoch without it meanwhile)."""
-        pg, record, liveness = self.pg, self.record, self.liveness
+        has gone on to an epoch without it meanwhile), or, between the caller's calls, recover ahead."""
+        pg, record, liveness = self._pg, self.record, self.liveness
         if pg is not None and record is not None and liveness is not None \
                 and any(m.id in liveness.lapsed() for m in record.members):
             pg.abort()
+            self._ahead()
+
+    def _ahead(self) -> None:
+        """The beat thread, after each round: when the epoch's group failed (a member lapsed, its transport
+        lost a peer, a peer aborted) while the caller is between calls, vote the next step failed and form
+        the survivors' epoch now, on a thread of its own, rather than when the caller next calls. Every
+        survivor does the same, so the new epoch's set-up runs while the callers compute; a survivor inside
+        a call recovers there, in the same ballot. Nothing happens while a call (or this) holds the group."""
+        pg = self._pg
+        if pg is None or self.record is None or pg.failure() is None or not self._calls.acquire(blocking=False):
+            return
+        record = self.record
+        if self._pg is not pg or self._ahead_error is not None or record is None or not record.complete() \
+                or self._admit > record.admitted:
+            # a call moved on meanwhile, or one is owed; or the next call is a boundary that admits newcomers
+            # (its new epoch's set-up finds the loss, on every member alike), not a step's ballot
+            self._calls.release()
+            return
+        self._ahead_thread = threading.Thread(target=self._recover_ahead, name="erdma-elastic-ahead", daemon=True)
+        self._ahead_thread.start()
+
+    def _recover_ahead(self) -> None:
+        """``_ahead``'s thread (holding ``_calls``): the ballot the caller's next call would have cast with the
+        group's failure, and the recovery it would have made. What ends it (counted out, a failure no loss
+        explains) is raised at the caller's next call."""
+        try:
+            failure = self._pg.failure() if self._pg is not None else None
+            if failure is not None:
+                log.info("elastic: epoch %d lost a member between steps (%s): forming the next epoch ahead of "
+                         "the caller", self.epoch, failure)
+                self._recover(self._decide(failure), failure)
+        except Exception as exc:  # the caller gets it, not a dying thread
+            self._ahead_error = exc
+        finally:
+            self._calls.release()
+
+    def _caught_up(self) -> None:
+        """At a call (holding ``_calls``): raise what recovering ahead of it ended with, if anything."""
+        error, self._ahead_error = self._ahead_error, None
+        if error is not None:
+            raise error
 
     def _decide(self, error: BaseException | None, retry: bool | None = None) -> Outcome:
         """The ballot on the step just taken. A failure that no membership change explains (a mismatch, a
@@ -195,7 +279,7 @@ class ElasticGroup:
         assert self.record is not None
         ballot = Ballot(self.store, self.keys, self.epoch, self._op, self.rank(), self.size())
         self._op += 1
-        if error is None and self.pg is not None and (slow := self.pg.slow_peers()) != self._slow:
+        if error is None and self._pg is not None and (slow := self._pg.slow_peers()) != self._slow:
             self._slow = slow  # a relayed path went direct, or the other way: said before the vote counts
             ballot.moved()
         if error is not None and not (isinstance(error, RETRIED) if retry is None else retry):
@@ -228,14 +312,14 @@ class ElasticGroup:
         self.record, self._op = record, 0
         self.counters["epochs"] += 1
         if self.liveness is not None:
-            self.liveness.watch(tuple(m.id for m in record.members), self._lapse)
+            self.liveness.watch(tuple(m.id for m in record.members), self._lapse, self._ahead)
         try:
             if old is not None:
                 self._admit_tickets(old.admitted, record)
             prefix = PrefixStore(self.store, self.keys("pg", record.epoch) + "/", lambda: self._called_off(record, index))
             started = time.monotonic()
-            self.pg = init_with_store(prefix, index, len(record.members), self.conf)
-            self._moved, self._slow = 0, self.pg.slow_peers()
+            self._pg = init_with_store(prefix, index, len(record.members), self.conf)
+            self._moved, self._slow = 0, self._pg.slow_peers()
             prefix.settle()
             self.setup_s = time.monotonic() - started
             self._was_up = True
@@ -260,15 +344,15 @@ class ElasticGroup:
         """A member's paths moved in the step just committed: every member agrees on the slow links again
         and runs later ring allreduces in the order they give. Should that fail here, the epoch's group is
         aborted, and the next step forms a new epoch (whose set-up agrees anew)."""
-        assert self.pg is not None
+        assert self._pg is not None
         try:
-            if self.pg.agree_paths():
+            if self._pg.agree_paths():
                 log.info("elastic: epoch %d: paths moved; ring allreduces now run in the order %s", self.epoch,
-                         list(self.pg.ring))
+                         list(self._pg.ring))
         except ErdmaError as exc:
             log.warning("elastic: epoch %d: agreeing on the moved paths failed (%s); the next step forms a new "
                         "epoch", self.epoch, exc)
-            self.pg.abort()
+            self._pg.abort()
 
     def _unreachable(self, record: Record, index: int, exc: UnreachableError) -> UnreachableError:
         """What a newcomer that could not connect to members of the epoch that admitted it says as it goes:
@@ -298,12 +382,12 @@ class ElasticGroup:
     def _transfer(self) -> None:
         """Bring every member of the epoch to the shared state; repeated on the survivors until it commits."""
         while True:
-            assert self.pg is not None and self.record is not None
+            assert self._pg is not None and self.record is not None
             error: BaseException | None = None
             try:
                 self._ready()
                 has = self.record.members[self.rank()].has_state
-                step = shared.transfer(self.pg, self.state, self.step, has)
+                step = shared.transfer(self._pg, self.state, self.step, has)
             except ErdmaError as exc:
                 error = exc
             outcome = self._decide(error)
@@ -387,9 +471,9 @@ class ElasticGroup:
     # ---- helpers -----------------------------------------------------------------------------------------
     def _drop_pg(self) -> None:
         """Close the epoch's group on a thread of its own: peers that are gone must not delay the next one."""
-        if self.pg is not None:
-            threading.Thread(target=_destroy, args=(self.pg,), name="erdma-elastic-close", daemon=True).start()
-            self.pg = None
+        if self._pg is not None:
+            threading.Thread(target=_destroy, args=(self._pg,), name="erdma-elastic-close", daemon=True).start()
+            self._pg = None
 
     def _say(self, record: Record, old: Record | None) -> None:
         before = {m.id for m in old.members} if old else set()

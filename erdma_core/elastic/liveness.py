@@ -47,6 +47,7 @@ class Liveness:
         self._lock = threading.Lock()
         self._members: tuple[str, ...] = ()
         self._on_lapse: Callable[[], None] = lambda: None
+        self._on_round: Callable[[], None] = lambda: None
         self._seen: dict[str, tuple[bytes, float]] = {}  # member -> (its last beat, when it last moved)
         self._lapsed: set[str] = set()
         self._stop = threading.Event()
@@ -60,15 +61,17 @@ class Liveness:
         self._thread = threading.Thread(target=self._run, name="erdma-elastic-beat", daemon=True)
         self._thread.start()
 
-    def watch(self, members: tuple[str, ...], on_lapse: Callable[[], None]) -> None:
+    def watch(self, members: tuple[str, ...], on_lapse: Callable[[], None],
+              on_round: Callable[[], None] = lambda: None) -> None:
         """From now on, judge ``members`` (this peer's among them is skipped); ``on_lapse()`` runs on the beat
-        thread when one lapses. A member new to the watch gets a whole ``timeout`` from now."""
+        thread when one lapses, ``on_round()`` after each round of beats (it must not block). A member new to
+        the watch gets a whole ``timeout`` from now."""
         now = time.monotonic()
         with self._lock:
             self._members = tuple(m for m in members if m != self._me)
             self._seen = {m: self._seen.get(m, (b"", now)) for m in self._members}
             self._lapsed &= set(self._members)
-            self._on_lapse = on_lapse
+            self._on_lapse, self._on_round = on_lapse, on_round
 
     def lapsed(self) -> set[str]:
         with self._lock:
@@ -121,6 +124,9 @@ class Liveness:
             last = now
             if heard is not None:
                 self._judge(*heard, now, paused)
+            with self._lock:
+                on_round = self._on_round
+            on_round()
 
     def _poll(self) -> tuple[set[str], set[str], bool]:
         """(members whose counter moved, members gone, whether this peer heard itself) on a store without

@@ -81,6 +81,10 @@ class Record:
     def index(self, peer: str) -> int | None:
         return next((i for i, m in enumerate(self.members) if m.id == peer), None)
 
+    def complete(self) -> bool:
+        """Whether every member holds the shared state (no newcomer waits for it)."""
+        return all(m.has_state for m in self.members)
+
 
 @dataclass(frozen=True)
 class Outcome:

@@ -8,7 +8,9 @@ a peer still waiting to be admitted is told so, prints ``job finished`` and exit
 kills itself (SIGKILL) in the middle of its k-th allreduce of the vector, before one of that allreduce's
 messages picked at random (the first allreduce counts how many there are). A ``sync`` that changed the
 membership prints how long it took. ``SHOW_RING=1``: each step's line ends with the ring order the vector's
-allreduce started in (``ring 0,1,2,3``) and this peer's rank.
+allreduce started in (``ring 0,1,2,3``) and this peer's rank. ``COMPUTE_S=s``: each step sleeps ``s`` seconds
+before the vector's allreduce (a step's local work) and its line ends with the epoch whose group was up when
+that work ended (``came_in E``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main() -> int:
     die_in = int(os.environ.get("DIE_IN", "0"))
     stop_file = os.environ.get("STOP_FILE", "")
     show_ring = os.environ.get("SHOW_RING") == "1"
+    compute_s = float(os.environ.get("COMPUTE_S", "0"))
     state = {"w": np.zeros(n_elements, np.float32)}
     try:
         group = elastic.join(state)
@@ -71,7 +74,10 @@ def main() -> int:
             break
         x = np.full(n_elements, mine, np.float32)
         taken += 1
-        assert group.pg is not None
+        if compute_s:
+            time.sleep(compute_s)
+        assert group.pg is not None  # (waits for an epoch the members form meanwhile)
+        came_in = group.epoch
         ring = ",".join(map(str, group.pg.ring)) if show_ring else ""  # (the order this allreduce starts in)
         kill_at = random.randint(1, frames) if taken == die_in and frames else 0
         killer = Killer(group.pg.rt.transport, kill_at) if taken <= die_in else None
@@ -90,8 +96,8 @@ def main() -> int:
         uniform = bool((x == x[0]).all())
         print(f"step {group.step} n {n} value {x[0]!r} uniform {uniform} epoch {group.epoch} "
               f"hash {group.state_hash()[:16]} took {took:.4f} retried {group.counters['aborted'] - aborted} "
-              f"setup {group.setup_s:.4f}" + (f" ring {ring} rank {group.rank()}" if show_ring else ""),
-              flush=True)
+              f"setup {group.setup_s:.4f}" + (f" ring {ring} rank {group.rank()}" if show_ring else "")
+              + (f" came_in {came_in}" if compute_s else ""), flush=True)
     print(f"counters {' '.join(f'{k}={v}' for k, v in group.counters.items())}", flush=True)
     group.finish()
     return 0
