@@ -8,6 +8,7 @@ import hmac
 import logging
 import os
 import secrets
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
@@ -163,6 +164,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
         slow_peers = getattr(transport, "slow_peers", None)
         mine = slow_peers() if callable(slow_peers) else None
         slow = topology.agree(store, rank, world_size, mine, connect_timeout) if mine is not None else frozenset()
+        _set_up(store, job, rank, world_size, min(SET_UP_WAIT_S, connect_timeout))
     except BaseException as exc:
         if job is not None:
             _gave_up(store, job, rank, exc, min(LINGER_S, connect_timeout))
@@ -242,6 +244,9 @@ def _agree_job(store: Any, rank: int, world_size: int, secret: bytes, timeout: f
     return job
 
 
+SET_UP_WAIT_S = 5.0  # how long rank 0 waits, at the end of set-up, for the others to be done with the store
+
+
 def _joined(job: int, rank: int) -> str:
     return f"erdma/joined/{job:016x}/{rank}"
 
@@ -276,6 +281,18 @@ def _sign(secret: bytes, job: int, world: int) -> str:
 
 def _duplicate(rank: int) -> str:
     return f"rank {rank}: another process already joined this job as rank {rank} (duplicate rank)"
+
+
+def _set_up(store: Any, job: int, rank: int, world_size: int, wait: float) -> None:
+    """Each rank says it is done with the store's set-up keys; rank 0, which may serve the store and end the
+    job first (a root that sends and leaves), waits for every rank's word (at most ``wait`` seconds: a rank
+    lost meanwhile is found by the first collective), so that no rank still in set-up finds the store gone."""
+    key = f"erdma/set-up/{job:016x}"
+    done = store.add(key, 1)
+    end = time.monotonic() + wait
+    while rank == 0 and done < world_size and time.monotonic() < end:
+        time.sleep(0.01)
+        done = store.add(key, 0)
 
 
 def _check_unique(store: Any, job: int, rank: int) -> None:
