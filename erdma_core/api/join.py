@@ -289,9 +289,10 @@ def _set_up(store: Any, job: int, rank: int, world_size: int, wait: float) -> No
     lost meanwhile is found by the first collective), so that no rank still in set-up finds the store gone."""
     key = f"erdma/set-up/{job:016x}"
     done = store.add(key, 1)
-    end = time.monotonic() + wait
+    end, pause = time.monotonic() + wait, 0.005
     while rank == 0 and done < world_size and time.monotonic() < end:
-        time.sleep(0.01)
+        time.sleep(pause)  # a round trip each look: doubling up to 0.1 s, not a busy poll of the store
+        pause = min(2 * pause, 0.1)
         done = store.add(key, 0)
 
 

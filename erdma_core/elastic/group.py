@@ -225,12 +225,12 @@ class ElasticGroup:
 
     def _lapse(self) -> None:
         """A member's beats lapsed (the beat thread): end the collective waiting on it now (unless this peer
-        has gone on to an epoch without it meanwhile), or, between the caller's calls, recover ahead."""
+        has gone on to an epoch without it meanwhile). Between the caller's calls, the same round's ``_ahead``
+        then recovers ahead of it."""
         pg, record, liveness = self._pg, self.record, self.liveness
         if pg is not None and record is not None and liveness is not None \
                 and any(m.id in liveness.lapsed() for m in record.members):
             pg.abort()
-            self._ahead()
 
     def _ahead(self) -> None:
         """The beat thread, after each round: when the epoch's group failed (a member lapsed, its transport
@@ -239,7 +239,7 @@ class ElasticGroup:
         survivor does the same, so the new epoch's set-up runs while the callers compute; a survivor inside
         a call recovers there, in the same ballot. Nothing happens while a call (or this) holds the group."""
         pg = self._pg
-        if pg is None or self.record is None or pg.failure() is None or not self._calls.acquire(blocking=False):
+        if pg is None or pg.failure() is None or not self._calls.acquire(blocking=False):
             return
         record = self.record
         if self._pg is not pg or self._ahead_error is not None or record is None or not record.complete() \
@@ -248,8 +248,13 @@ class ElasticGroup:
             # (its new epoch's set-up finds the loss, on every member alike), not a step's ballot
             self._calls.release()
             return
-        self._ahead_thread = threading.Thread(target=self._recover_ahead, name="erdma-elastic-ahead", daemon=True)
-        self._ahead_thread.start()
+        try:
+            self._ahead_thread = threading.Thread(target=self._recover_ahead, name="erdma-elastic-ahead",
+                                                  daemon=True)
+            self._ahead_thread.start()
+        except RuntimeError:  # no thread to be had: the caller's next call recovers, as without this
+            self._ahead_thread = None
+            self._calls.release()
 
     def _recover_ahead(self) -> None:
         """``_ahead``'s thread (holding ``_calls``): the ballot the caller's next call would have cast with the
