@@ -30,6 +30,7 @@ from ...errors import (
     ConfigError,
     ErdmaError,
     IntegrityError,
+    PeerLostError,
     ProtocolError,
     UnreachableError,
 )
@@ -626,8 +627,11 @@ class SocketTransport(MessageTransport):
         body = LENT.pack(single_copy.address_of(payload), payload.nbytes, ticket)
         assert self._progress is not None
         self._progress.send(ch, (header._replace(kind=PULL, nbytes=LENT.size).pack(), body), None)
-        if ch.dead:  # it closed before or while the frame was handed over: nobody will read it
-            self.mailbox.fail_lent(ch.peer, ErdmaError(f"rank {self.rank}: no connection to rank {ch.peer}"))
+        if ch.dead:  # it closed before or while the frame was handed over: nobody will read it (the error
+            # its end was met with, as _channel_ended gave it to what was lent before)
+            self.mailbox.fail_lent(ch.peer, self.mailbox.aborted or PeerLostError(
+                f"rank {self.rank}: lost rank {ch.peer} over {self.name}: its connection closed before it read what "
+                "this rank lent it", peer=ch.peer, rank=self.rank))
 
     def _pull(self, peer: int, lent: Lent, out: memoryview | None) -> BaseException | None:
         """Read what ``peer`` lent into ``out`` (None: it is not wanted) and give the peer its memory back."""

@@ -22,6 +22,7 @@ after a racing write) is what catches such a pair.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from typing import Any
@@ -33,6 +34,7 @@ from .checks import bootstrap_nodes, require_secret
 from .dht import DhtNode
 
 WRITE_TRIES = 3  # rounds of store RPCs a write gets before it fails
+ADD_TRIES = 8  # read-merge-writes an add makes when racing writers' newer versions refuse its own
 
 
 def parse_url(url: str) -> tuple[list[tuple[str, int]], str]:
@@ -72,10 +74,11 @@ class DhtStore:
         """Seconds one DHT read or write may take: a lookup's rounds, each bounded by the RPC timeout."""
         return 4 * self.rpc_timeout + 1.0
 
-    def _write(self, key: str, value: bytes, deleted: bool = False) -> int:
-        """Store ``key`` on the DHT; a write no node acknowledged is made again (``WRITE_TRIES`` in all: on a
-        busy host one round of RPCs can all time out) before it fails."""
-        version = max(time.time_ns(), self._mine.get(key, (0, b""))[0] + 1)
+    def _write(self, key: str, value: bytes, deleted: bool = False, after: int = 0) -> int:
+        """Store ``key`` on the DHT, as a version above ``after`` (one read: another host's clock may be
+        ahead); a write no node acknowledged is made again (``WRITE_TRIES`` in all: on a busy host one round
+        of RPCs can all time out) before it fails."""
+        version = max(time.time_ns(), self._mine.get(key, (0, b""))[0] + 1, after + 1)
         blob = self._keys.seal(key, value, version, time.time() + self.ttl, deleted)
         took = 0
         for _ in range(WRITE_TRIES):
@@ -152,16 +155,29 @@ class DhtStore:
         """The counter after adding ``amount``. The record holds each process's share (``token=n`` pairs), so
         a share that a racing write overwrote comes back with this process's next ``add`` on the key (an
         ``add`` of 0 re-asserts it): two processes that both added 1 then both count 2 once each has added
-        again, which is how the core's duplicate-rank check sees a rank claimed twice."""
-        found = self._read(key)
-        shares = _shares(found.value) if found is not None and not found.deleted else {}
-        before = shares.get(self._token)
+        again, which is how the core's duplicate-rank check sees a rank claimed twice. A write the nodes
+        refuse because another process wrote a newer version meanwhile is merged with that version and made
+        again (``ADD_TRIES`` in all)."""
         mine = self._added.get(key, 0) + amount
         if mine:
-            self._added[key] = shares[self._token] = mine
-        if shares.get(self._token) != before:
-            self._write(key, ",".join(f"{t}={n}" for t, n in sorted(shares.items())).encode())
-        return sum(shares.values())
+            self._added[key] = mine
+        for attempt in range(ADD_TRIES):
+            found = self._read(key)
+            shares = _shares(found.value) if found is not None and not found.deleted else {}
+            if not mine or shares.get(self._token) == mine:
+                return sum(shares.values())
+            shares[self._token] = mine
+            try:
+                self._write(key, ",".join(f"{t}={n}" for t, n in sorted(shares.items())).encode(),
+                            after=found.version if found is not None else 0)
+                return sum(shares.values())
+            except ErdmaError:
+                newer = self._read(key)
+                if newer is None or (found is not None and newer.version <= found.version):
+                    raise  # not a lost race: no node took it and none holds anything newer
+            time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # racing writers spread out
+        raise ErdmaError(f"discovery: counter {key!r} of job {self.job!r} was overwritten by racing writes "
+                         f"{ADD_TRIES} times in a row")
 
     def close(self) -> None:
         for key in [k for k in self._mine if not k.startswith(FAILED_PREFIX)]:  # (why this rank gave up: kept)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,25 @@ def test_a_share_of_a_counter_lost_to_a_racing_write_comes_back(servers):
     finally:
         a.close()
         b.close()
+
+
+def test_an_add_refused_for_a_newer_version_merges_with_it_also_from_a_clock_ahead(servers):
+    """b's host clock is 1000 s ahead, so its record's version is above any a would pick from its own clock:
+    the nodes refuse a's write until a writes above the version it read. Four processes adding at once all
+    succeed, and every share is counted."""
+    a, b = (DhtStore(_addrs(servers), "ahead", b"secret", timeout=5.0, section=SECTION) for _ in range(2))
+    racers = [DhtStore(_addrs(servers), "ahead", b"secret", timeout=5.0, section=SECTION) for _ in range(4)]
+    try:
+        b._added["c"] = 1
+        b._write("c", f"{b._token}=1".encode(), after=time.time_ns() + 10**12)
+        assert a.add("c", 1) == 2 and b.add("c", 0) == 2
+        with ThreadPoolExecutor(4) as pool:
+            assert all(n >= 1 for n in pool.map(lambda s: s.add("d", 1), racers))
+        assert [s.add("d", 0) for s in racers][-1] == 4
+        assert {s.add("d", 0) for s in racers} == {4}
+    finally:
+        for s in (a, b, *racers):
+            s.close()
 
 
 def test_forged_and_stale_copies_lose_to_the_newest_signed_record(servers):
