@@ -22,9 +22,10 @@ from erdma_core.cli.launcher import free_port
 from erdma_core.discovery import FileStore, TCPStore
 from erdma_core.discovery.store import _REQ
 from erdma_core.elastic import state as shared
-from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys
+from erdma_core.elastic.group import ElasticGroup
+from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys, Member, Outcome, Record
 from erdma_core.elastic.prefix import PrefixStore
-from erdma_core.errors import AbortedError, CollectiveTimeoutError
+from erdma_core.errors import AbortedError, CollectiveTimeoutError, ErdmaError, PeerLostError
 from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out
 from erdma_core.transport import auth
 from erdma_core.transport.base import failed_elsewhere
@@ -155,6 +156,49 @@ def test_leaving_votes_dead_so_the_others_do_not_wait(served):
     out = _vote(served, [True] * 4, deadline=600, settle=600, who=[0, 1, 2])  # only its vote can end this
     assert {(o.commit, o.survivors) for o in out.values() if not isinstance(o, Exception)} == {(False, (0, 1, 2))}
     assert len(out) == 3
+
+
+def _group_of(store, record, me: int, collective_s: float = 30.0) -> ElasticGroup:
+    """An elastic group object of ``record``'s member ``me``, as it stands mid-job (no epoch group made)."""
+    from erdma_core.api.join import load_config
+
+    g = ElasticGroup(store, load_config(None, **{"timeouts.collective": collective_s}), "t", {}, min_peers=1,
+                     join_timeout=5.0, announce=False)
+    g.record, g.id, g.name = record, record.members[me].id, record.members[me].name
+    return g
+
+
+HOLDER, NEWCOMER = Member("h" * 16, "holder:1", True), Member("n" * 16, "newcomer:2", False)
+
+
+def test_a_newcomer_waits_for_a_slow_holders_vote_rather_than_count_it_dead(served):
+    """In the epoch that admits it, a newcomer whose step failed does not count the member holding the state
+    dead for voting late (SETTLE_S): it cannot tell slow from dead, and the job's state would go with it. The
+    holder votes 7 s later, and both are survivors; on the previous code the newcomer voted it dead at 5 s."""
+    keys = Keys("t")
+    g = _group_of(served[1], Record(3, (HOLDER, NEWCOMER), 1), 1)
+    holder = threading.Timer(7.0, lambda: Ballot(served[0], keys, 3, 0, 0, 2).decide(
+        False, lambda: set(), time.monotonic() + 30, 5.0))
+    holder.start()
+    outcome = g._decide(PeerLostError("rank 1: lost rank 0 over TCP: injected", peer=0, rank=1))
+    holder.join(30)
+    assert (outcome.commit, outcome.survivors) == (False, (0, 1))
+
+
+def test_a_newcomer_never_forms_an_epoch_without_a_member_holding_the_state(served, monkeypatch):
+    """Its transport saw the holder go, but the holder voted: the next epoch keeps it (its vote says it is
+    there). With the holder voted dead, there is nothing to go on with: the newcomer says so, naming it."""
+    g = _group_of(served[0], Record(3, (HOLDER, NEWCOMER), 1), 1)
+    entered: list[Record] = []
+    monkeypatch.setattr(g, "_enter", lambda record, old: entered.append(record))
+    monkeypatch.setattr(g, "_lost", lambda: {0})
+    g._recover(Outcome(False, 0, (0, 1)), PeerLostError("rank 1: lost rank 0 over TCP: reset", peer=0, rank=1))
+    assert [m.id for m in entered[0].members] == [HOLDER.id, NEWCOMER.id] and entered[0].epoch == 4
+    g.record = Record(5, (HOLDER, NEWCOMER), 1)
+    with pytest.raises(ErdmaError, match=r"elastic: epoch 5 failed and none of its members that hold the shared "
+                                         r"state \(holder:1\) is left; newcomer:2, which has not received it"):
+        g._recover(Outcome(False, 0, (1,)), None)
+    assert len(entered) == 1
 
 
 # ---- state --------------------------------------------------------------------------------------------------

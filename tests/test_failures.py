@@ -343,3 +343,46 @@ def test_bad_input_errors_name_the_problem(erdma_world):
         and "did you mean 'ring'" in errs[9][1]
     assert errs[10] == ("TypeError", "ReduceOp.BXOR needs an integer or bool dtype (int8, int16, int32, int64, uint8, "
                                      "bool), got float16")
+
+
+def test_a_set_up_that_fails_after_connecting_gives_back_its_transport_and_tells_the_peers(tmp_path, monkeypatch):
+    """Rank 1's transport connected, then a later set-up step failed on it: its connections and threads are
+    given back as it raises (not kept open by the traceback), and rank 0's first collective fails at once,
+    naming rank 1, instead of waiting out timeouts.collective."""
+    from erdma_core.api import join
+    from erdma_core.discovery import FileStore
+
+    real = join._check_unique
+
+    def flaky(store, job, rank):
+        if rank == 1:
+            raise ErdmaError("rank 1: a set-up step after connecting failed (injected)")
+        real(store, job, rank)
+
+    monkeypatch.setattr(join, "_check_unique", flaky)
+    conf = join.load_config(None, **{"timeouts.collective": 60.0, "timeouts.connect": 20.0})
+    results: dict[int, object] = {}
+
+    def rank(r: int) -> None:
+        try:
+            pg = join.init_with_store(FileStore(tmp_path), r, 2, conf)
+        except ErdmaError as exc:
+            results[r] = exc
+            return
+        try:
+            pg.allreduce(np.ones(4, np.float32))
+            results[r] = "completed"
+        except ErdmaError as exc:
+            results[r] = exc
+        finally:
+            pg.destroy()
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert str(results[1]) == "rank 1: a set-up step after connecting failed (injected)"
+    error = results.get(0, "rank 0 had no outcome within 60 s")  # nor timeouts.collective: the peer said why
+    assert isinstance(error, (PeerLostError, AbortedError)) and "rank 1" in str(error), error
+    assert not [t.name for t in threading.enumerate() if t.name.endswith("-1") and t.name.startswith("erdma-")]

@@ -138,7 +138,8 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     global _default
     comps = components()
     connect_timeout = conf["timeouts.connect"]
-    job = None
+    job = transport = codecs = None
+    connected = False
     try:
         secret = conf["security.secret"].encode()
         job = _agree_job(store, rank, world_size, secret, connect_timeout)
@@ -160,6 +161,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
                                            dial_plan=getattr(traversal, "dial_plan", None),
                                            max_early_bytes=conf["security.max_early_bytes"],
                                            collective_timeout=conf["timeouts.collective"]))
+        connected = True
         _check_unique(store, job, rank)
         slow_peers = getattr(transport, "slow_peers", None)
         mine = slow_peers() if callable(slow_peers) else None
@@ -168,6 +170,10 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     except BaseException as exc:
         if job is not None:
             _gave_up(store, job, rank, exc, min(LINGER_S, connect_timeout))
+        if connected:  # its peers are told, and its connections, sockets and threads are given back now
+            _release(transport, exc)
+        if codecs is not None:
+            codecs.close()
         store.close()
         raise
     rt = Runtime(rank=rank, world_size=world_size, config=conf, components=comps, store=store, transport=transport,
@@ -180,6 +186,16 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
              conf["collectives.allreduce"], applies(codecs))
     _default = pg
     return pg
+
+
+def _release(transport: Any, error: BaseException) -> None:
+    """A transport that connected, in a set-up that failed after it: it aborts (the peers learn why) and
+    closes; what that raises is logged, the set-up's own error is what the caller gets."""
+    try:
+        transport.abort(error)
+        transport.close()
+    except Exception as exc:
+        log.debug("init: releasing the transport of a failed set-up: %s", exc)
 
 
 def _transport(comps: Components, conf: cfg.Config) -> Any:

@@ -290,8 +290,12 @@ class ElasticGroup:
         if error is not None and not (isinstance(error, RETRIED) if retry is None else retry):
             ballot.leave()
             raise error
-        return ballot.decide(error is None, self._lost, time.monotonic() + self.conf["timeouts.collective"],
-                             SETTLE_S)
+        # a member without the state (a newcomer) never counts a silent member dead for being late, only for
+        # being lost: it cannot tell a slow member from a dead one, and the state it would go on without is the
+        # job's; the members that hold it count it out instead if it is the one that went
+        has = self.record.members[self.rank()].has_state
+        deadline = time.monotonic() + self.conf["timeouts.collective"]
+        return ballot.decide(error is None, self._lost, deadline, SETTLE_S if has else self.conf["timeouts.collective"])
 
     def _recover(self, outcome: Outcome, error: BaseException | None) -> None:
         """After an abort: the next epoch is the survivors (the votes say who, less the peer this member's
@@ -301,10 +305,17 @@ class ElasticGroup:
         self.counters["aborted"] += 1
         gone = self._lost()
         alive = [i for i in outcome.survivors if i not in gone]
+        if not any(old.members[i].has_state for i in alive):  # of the members holding the state, keep those
+            alive = list(outcome.survivors)  # whose vote says they are there, whatever a connection said
         self.counters["lost"] += len(old.members) - len(alive)
         if self.rank() not in alive:
             raise ExcludedError("elastic: counted as dead")
         members = tuple(old.members[i] for i in alive)
+        if not any(m.has_state for m in members):
+            holders = ", ".join(m.name for m in old.members if m.has_state)
+            raise ErdmaError(f"elastic: epoch {old.epoch} failed and none of its members that hold the shared "
+                             f"state ({holders}) is left; {self.name}, which has not received it, cannot go on "
+                             f"(the job's state is gone with them). Its error: {error}")
         self._enter(propose(self.store, self.keys, Record(old.epoch + 1, members, old.admitted)), old)
 
     def _enter(self, record: Record, old: Record | None) -> None:
