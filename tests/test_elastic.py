@@ -21,6 +21,7 @@ from erdma_core import ConfigError, elastic
 from erdma_core.cli.launcher import free_port
 from erdma_core.discovery import FileStore, TCPStore
 from erdma_core.discovery.store import _REQ
+from erdma_core.elastic import admission
 from erdma_core.elastic import state as shared
 from erdma_core.elastic.group import ElasticGroup
 from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys, Member, Outcome, Record
@@ -118,8 +119,18 @@ def _vote(clients, oks, lost=lambda: set(), deadline=30.0, settle=5.0, who=None)
 
 def test_ballot_commits_when_every_member_is_done_and_says_how_many_tickets(served):
     served[0].add(Keys("t")("tickets"), 6)
+    served[0].add(Keys("t")("probes"), 2)
     out = _vote(served, [True] * 4)
-    assert {(o.commit, o.tickets) for o in out.values()} == {(True, 6)}
+    assert {(o.commit, o.tickets, o.probes) for o in out.values()} == {(True, 6, 2)}
+
+
+@pytest.mark.parametrize("epochs", [0, 1, 2, 3, 5, 8, 13])
+def test_a_newcomer_finds_the_latest_epoch_in_a_few_reads(served, epochs):
+    keys = Keys("t")
+    for e in range(1, epochs + 1):
+        served[0].set(keys("epoch", e), Record(e, (Member(f"m{e}", "h:1", True),), 0).encode())
+    found = admission.latest(served[0], keys)
+    assert (found.epoch, found.members[0].id) == (epochs, f"m{epochs}") if epochs else found is None
 
 
 def test_ballot_aborts_everywhere_when_one_member_failed(served):
@@ -540,6 +551,34 @@ def test_survivors_form_the_next_epoch_while_they_compute(tmp_path):
         # came_in, retried
         assert " aborted=1 " in next(line for line in p.lines if line.startswith("counters")), p.lines[-3:]
     assert _steps(a)[1].split()[11] == _steps(b)[1].split()[11]
+
+
+PEER_INFO = ("-c", "import logging, runpy; logging.basicConfig(level=logging.INFO); "
+             "runpy.run_module('erdma_core.testing.elastic_peer', run_name='__main__')")
+
+
+def test_a_newcomers_paths_are_checked_beside_the_members_steps_before_it_is_admitted(tmp_path):
+    """A newcomer asks for a path check before it draws a ticket: each of the 2 members answers at its next
+    committed step (a group of two with the newcomer, on a thread of its own), the newcomer finds both pairs
+    connect, draws a ticket and is admitted with the members' state. With ``elastic.admission_check`` off,
+    nothing is checked."""
+    stop = tmp_path / "stop"
+    with ElasticJob(python(*PEER_INFO), tmp_path, min_peers=2,
+                    env={"STEPS": "100000", "STOP_FILE": str(stop), "ELEMENTS": "1024"}) as job:
+        a, b = job.start(), job.start()
+        _until(lambda: len(_steps(a)) >= 2, "2 steps")
+        c = job.start()
+        _until(lambda: len(_steps(c)) >= 2, "2 steps of the newcomer", 120)
+        d = job.start({"ERDMA_ELASTIC_ADMISSION_CHECK": "false"})
+        _until(lambda: len(_steps(d)) >= 2, "2 steps of the unchecked newcomer", 120)
+        stop.touch()
+        assert [p.wait(60) for p in (a, b, c, d)] == [0] * 4
+    assert any("connects to the 2 members it checked; drawing a ticket" in line for line in c.lines), c.lines[:30]
+    for p in (a, b):
+        assert sum("paths to this member checked: they connect" in line for line in p.lines) == 1, p.lines[-30:]
+    assert not any("members it checked" in line for line in d.lines)
+    theirs = {line.split()[1]: line.split()[11] for line in _steps(a)}
+    assert all(theirs[line.split()[1]] == line.split()[11] for line in _steps(c) + _steps(d))
 
 
 def test_a_liveness_timeout_that_would_flood_the_store_is_refused():

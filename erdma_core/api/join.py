@@ -133,8 +133,9 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | cfg.Config | None 
     return init_with_store(store, rank, world_size, conf)
 
 
-def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) -> ProcessGroup:
-    """Join the job through a store that is already up (e.g. the one torch.distributed made)."""
+def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config, *, default: bool = True) -> ProcessGroup:
+    """Join the job through a store that is already up (e.g. the one torch.distributed made). ``default``: the
+    group becomes the process's default one (False: a group beside it, such as an elastic path check's)."""
     global _default
     comps = components()
     connect_timeout = conf["timeouts.connect"]
@@ -184,7 +185,8 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config) ->
     log.info("rank %d of %d: transport %s%s, allreduce %s, %s", rank, world_size, conf["transport.name"],
              f" ({fallback} for the pairs it cannot connect)" if fallback != "none" else "",
              conf["collectives.allreduce"], applies(codecs))
-    _default = pg
+    if default:
+        _default = pg
     return pg
 
 

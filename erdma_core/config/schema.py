@@ -67,6 +67,12 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
                                 "--elastic -n N` sets N)", minimum=1, maximum=1 << 16),
             "join_timeout": Option(float, 600.0, "seconds a peer waits to be admitted to an elastic job",
                                    minimum=0.001, maximum=MAX_TIMEOUT),
+            "admission_check": Option(bool, True, "before a newcomer is put into an epoch, it and each member of the "
+                                      "latest epoch check that they connect (a group of two per pair, through the "
+                                      "job's transport and traversal, set up on threads beside the members' steps); "
+                                      "one that cannot says which pairs and checks again later, until join_timeout. "
+                                      "false: it is put in at once, and a newcomer that cannot reach the members "
+                                      "costs them timeouts.connect"),
             "liveness_timeout": Option(float, 5.0, "seconds without a member's sign of life in the job's store "
                                        "(a counter each member bumps every quarter of this; on etcd every eighth, "
                                        "heard through a watch, in a key under a lease of this many seconds, at "

@@ -53,7 +53,9 @@ def join(state: Mapping[str, Any], config: Any = None, *, announce: bool = True)
                           "every member write to the store more than 8 times a second; valid: 0 (off) or at least 0.5")
     store = open_store(conf["discovery.init_method"], conf)
     beats = open_store(conf["discovery.init_method"], conf) if conf["elastic.liveness_timeout"] > 0 else None
+    url = conf["discovery.init_method"]
     group = ElasticGroup(store, conf, conf["elastic.job"], state, min_peers=conf["elastic.min_peers"],
-                         join_timeout=conf["elastic.join_timeout"], announce=announce, beats=beats)
+                         join_timeout=conf["elastic.join_timeout"], announce=announce, beats=beats,
+                         clients=lambda: open_store(url, conf))
     group.sync()
     return group

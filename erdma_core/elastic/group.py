@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..api.join import init_with_store
@@ -38,6 +38,7 @@ from ..errors import (
     UnreachableError,
 )
 from ..protocol.reduce_ops import ReduceOp
+from . import admission
 from . import state as shared
 from .liveness import Liveness
 from .membership import (
@@ -64,10 +65,12 @@ class ElasticGroup:
     and shapes on every peer). Made by ``erdma_core.elastic.join``; see its docstring for the loop."""
 
     def __init__(self, store: CasStore, conf: Config, job: str, state: Mapping[str, Any], *, min_peers: int,
-                 join_timeout: float, announce: bool, beats: CasStore | None = None) -> None:
+                 join_timeout: float, announce: bool, beats: CasStore | None = None,
+                 clients: Callable[[], CasStore] | None = None) -> None:
         """``beats``: a client of the same store of its own, for the members' signs of life
         (``elastic.liveness_timeout``; ``liveness``); None: a hung member is found at the collective's
-        timeout."""
+        timeout. ``clients()``: a new client of the store, one per path check of a newcomer (``admission``,
+        with ``elastic.admission_check``); None: no checks."""
         need_compare_set(store)
         for name in state:
             shared.view(state[name])  # refuses what it cannot share
@@ -87,6 +90,8 @@ class ElasticGroup:
         self._was_up = False  # whether an epoch's group of this peer's ever came up
         self._moved = 0  # the epoch's count of moved paths its last committed allreduce said (``Ballot.moved``)
         self._slow: set[int] = set()  # the peers this one reached through a relay when the epoch last agreed
+        self._clients = clients
+        self._probes: int | None = None  # newcomers' path checks this member has seen asked for (``admission``)
         self._calls = threading.Lock()  # held by a caller's call, or by the thread that recovers ahead of it
         self._ahead_error: Exception | None = None  # what recovering ahead of the caller ended with
         self.liveness = None if beats is None else Liveness(beats, self.keys, self.id,
@@ -295,7 +300,20 @@ class ElasticGroup:
         # job's; the members that hold it count it out instead if it is the one that went
         has = self.record.members[self.rank()].has_state
         deadline = time.monotonic() + self.conf["timeouts.collective"]
-        return ballot.decide(error is None, self._lost, deadline, SETTLE_S if has else self.conf["timeouts.collective"])
+        outcome = ballot.decide(error is None, self._lost, deadline, SETTLE_S if has else self.conf["timeouts.collective"])
+        if outcome.commit:
+            self._answer(outcome.probes)
+        return outcome
+
+    def _answer(self, probes: int) -> None:
+        """The path checks newcomers asked for since this member's last commit: each on a thread of its own
+        (``admission.answer``). A member's first commit only counts those asked before it."""
+        seen, self._probes = self._probes, probes
+        if seen is None or self._clients is None:
+            return
+        for n in range(seen + 1, probes + 1):
+            threading.Thread(target=admission.answer, args=(self._clients, self.conf, self.keys, n, self.id),
+                             name="erdma-elastic-answer", daemon=True).start()
 
     def _recover(self, outcome: Outcome, error: BaseException | None) -> None:
         """After an abort: the next epoch is the survivors (the votes say who, less the peer this member's
@@ -375,12 +393,14 @@ class ElasticGroup:
         the pairs, by name. It leaves rather than draws another ticket: from where it is, every epoch that
         took it in would fail the same way, and the members would lose a connect timeout each time."""
         pairs = ", ".join(f"{self.name} - {record.members[p].name}" for p in exc.peers if p < len(record.members))
-        return UnreachableError(f"elastic: {self.name} cannot take part in job {self.keys.job!r} from where it runs: "
-                                f"no connection within timeouts.connect for the pairs {pairs} (epoch "
-                                f"{record.epoch}); the members go on without it. A peer behind a NAT that maps each "
-                                "destination to a new port needs a relay: traversal.stun.relay, with transport.name = "
-                                "\"quic\" or transport.fallback = \"quic\". Its error: " + str(exc),
-                                peers=exc.peers, rank=index, op="connect")
+        return UnreachableError(self._cannot(pairs, f"epoch {record.epoch}; the members go on without it")
+                                + " Its error: " + str(exc), peers=exc.peers, rank=index, op="connect")
+
+    def _cannot(self, pairs: str, when: str) -> str:
+        return (f"elastic: {self.name} cannot take part in job {self.keys.job!r} from where it runs: no connection "
+                f"within timeouts.connect for the pairs {pairs} ({when}). A peer behind a NAT that maps each "
+                "destination to a new port needs a relay: traversal.stun.relay, with transport.name = \"quic\" or "
+                "transport.fallback = \"quic\".")
 
     def _called_off(self, record: Record, index: int) -> str | None:
         """Why the set-up of ``record``'s group should stop now, or None: a member's beats lapsed (it will
@@ -433,7 +453,10 @@ class ElasticGroup:
         """Draw a ticket, wait to be admitted (or found the job with the first ``min_peers``), receive the
         state."""
         deadline = time.monotonic() + self.join_timeout
+        self._probes = None
         while True:
+            if self._clients is not None and self.conf["elastic.admission_check"]:
+                self._check_paths(deadline)
             ticket = self.store.add(self.keys("tickets"), 1)
             self.store.set(self.keys("ticket", ticket), f"{self.id} {self.name}".encode())
             if ticket == self.min_peers:  # founds the job: the peers that drew tickets so far
@@ -453,19 +476,46 @@ class ElasticGroup:
                 self._drop_pg()
                 self.record = None
 
+    def _check_paths(self, deadline: float) -> None:
+        """Before drawing a ticket: the latest epoch's members and this newcomer check the paths between them
+        (``admission``). When some pair did not connect, say which, in one line, and check again after a
+        wait that doubles (5 s to 60 s); at ``deadline`` (``elastic.join_timeout``) raise UnreachableError
+        naming the pairs. The members go on stepping throughout."""
+        wait = admission.FIRST_WAIT_S
+        assert self._clients is not None
+        while True:
+            verdict = admission.check(self.store, self._clients, self.conf, self.keys, self.id, self.name, deadline,
+                                      lambda: self._finished("its paths were checked"))
+            if not verdict.unreachable:
+                if verdict.checked:
+                    log.info("elastic: %s connects to the %d members it checked; drawing a ticket", self.name,
+                             verdict.checked)
+                return
+            pairs = ", ".join(f"{self.name} - {m}" for m in verdict.unreachable)
+            said = self._cannot(pairs, "checked before it was admitted; the members went on stepping")
+            if time.monotonic() + wait > deadline:
+                raise UnreachableError(f"{said} It stopped checking at elastic.join_timeout "
+                                       f"({self.join_timeout:.0f}s).", rank=None, op="join")
+            sys.stderr.write(f"{said} Checking again in {wait:.0f}s.\n")
+            sys.stderr.flush()
+            time.sleep(wait)
+            wait = min(2 * wait, admission.LONGEST_WAIT_S)
+
+    def _finished(self, before: str) -> None:
+        """Raise JobFinishedError when the job finished (``finish``) before ``before``."""
+        try:
+            step = int(self.store.get(self.keys("finished"), 0.0))
+        except CollectiveTimeoutError:
+            return
+        raise JobFinishedError(f"elastic: job {self.keys.job!r} finished at step {step} before {before}")
+
     def _wait(self, ticket: int, deadline: float) -> int:
         key = self.keys("admit", ticket)
         while True:
             try:
                 return int(self.store.get(key, min(1.0, max(0.01, deadline - time.monotonic()))))
             except CollectiveTimeoutError:
-                try:
-                    step = int(self.store.get(self.keys("finished"), 0.0))
-                except CollectiveTimeoutError:
-                    pass
-                else:
-                    raise JobFinishedError(f"elastic: job {self.keys.job!r} finished at step {step} before ticket "
-                                           f"{ticket} was admitted")
+                self._finished(f"ticket {ticket} was admitted")
                 if time.monotonic() > deadline:
                     raise CollectiveTimeoutError(
                         f"elastic: ticket {ticket} was not admitted within {self.join_timeout:.0f}s (is the job "

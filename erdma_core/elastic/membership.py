@@ -92,6 +92,7 @@ class Outcome:
     tickets: int  # tickets drawn when the step committed (0 on abort)
     survivors: tuple[int, ...]  # on abort: the members (indices) whose vote is not dead
     moved: int = 0  # on commit: how many times members of the epoch said their paths moved (``Ballot.moved``)
+    probes: int = 0  # on commit: newcomers' path checks asked for so far (``admission``)
 
 
 class Keys:
@@ -122,6 +123,7 @@ class Ballot:
         self._key = lambda *p: keys("vote", epoch, step, *p)
         self._tickets = keys("tickets")
         self._moved = keys("moved", epoch)
+        self._probes = keys("probes")
 
     def _vote(self, member: int, value: bytes) -> bytes:
         return self.store.compare_set(self._key(member), b"", value)
@@ -130,10 +132,11 @@ class Ballot:
         self.store.compare_set(self._key("outcome"), b"", value)
 
     def _commit(self) -> None:
-        """Every vote is done: commit, with the tickets drawn by now (the newcomers the next boundary admits)
-        and the epoch's count of moved paths (``moved``: a member says so before it votes, so the count holds
-        every member's word for this step)."""
-        self._settle(b"commit:%d:%d" % (self.store.add(self._tickets, 0), self.store.add(self._moved, 0)))
+        """Every vote is done: commit, with the tickets drawn by now (the newcomers the next boundary admits),
+        the epoch's count of moved paths (``moved``: a member says so before it votes, so the count holds
+        every member's word for this step) and the newcomers' path checks asked for by now (``admission``)."""
+        self._settle(b"commit:%d:%d:%d" % (self.store.add(self._tickets, 0), self.store.add(self._moved, 0),
+                                           self.store.add(self._probes, 0)))
 
     def moved(self) -> None:
         """Before this member votes done: its transport's paths moved since the epoch last agreed on them, so
@@ -180,8 +183,8 @@ class Ballot:
                 scan = now + SCAN_S
                 self._look(gone, now > deadline)
         if out.startswith(b"commit:"):
-            tickets, moved = (int(x) for x in out[7:].split(b":"))
-            return Outcome(True, tickets, (), moved)
+            tickets, moved, probes = (int(x) for x in out[7:].split(b":"))
+            return Outcome(True, tickets, (), moved, probes)
         end = time.monotonic() + settle_s
         while True:
             votes = [self._read(m) for m in range(self.size)]

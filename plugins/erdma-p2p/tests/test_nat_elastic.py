@@ -1,8 +1,9 @@
 """Elastic jobs behind NATs, with their store on the public side. On the built-in TCP (every pair meets through
-its NATs): a newcomer behind a NAT that maps each destination anew cannot meet any member. The members lose
-one connect timeout to it and go on stepping; the newcomer leaves with an error naming the pairs, instead of
-being taken into every next epoch and failing each one. On QUIC: a pair whose direct path moves to the relay
-and back reorders every member's ring at a step boundary, with no step aborted."""
+its NATs): a newcomer behind a NAT that maps each destination anew cannot meet any member. Its paths are
+checked before it is admitted, beside the members' steps: the members lose nothing to it and stay in their
+epoch; the newcomer says which pairs failed, checks again later, and leaves at its join timeout with an
+error naming the pairs. With the check off, the members lose one connect timeout to it. On QUIC: a pair whose
+direct path moves to the relay and back reorders every member's ring at a step boundary, with no step aborted."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def serve_store(lab: NatLab) -> subprocess.Popen[str]:
     return proc
 
 
-def test_an_unreachable_newcomer_leaves_naming_the_pairs_and_the_members_go_on(tmp_path):
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
+def test_an_unreachable_newcomer_leaves_naming_the_pairs_and_the_members_go_on(tmp_path, checked):
     env = {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRAVERSAL": "stun", "ERDMA_TRAVERSAL_STUN_SERVER": f"{STUN[0]}:{STUN[1]}",
            "ERDMA_TIMEOUTS_CONNECT": str(CONNECT_S), "STEPS": "100000", "ELEMENTS": "1024",
            "STOP_FILE": str(tmp_path / "stop")}
@@ -45,7 +47,9 @@ def test_an_unreachable_newcomer_leaves_naming_the_pairs_and_the_members_go_on(t
                             secret="elastic-nat", env=env, store_url=f"tcp://{STORE[0]}:{STORE[1]}") as job:
                 members = [job.start(wrap=["ip", "netns", "exec", lab.host(i)]) for i in range(3)]
                 until(lambda: len(steps(members[0])) >= 3, "3 steps of the three members")
-                newcomer = job.start(wrap=["ip", "netns", "exec", lab.host(3)])
+                newcomer = job.start({"ERDMA_ELASTIC_JOIN_TIMEOUT": "30",
+                                      "ERDMA_ELASTIC_ADMISSION_CHECK": str(checked).lower()},
+                                     wrap=["ip", "netns", "exec", lab.host(3)])
                 started, before = time.monotonic(), len(steps(members[0]))
                 code = newcomer.wait(CONNECT_S + 60)
                 until(lambda: len(steps(members[0])) >= before + 10, "10 steps after the newcomer started", 90)
@@ -66,7 +70,13 @@ def test_an_unreachable_newcomer_leaves_naming_the_pairs_and_the_members_go_on(t
             hashes.setdefault(line.split()[1], set()).add(line.split()[11])
     assert all(len(h) == 1 for h in hashes.values()), hashes
     assert all(" n 3 " in line for line in steps(members[0])), steps(members[0])[-5:]
-    assert len(epochs) <= 3, epochs  # the first, the one that took the newcomer in, the one after
+    if checked:  # never put into an epoch; it checked twice (5 s apart), and said so the first time
+        assert epochs == {"1"}, epochs
+        assert said.count("Checking again in 5s.") == 1 and "(checked before it was admitted" in said, said
+        assert "It stopped checking at elastic.join_timeout (30s)." in said, said
+        assert all(" retried 0 " in line for line in steps(members[0])), steps(members[0])[-5:]
+    else:
+        assert len(epochs) <= 3, epochs  # the first, the one that took the newcomer in, the one after
 
 
 PEER_INFO = ("-c", "import logging, runpy; logging.basicConfig(level=logging.INFO); "

@@ -1,0 +1,173 @@
+"""A newcomer's paths, checked before it is put into an epoch (``elastic.admission_check``), so that one that
+cannot reach the members costs them nothing.
+
+Before it draws a ticket, a newcomer asks for a check (``probes`` counts the requests; ``probe/<n>`` says who
+asks, and of which members of the latest epoch). The members learn of it from the commit of their next step,
+which carries the count (``Ballot``), so each member sees it at the same step, from its own ballot, with no
+extra reads. Each member named then answers on a thread of its own, while it goes on stepping: it sets
+``probe/<n>/<member>/start`` and sets up a group of two with the newcomer (the member rank 0, the newcomer rank
+1, as in the epoch that would take it in), through the job's configured transport and traversal, under the
+request's keys, and runs one allreduce of a single number on it. The newcomer does the same with every member
+that started. A pair whose group does not come up within ``timeouts.connect`` (``UnreachableError``) is a pair
+the epoch would not connect either; a member that never starts (it died, or is no longer a member) is left out.
+The newcomer draws a ticket only when no pair failed; otherwise it says which pairs, in one line, and checks
+again later (5 s, then twice as long each time, at most 60 s), until ``elastic.join_timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import Config
+from ..errors import CollectiveTimeoutError, ErdmaError, UnreachableError
+from .membership import CasStore, Keys, Record
+from .prefix import PrefixStore
+
+log = logging.getLogger("erdma.elastic")
+FIRST_WAIT_S = 5.0  # before a newcomer checks again; doubled each time
+LONGEST_WAIT_S = 60.0
+READ_S = 5.0  # how long a member waits for a request's record after the count that names it
+
+
+@dataclass(frozen=True)
+class Verdict:
+    unreachable: tuple[str, ...]  # names of the members no connection was made with
+    checked: int  # members that took part
+
+
+def latest(store: CasStore, keys: Keys) -> Record | None:
+    """The latest epoch's record in the store, or None before the job started (doubling, then halving: a few
+    reads however many epochs there were)."""
+    def has(epoch: int) -> bool:
+        try:
+            store.get(keys("epoch", epoch), 0.0)
+            return True
+        except CollectiveTimeoutError:
+            return False
+
+    if not has(1):
+        return None
+    low, high = 1, 2
+    while has(high):
+        low, high = high, high * 2
+    while high - low > 1:  # has(low), not has(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if has(mid) else (low, mid)
+    return Record.decode(store.get(keys("epoch", low), 0.0))
+
+
+def check(store: CasStore, open_client: Callable[[], Any], conf: Config, keys: Keys, me: str, name: str,
+          deadline: float, finished: Callable[[], None]) -> Verdict:
+    """The newcomer's side: ask the latest epoch's members to check the paths to them, and check them. Waits
+    until the first member starts (at most until ``deadline``; ``finished()`` raises once the job finished),
+    then ``timeouts.connect`` for the rest of them to start and for every pair's group."""
+    record = latest(store, keys)
+    if record is None:
+        return Verdict((), 0)
+    n = store.add(keys("probes"), 1)
+    store.set(keys("probe", n), json.dumps({"id": me, "name": name, "members": [m.id for m in record.members]})
+              .encode())
+    try:
+        started = _first_start(store, keys, n, record, deadline, finished)
+        if started is None:
+            return Verdict((), 0)
+        connect = conf["timeouts.connect"]
+        results: dict[str, BaseException | None] = {}
+        threads = [threading.Thread(target=_pair, args=(open_client, conf, keys, n, m.id, 1, connect + started,
+                                                        results), name="erdma-elastic-check", daemon=True)
+                   for m in record.members]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        store.set(keys("probe", n, "closed"), b"1")  # a member that comes to it later does not answer
+    failed = tuple(m.name for m in record.members if isinstance(results.get(m.id), UnreachableError))
+    worked = sum(1 for m in record.members if m.id in results and results[m.id] is None)
+    return Verdict(failed, worked + len(failed))
+
+
+def _first_start(store: CasStore, keys: Keys, n: int, record: Record, deadline: float,
+                 finished: Callable[[], None]) -> float | None:
+    """Wait until a member of ``record`` starts answering request ``n`` (at its next committed step); the time
+    it did, or None at ``deadline``."""
+    while time.monotonic() < deadline:
+        for m in record.members:
+            try:
+                store.get(keys("probe", n, m.id, "start"), 0.0)
+                return time.monotonic()
+            except CollectiveTimeoutError:
+                pass
+        finished()
+        time.sleep(0.2)
+    return None
+
+
+def answer(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, me: str) -> None:
+    """A member's side, on a thread of its own: request ``n``, if it names this member and is still open, is
+    answered with a group of two with the newcomer. Whatever happens is logged, never raised: the member's
+    steps do not depend on it."""
+    try:
+        client = open_client()
+    except ErdmaError as exc:
+        log.info("elastic: a newcomer's path check %d not answered: %s", n, exc)
+        return
+    try:
+        asked = json.loads(client.get(keys("probe", n), READ_S))
+        if me not in asked.get("members", ()):
+            return
+        try:
+            client.get(keys("probe", n, "closed"), 0.0)
+            return
+        except CollectiveTimeoutError:
+            pass
+        client.set(keys("probe", n, me, "start"), b"1")
+    except (ErdmaError, ValueError, AttributeError) as exc:
+        log.info("elastic: a newcomer's path check %d not answered: %s", n, exc)
+        client.close()
+        return
+    results: dict[str, BaseException | None] = {}
+    _pair(lambda: client, conf, keys, n, me, 0, time.monotonic() + conf["timeouts.connect"], results)
+    outcome = results.get(me)
+    if outcome is None:
+        log.info("elastic: %s's paths to this member checked: they connect", asked.get("name", "a newcomer"))
+    else:
+        log.warning("elastic: %s cannot reach this member: %s", asked.get("name", "a newcomer"), outcome)
+
+
+def _pair(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, member: str, rank: int,
+          until: float, results: dict[str, BaseException | None]) -> None:
+    """One pair's check, as ``rank`` (0: the member, 1: the newcomer): a group of two under the request's keys
+    for ``member``, and an allreduce of one number on it; ``results[member]`` is None when it worked, else the
+    error. The newcomer's side first waits (until ``until``) for the member to start."""
+    from ..api.join import init_with_store
+
+    try:
+        client = open_client()
+    except ErdmaError as exc:
+        results[member] = exc
+        return
+    try:
+        if rank == 1:
+            client.get(keys("probe", n, member, "start"), max(0.0, until - time.monotonic()))
+        pg = init_with_store(PrefixStore(client, keys("probe", n, member) + "/"), rank, 2, conf, default=False)
+        try:
+            one = np.ones(1, np.float32)
+            pg.allreduce(one)
+            if one[0] != 2.0:
+                raise ErdmaError(f"elastic: a path check's allreduce gave {one[0]!r}, not 2.0")
+        finally:
+            pg.destroy()
+        results[member] = None
+    except ErdmaError as exc:  # UnreachableError: no path; a plain CollectiveTimeoutError: it never started
+        results[member] = exc
+    finally:
+        client.close()
