@@ -158,14 +158,15 @@ def summarize_erdma(peers: list[Peer], victim: Peer, newcomer: Peer | None, even
     site_of = {f":{p.pid}": i for i, p in enumerate(peers)}  # a member's name is host:pid
     paths: dict[int, dict[str, dict[str, str]]] = {}  # epoch -> "site i" -> "site j" -> "direct TCP" ...
     for i, p in enumerate(peers):
-        said: list[tuple[str, str, str, str]] = []
+        said: list[list[tuple[str, str, str, str]]] = []  # since the last outer step (a newcomer's path checks
+        # are groups of two that say their paths too: the epoch's is the last with a peer per other member)
         for line in p.lines:
             if (m := PATHS.search(line)) is not None:
-                said = PATH.findall(m[2])
+                said.append(PATH.findall(m[2]))
             elif (m := OUTER.match(line)) is not None and said:
                 names = m[4].split(", ")
                 sites = [next((v for k, v in site_of.items() if n.endswith(k)), -1) for n in names]
-                for rank, _, how, over in said:
+                for rank, _, how, over in next((s for s in reversed(said) if len(s) == len(names) - 1), []):
                     paths.setdefault(int(m[2]), {}).setdefault(f"site{i}", {})[f"site{sites[int(rank)]}"] = \
                         f"{how} {over}"
                 said = []

@@ -107,7 +107,7 @@ def _first_start(store: CasStore, keys: Keys, n: int, record: Record, deadline: 
             except CollectiveTimeoutError:
                 pass
         finished()
-        time.sleep(0.2)
+        time.sleep(0.5)
     return None
 
 
