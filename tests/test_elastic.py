@@ -581,6 +581,32 @@ def test_a_newcomers_paths_are_checked_beside_the_members_steps_before_it_is_adm
     assert all(theirs[line.split()[1]] == line.split()[11] for line in _steps(c) + _steps(d))
 
 
+def test_a_newcomers_check_leaves_out_a_member_that_never_answers(served):
+    """The latest epoch names two members; one answers the check (a group of two with the newcomer, on
+    loopback), the other never starts (it died). The newcomer is done within ``START_S`` of the first start,
+    not at ``timeouts.connect`` (60 s here): one pair checked, none failed, and the request is closed."""
+    from erdma_core.api.join import load_config
+
+    keys, conf = Keys("t"), load_config({"timeouts.connect": 60.0})
+    served[0].set(keys("epoch", 1), Record(1, (Member("live", "h:1", True), Member("gone", "h:2", True)), 0)
+                  .encode())
+    clients = iter(served[1:])
+
+    def member() -> None:
+        while served[0].add(keys("probes"), 0) < 1:
+            time.sleep(0.05)
+        admission.answer(lambda: next(clients), conf, keys, 1, "live")
+
+    threading.Thread(target=member, daemon=True).start()
+    began = time.monotonic()
+    verdict = admission.check(served[0], lambda: next(clients), conf, keys, "new", "h:3", time.monotonic() + 60,
+                              lambda: None)
+    took = time.monotonic() - began
+    assert verdict == admission.Verdict((), 1), verdict
+    assert took < 30, took  # (START_S is 5 s; the set-up on loopback well under a second)
+    assert served[0].get(keys("probe", 1, "closed"), 1.0) == b"1"
+
+
 def test_a_liveness_timeout_that_would_flood_the_store_is_refused():
     with pytest.raises(ConfigError, match=r"elastic.liveness_timeout.*0.1.*valid: 0 \(off\) or at least 0.5"):
         elastic.join({}, {"elastic.liveness_timeout": 0.1})

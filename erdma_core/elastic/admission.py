@@ -9,7 +9,9 @@ extra reads. Each member named then answers on a thread of its own, while it goe
 1, as in the epoch that would take it in), through the job's configured transport and traversal, under the
 request's keys, and runs one allreduce of a single number on it. The newcomer does the same with every member
 that started. A pair whose group does not come up within ``timeouts.connect`` (``UnreachableError``) is a pair
-the epoch would not connect either; a member that never starts (it died, or is no longer a member) is left out.
+the epoch would not connect either. A member that does not start within ``START_S`` of the first, or that
+leaves the latest epoch while its pair is checked (it died: the members formed an epoch without it), is left
+out; so is a member whose check was called off because the newcomer was done with the request.
 The newcomer draws a ticket only when no pair failed; otherwise it says which pairs, in one line, and checks
 again later (5 s, then twice as long each time, at most 60 s), until ``elastic.join_timeout``.
 """
@@ -28,13 +30,16 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CollectiveTimeoutError, ErdmaError, UnreachableError
-from .membership import CasStore, Keys, Record
+from .membership import CasStore, Keys, Member, Record
 from .prefix import PrefixStore
 
 log = logging.getLogger("erdma.elastic")
 FIRST_WAIT_S = 5.0  # before a newcomer checks again; doubled each time
 LONGEST_WAIT_S = 60.0
 READ_S = 5.0  # how long a member waits for a request's record after the count that names it
+START_S = 5.0  # after the first member started answering, how long the others have to start (they all see the
+# request at the commit of the same step)
+LOOK_S = 1.0  # how often a newcomer reads the latest epoch while it checks (whether a member left it)
 
 
 @dataclass(frozen=True)
@@ -79,10 +84,11 @@ def check(store: CasStore, open_client: Callable[[], Any], conf: Config, keys: K
         started = _first_start(store, keys, n, record, deadline, finished)
         if started is None:
             return Verdict((), 0)
-        connect = conf["timeouts.connect"]
         results: dict[str, BaseException | None] = {}
-        threads = [threading.Thread(target=_pair, args=(open_client, conf, keys, n, m.id, 1, connect + started,
-                                                        results), name="erdma-elastic-check", daemon=True)
+        current = _Current(store, keys, record)
+        threads = [threading.Thread(target=_pair, args=(open_client, conf, keys, n, m.id, 1, started + START_S,
+                                                        results, current.left(m)),
+                                    name="erdma-elastic-check", daemon=True)
                    for m in record.members]
         for t in threads:
             t.start()
@@ -93,6 +99,29 @@ def check(store: CasStore, open_client: Callable[[], Any], conf: Config, keys: K
     failed = tuple(m.name for m in record.members if isinstance(results.get(m.id), UnreachableError))
     worked = sum(1 for m in record.members if m.id in results and results[m.id] is None)
     return Verdict(failed, worked + len(failed))
+
+
+class _Current:
+    """The latest epoch, read again at most every ``LOOK_S`` by whichever pair's check asks (thread-safe)."""
+
+    def __init__(self, store: CasStore, keys: Keys, record: Record) -> None:
+        self._store, self._keys, self._record = store, keys, record
+        self._read = time.monotonic()
+        self._lock = threading.Lock()
+
+    def left(self, member: Member) -> Callable[[], str | None]:
+        """For a pair's set-up: why to stop it (``member`` is not in the latest epoch: it died), or None."""
+        def why() -> str | None:
+            with self._lock:
+                if time.monotonic() - self._read >= LOOK_S:
+                    self._read = time.monotonic()
+                    try:
+                        self._record = latest(self._store, self._keys) or self._record
+                    except ErdmaError:
+                        pass
+                gone = self._record.index(member.id) is None
+            return f"{member.name} is no longer a member (epoch {self._record.epoch})" if gone else None
+        return why
 
 
 def _first_start(store: CasStore, keys: Keys, n: int, record: Record, deadline: float,
@@ -135,7 +164,7 @@ def answer(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, me:
         client.close()
         return
     results: dict[str, BaseException | None] = {}
-    _pair(lambda: client, conf, keys, n, me, 0, time.monotonic() + conf["timeouts.connect"], results)
+    _pair(lambda: client, conf, keys, n, me, 0, 0.0, results, lambda: _closed(client, keys, n))
     outcome = results.get(me)
     if outcome is None:
         log.info("elastic: %s's paths to this member checked: they connect", asked.get("name", "a newcomer"))
@@ -143,11 +172,20 @@ def answer(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, me:
         log.warning("elastic: %s cannot reach this member: %s", asked.get("name", "a newcomer"), outcome)
 
 
+def _closed(client: Any, keys: Keys, n: int) -> str | None:
+    try:
+        client.get(keys("probe", n, "closed"), 0.0)
+        return "the newcomer is done with this check"
+    except CollectiveTimeoutError:
+        return None
+
+
 def _pair(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, member: str, rank: int,
-          until: float, results: dict[str, BaseException | None]) -> None:
+          until: float, results: dict[str, BaseException | None], called_off: Callable[[], str | None]) -> None:
     """One pair's check, as ``rank`` (0: the member, 1: the newcomer): a group of two under the request's keys
     for ``member``, and an allreduce of one number on it; ``results[member]`` is None when it worked, else the
-    error. The newcomer's side first waits (until ``until``) for the member to start."""
+    error. The newcomer's side first waits (until ``until``) for the member to start. ``called_off()``: why
+    to stop the set-up (``PrefixStore``), or None."""
     from ..api.join import init_with_store
 
     try:
@@ -158,7 +196,9 @@ def _pair(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, memb
     try:
         if rank == 1:
             client.get(keys("probe", n, member, "start"), max(0.0, until - time.monotonic()))
-        pg = init_with_store(PrefixStore(client, keys("probe", n, member) + "/"), rank, 2, conf, default=False)
+        prefix = PrefixStore(client, keys("probe", n, member) + "/", called_off)
+        pg = init_with_store(prefix, rank, 2, conf, default=False)
+        prefix.settle()
         try:
             one = np.ones(1, np.float32)
             pg.allreduce(one)
@@ -167,7 +207,8 @@ def _pair(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, memb
         finally:
             pg.destroy()
         results[member] = None
-    except ErdmaError as exc:  # UnreachableError: no path; a plain CollectiveTimeoutError: it never started
+    except ErdmaError as exc:  # UnreachableError: no path; CollectiveTimeoutError: it never started; AbortedError:
+        # called off
         results[member] = exc
     finally:
         client.close()
