@@ -155,7 +155,16 @@ class PairedTransport:
             t.abort(error)
 
     def failure(self) -> BaseException | None:
-        return next((e for t in self._used if (e := t.failure()) is not None), None)
+        """What failed either transport. The other one is aborted with it here too, without waiting (its
+        peers are told): a rank between collectives whose peers are all on the other transport learns of a
+        loss from this rank's word, not from its own timeouts (an elastic member's beat thread asks this
+        every round)."""
+        error = next((e for t in self._used if (e := t.failure()) is not None), None)
+        if error is not None:
+            for t in self._used:
+                if t.failure() is None:
+                    t.abort(error, wait=False)
+        return error
 
     def heard(self, peer: int, group: int, seq: int) -> bool:
         return self.parts[self.via[peer]].heard(peer, group, seq)
