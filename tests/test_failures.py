@@ -360,7 +360,10 @@ def test_a_set_up_that_fails_after_connecting_gives_back_its_transport_and_tells
         real(store, job, rank)
 
     monkeypatch.setattr(join, "_check_unique", flaky)
-    conf = join.load_config(None, **{"timeouts.collective": 60.0, "timeouts.connect": 20.0})
+    # on TCP over a Unix socket, whose set-up ends with an exchange both ranks make (the single-copy probe):
+    # rank 1 cannot fail before rank 0's set-up is past its look for a rank that gave up, whatever the load
+    conf = join.load_config(None, **{"timeouts.collective": 60.0, "timeouts.connect": 20.0, "transport.name": "tcp",
+                                     "transport.tcp.local_sockets": True})
     results: dict[int, object] = {}
 
     def rank(r: int) -> None:

@@ -151,19 +151,15 @@ def answer(open_client: Callable[[], Any], conf: Config, keys: Keys, n: int, me:
         return
     try:
         asked = json.loads(client.get(keys("probe", n), READ_S))
-        if me not in asked.get("members", ()):
+        if me not in asked.get("members", ()) or _closed(client, keys, n) is not None:
+            client.close()
             return
-        try:
-            client.get(keys("probe", n, "closed"), 0.0)
-            return
-        except CollectiveTimeoutError:
-            pass
         client.set(keys("probe", n, me, "start"), b"1")
     except (ErdmaError, ValueError, AttributeError) as exc:
         log.info("elastic: a newcomer's path check %d not answered: %s", n, exc)
         client.close()
         return
-    results: dict[str, BaseException | None] = {}
+    results: dict[str, BaseException | None] = {}  # (_pair closes the client)
     _pair(lambda: client, conf, keys, n, me, 0, 0.0, results, lambda: _closed(client, keys, n))
     outcome = results.get(me)
     if outcome is None:

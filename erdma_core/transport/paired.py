@@ -132,21 +132,12 @@ class PairedTransport:
         while True:
             if t.wait(req, min(deadline, time.monotonic() + LOOK_S)):
                 return True
-            self._spread()
+            self.failure()  # (a failure of the other one is passed on to this one)
             if time.monotonic() >= deadline:
                 return False
 
-    def _spread(self) -> None:
-        """When one transport failed (a lost peer, a peer's ABORT), the other fails with the same error and
-        tells its peers."""
-        error = self.failure()
-        if error is not None:
-            for t in self._used:
-                if t.failure() is None:
-                    t.abort(error)
-
     def begin(self, group: int, seq: int) -> None:
-        self._spread()
+        self.failure()
         for t in self._used:
             t.begin(group, seq)
 
@@ -155,10 +146,10 @@ class PairedTransport:
             t.abort(error)
 
     def failure(self) -> BaseException | None:
-        """What failed either transport. The other one is aborted with it here too, without waiting (its
-        peers are told): a rank between collectives whose peers are all on the other transport learns of a
-        loss from this rank's word, not from its own timeouts (an elastic member's beat thread asks this
-        every round)."""
+        """What failed either transport (a lost peer, a peer's ABORT). The other one is aborted with it here,
+        without waiting (its peers are told), whoever asks: a collective's wait and begin, or, between
+        collectives, an elastic member's beat thread every round, so that a rank whose peers are all on the
+        other transport learns of a loss from this rank's word, not from its own timeouts."""
         error = next((e for t in self._used if (e := t.failure()) is not None), None)
         if error is not None:
             for t in self._used:
