@@ -31,12 +31,27 @@ class RelayedSocket:
     """``direct`` False: ``sock`` reaches only the TURN server (``turn_tcp.TcpDatagrams``, TURN over TCP), so
     every peer is reached through the relay, and punches (which open this rank's own NAT) are not sent."""
 
-    def __init__(self, sock: Any, client: TurnClient, server: tuple[str, int], direct: bool = True) -> None:
+    def __init__(self, sock: Any, client: TurnClient, server: tuple[str, int], direct: bool = True,
+                 owner: bool = True) -> None:
         self.sock, self.client, self.server, self.direct = sock, client, server, direct
+        self.owner = owner  # closing releases the allocation (False: a twin, ``twin``)
         self._lock = threading.Lock()  # the transport's loop thread and its punch thread both send
         self._errors: list[tuple[bytes, list[Any], int, tuple[str, int]]] = []
         self._due = client.timer  # when the client's timers next need running (not on every datagram)
         self._via: set[tuple[str, int]] = set()  # peers last heard from through the relay: answered through it
+
+    def twin(self, sock: Any) -> RelayedSocket:
+        """The same allocation on ``sock`` (a duplicate of this socket's descriptor, ``kept.Lease``), for a
+        later set-up: closing the twin closes only ``sock``; the peers it answers through the relay, its lock
+        and the relay's permissions and channels are this socket's."""
+        twin = RelayedSocket(sock, self.client, self.server, self.direct, owner=False)
+        twin._lock, twin._via = self._lock, self._via
+        return twin
+
+    @property
+    def closed_at(self) -> float | None:
+        """When a twin's socket was closed (``kept.Lease``); None while it is open."""
+        return getattr(self.sock, "closed_at", None)
 
     def relayed(self, addr: tuple[str, int]) -> bool:
         """Whether datagrams to ``addr`` go through the relay."""
@@ -79,6 +94,9 @@ class RelayedSocket:
         return got
 
     def close(self) -> None:
+        if not self.owner:
+            self.sock.close()
+            return
         with self._lock:
             self.client.close(time.monotonic())
             self._flush()

@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
 from erdma_core.sdk import Candidate, ConfigError, meet, route_source
 
-from . import stun
+from . import kept, stun
 from .checks import check_stun, stun_server
 from .relayed import PUNCH, RelayedSocket, allocate
 from .turn import TurnError
@@ -80,6 +81,9 @@ class StunTraversal:
         timeout when no answer comes) and, with ``relay`` set, its relay allocation taken (TurnError)."""
         if self.relay is not None and self.relay_over in ("tcp", "tls"):
             return self._relay_over_tcp(tls=self.relay_over == "tls")
+        lent = self._kept()
+        if lent is not None:
+            return lent
         sock = self._bound(_udp, self.tcp_port)
         try:
             try:
@@ -93,10 +97,11 @@ class StunTraversal:
                 return self._relay_over_tcp()
             self.local_port = sock.getsockname()[1]
             if self.relay is None:
-                return sock
-            self.sock = allocate(sock, self.relay, *self.credentials, self.timeout)
-            self.relayed = self.sock.client.relayed
+                return kept.keep(self._key(), kept.Prepared(sock, self.mapped))
+            relayed = allocate(sock, self.relay, *self.credentials, self.timeout)
+            self.relayed = relayed.client.relayed
             assert self.relayed is not None
+            self.sock = kept.keep(self._key(), kept.Prepared(relayed, self.mapped, self.relayed))
             if self.always:
                 log.warning("relayed: all traffic goes through the TURN server %s:%d (relayed address %s:%d) "
                             "because relay_when = 'always'", *self.relay, *self.relayed)
@@ -107,6 +112,29 @@ class StunTraversal:
         except BaseException:
             sock.close()
             raise
+
+    def _key(self) -> tuple[Any, ...]:
+        """What a kept data socket must have been prepared with to serve this traversal (``kept``)."""
+        return self.bind, self.server, self.relay, self.credentials
+
+    def _kept(self) -> Any:
+        """A data socket an earlier set-up of this process prepared with the same settings, with its mapping and
+        relay allocation (``kept``); None when there is none to lend."""
+        got = kept.take(self._key(), time.monotonic())
+        if got is None:
+            return None
+        prepared, lease = got
+        if lease.getsockname()[1] == self.tcp_port:  # ``candidates`` tells the two apart by port: a new one
+            lease.close()
+            return None
+        self.mapped, self.relayed = prepared.mapped, prepared.relayed
+        self.local_port = lease.getsockname()[1]
+        if prepared.relayed is not None:
+            self.sock = lease
+        log.info("data socket (port %d, mapped to %s:%d%s) kept from an earlier set-up of this process: no STUN "
+                 "query, no new allocation", self.local_port, *self.mapped,
+                 f", relay allocation {self.relayed.host}:{self.relayed.port}" if self.relayed else "")
+        return lease
 
     def _relay_over_tcp(self, tls: bool = False) -> Any:
         """The data socket as TURN over TCP, or TLS (``turn_tcp``): one connection to the relay server (its TLS

@@ -104,7 +104,8 @@ class TurnClient:
         self.denied: dict[str, str] = {}  # peer host -> why the server refused a permission for it
         self._txns: dict[bytes, _Txn] = {}
         self._out: list[bytes] = []
-        self._expires = 0.0
+        self._expires = 0.0  # when the allocation is refreshed
+        self._ends = 0.0  # when it ends unless refreshed
         self._permitted: dict[str, float] = {}  # peer host -> when its permission was last asked for
         self._channels: dict[Peer, int] = {}  # asked or bound
         self._bound: dict[Peer, float] = {}  # bound: when to refresh
@@ -117,6 +118,10 @@ class TurnClient:
         """Ask for the allocation (its answer sets ``relayed`` or ``error``)."""
         self._request(ALLOCATE, _attr(REQUESTED_TRANSPORT, bytes([17, 0, 0, 0])) +
                       _attr(LIFETIME, struct.pack("!I", self.lifetime)), None, now)
+
+    def usable_until(self, now: float) -> float:
+        """When the allocation ends unless refreshed before (``now`` when it failed or never came)."""
+        return now if self.error is not None or self.relayed is None else self._ends
 
     def outgoing(self) -> list[bytes]:
         """Datagrams for the server, queued since the last call."""
@@ -279,6 +284,7 @@ class TurnClient:
             life = attrs.get(LIFETIME, b"")
             seconds = struct.unpack("!I", life)[0] if len(life) == 4 else self.lifetime
             self._expires = now + max(seconds / 2, 1.0)
+            self._ends = now + seconds
         if txn.method == ALLOCATE:
             self.relayed = address(attrs.get(XOR_RELAYED_ADDRESS, b""), xor=True)
             self.mapped = address(attrs.get(XOR_MAPPED_ADDRESS, b""), xor=True)
