@@ -15,10 +15,15 @@ above zero, the dialling side dials again, resuming the TLS session with the tic
 waits for it. Both sides then send again what QUIC had not acknowledged; the receiver drops parts it already
 has (``streams.Inbound``). A peer that does not come back within the timeout is lost.
 
-A peer may be reachable at several addresses (candidates: its NAT's mapping, a TURN relay), tried in the
-order the traversal's plan gives: a dial that no answer completes within the plan's wait moves on to the
-next (ICE-like connectivity checks made by connecting, one after another), and a redial after an outage that
-goes unanswered moves on the same way, so a lost direct path falls back to the relay. The reason is logged.
+A peer may be reachable at several addresses (candidates: its own address at the same site, its NAT's
+mapping, a TURN relay), in the order of preference the traversal's plan gives. A first dial checks them all
+at once (ICE-like connectivity checks made by connecting): the first address is dialled, and each other one
+with a connection of its own whose answer is held, unread, so that its handshake cannot complete. The first
+address's handshake completing ends the checks; when it has not within the plan's wait (or it is refused),
+the most preferred address that answered meanwhile is taken: its held answer is read and its handshake
+completes. The listener takes whichever connection completes: only one ever does. A redial after an outage
+that goes unanswered moves on to the next address, so a lost direct path falls back to the relay. The
+reasons are logged.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ MAX_PENDING = 64  # accepted connections not yet identified
 PER_SOURCE = MAX_PENDING // 2  # ... of them from one host (more from it make room among its own)
 RETRY_ABOVE = MAX_PENDING // 4  # with this many under way, a first Initial is answered with a Retry (``retry``)
 CID_LENGTH = 8
+HELD_MAX = 16  # a check's answers held until it is taken (its peer's first flight, and resends of it)
 _ENDED = (QuicConnectionState.CLOSING, QuicConnectionState.DRAINING, QuicConnectionState.TERMINATED)
 Ticket = SessionTicket | bytes  # a session ticket the dialler keeps: aioquic's, or the compiled engine's (opaque)
 Configure = Callable[[bool, Any, "int | None", "Ticket | None"], QuicConfiguration]
@@ -229,6 +235,8 @@ class Session:
         self.open_streams: dict[int, tuple[int, int]] = {}  # stream id -> (part number, bytes)
         self.ready = False  # carries the link's data
         self.probe = False  # dialler: a trial of a better path, carrying nothing until its handshake completes
+        self.held: list[tuple[bytes, Any]] | None = None  # dialler: a first dial's check of another address, and
+        # what answered it, not read until it is taken (``Mesh._take_check``)
         self.failure: str | None = None
         self.terminated = False
         self.resumed = False  # TLS session resumed from a ticket
@@ -267,6 +275,8 @@ class Link:
         self.probe: Session | None = None  # dialler: a connection to an earlier address of the plan, on trial
         self.probes = 0  # trials so far (which earlier address the next one goes to)
         self.punches: list[tuple[bytes, Any]] = []  # listener: datagrams that open its NAT to the dialler
+        self.checks: list[Session] = []  # dialler, before it joins: connections to the plan's other addresses
+        self.checked = False  # dialler: the first address had its wait: the next check that answers is taken
 
     def next_address(self) -> Any:
         """The plan's address after the one dialled now (round the plan)."""
@@ -321,8 +331,10 @@ class Mesh:
         link.plan += [a for a in fallbacks if a != addr]
         link.wait = wait
         if first is not None and first in link.plan:
-            link.addr = first
-        if link.addr != link.plan[-1]:
+            link.addr = first  # (its better addresses are left to ``path_recheck``)
+        elif wait > 0:
+            link.checks = [self._check(link, a) for a in link.plan[1:]]
+        if link.addr != link.plan[-1] or link.checks:
             link.check_at = now + wait
         self._dialling[peer] = link
         self._dial(link)
@@ -333,6 +345,15 @@ class Mesh:
         if s is None:
             return
         s.last_rx = now
+        if s.held is not None:  # a check's answer: its address works both ways; read once it is taken
+            if len(s.held) < HELD_MAX:
+                s.held.append((data, addr))
+            link = self._dialling.get(s.rank) if s.rank is not None else None
+            if link is not None and link.checked and s in link.checks:
+                main = link.session
+                self._take_check(link, main.failure if main is not None and main.failure else
+                                 f"no answer within {link.wait:.1f} s")
+            return
         try:
             s.conn.receive_datagram(data, addr, now=now)
         except Exception as exc:  # a datagram aioquic cannot take must not take the endpoint down
@@ -431,7 +452,11 @@ class Mesh:
         self._now = now
         for link in list(self._dialling.values()):
             if link.check_at is not None and link.check_at <= now:
-                self._try_next(link, f"no answer within {link.wait:.1f} s")
+                if link.checks:
+                    link.check_at, link.checked = None, True
+                    self._take_check(link, f"no answer within {link.wait:.1f} s")
+                else:
+                    self._try_next(link, f"no answer within {link.wait:.1f} s")
         for s in list(self._sessions):
             if s.timer is not None and s.timer <= now:
                 s.timer = None
@@ -878,6 +903,7 @@ class Mesh:
     def _join(self, link: Link) -> None:
         self._dialling.pop(link.rank, None)
         link.check_at = None
+        self._drop_checks(link)
         if link.session is not None:
             self._settled(link.session)
         self.links[link.rank] = link
@@ -911,6 +937,44 @@ class Mesh:
         if better:
             self._probe_path(link, better[link.probes % len(better)])
             link.probes += 1
+
+    def _check(self, link: Link, addr: Any) -> Session:
+        """A first dial's check of ``addr``: a connection whose answers are held (``Session.held``)."""
+        s = Session(link.rank, addr, dialled=True)
+        s.held = []
+        s.conn = self.connection(configuration=self.configure(True, addr, link.rank, None),
+                                 session_ticket_handler=functools.partial(self._ticket_issued, s))
+        s.conn.connect(addr, now=self._now)
+        self._send_raw(s, hello_stream(Hello(status=HELLO_REQUEST, job=self.s.job, rank=self.s.rank,
+                                             world=self.s.world)))
+        self._adopt(s)
+        return s
+
+    def _take_check(self, link: Link, why: str) -> None:
+        """The first address had its wait (or was refused): the most preferred check that answered carries the
+        link from now on (its held answers are read, its handshake completes) and the rest are dropped; none
+        answered: the first to answer later is taken (``link.checked``)."""
+        answered = [c for c in link.checks if c.held]
+        if not answered or link.dead or self.closing:
+            return
+        s = min(answered, key=lambda c: link.plan.index(c.addr))
+        for c in link.checks:
+            if c is not s:
+                self._detach(c)
+        link.checks = []
+        was, held, s.held = link.addr, s.held or [], None
+        log.warning("rank %d: rank %d at %s:%d: %s; %s:%d answered its check: taken", self.s.rank, link.rank,
+                    *was[:2], why, *s.addr[:2])
+        link.addr = s.addr
+        self._attach(link, s)  # (the first address's connection, if any, is dropped)
+        for data, addr in held:
+            s.conn.receive_datagram(data, addr, now=self._now)
+        self._touch(s)
+
+    def _drop_checks(self, link: Link) -> None:
+        for c in link.checks:
+            self._detach(c)
+        link.checks = []
 
     def _probe_path(self, link: Link, addr: Any) -> None:
         """Dial ``link``'s peer at ``addr`` beside the connection that carries the link. Once its handshake
@@ -966,6 +1030,14 @@ class Mesh:
             return
         s.terminated = True
         self._forget(s)
+        if s.held is not None:  # a check that ended unanswered: one fewer; the last one, with the first address
+            link = self._dialling.get(s.rank) if s.rank is not None else None  # refused: so is the dial
+            if link is not None and s in link.checks:
+                link.checks.remove(s)
+                main = link.session
+                if not link.checks and main is not None and main.terminated and main.failure is not None:
+                    self._events.append(Refused(link.rank, main.addr, main.failure))
+            return
         reason = ev.reason_phrase or f"error code {ev.error_code:#x}"
         link = s.link
         if link is not None and link.session is s and (s.ready or link.down_since is not None):
@@ -979,6 +1051,10 @@ class Mesh:
                 self.refusals.append(f"a peer at {s.addr[0]}:{s.addr[1]}: {reason}")
         if s.dialled and s.rank is not None and self.links.get(s.rank) is None:
             link = self._dialling.get(s.rank)
+            if link is not None and link.session is s and link.checks:  # the checks decide
+                link.check_at, link.checked = None, True
+                self._take_check(link, s.failure)
+                return
             if link is not None and link.session is s and link.addr != link.plan[-1]:
                 self._try_next(link, s.failure)
                 return

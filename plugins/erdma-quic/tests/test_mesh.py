@@ -222,8 +222,8 @@ def test_a_peer_that_stays_dark_is_lost_on_both_sides_after_the_timeouts(reconne
 
 def test_a_dialler_moves_on_to_the_next_address_when_one_does_not_answer_and_after_an_outage(caplog):
     """ICE-like checks made by connecting: rank 0 is at A and at RELAY (an alias, as a TURN allocation is).
-    With A dark, rank 1 waits its 1 s for A, then joins through RELAY. Joined at A, an outage of A ends the
-    connection; the redial that A does not answer moves on to RELAY, and the link comes back there."""
+    With A dark, rank 1 waits its 1 s for A, then takes RELAY, checked meanwhile. Joined at A, an outage of A
+    ends the connection; the redial that A does not answer moves on to RELAY, and the link comes back there."""
     relay = ("10.9.0.3", 5000)
     r0, r1 = Rank(0, 2, A), Rank(1, 2, B)
     net = Net(r0, r1)
@@ -232,7 +232,8 @@ def test_a_dialler_moves_on_to_the_next_address_when_one_does_not_answer_and_aft
     r1.mesh.dial(0, A, net.now, [relay], 1.0)
     assert net.run(lambda: Joined(0) in r1.events and Joined(1) in r0.events, 5.0), (r0.events, r1.events)
     assert net.now >= 1.0 and r1.mesh.paths() == {0: relay}
-    assert f"rank 1: rank 0 at {A[0]}:{A[1]}: no answer within 1.0 s; trying {relay[0]}:{relay[1]}" in caplog.text
+    assert f"rank 1: rank 0 at {A[0]}:{A[1]}: no answer within 1.0 s; {relay[0]}:{relay[1]} answered its check: " \
+           "taken" in caplog.text
 
     r0, r1 = Rank(0, 2, A), Rank(1, 2, B)
     net = Net(r0, r1)
@@ -255,6 +256,40 @@ def test_a_dialler_moves_on_to_the_next_address_when_one_does_not_answer_and_aft
     assert r1.mesh.paths() == {0: relay} and r1.mesh.link_stats()[0]["reconnects"] == before + 1
     assert f"no answer from rank 0 at {A[0]}:{A[1]} on redial; trying {relay[0]}:{relay[1]}" in caplog.text
     assert not [e for r in (r0, r1) for e in r.events if isinstance(e, (Lost, Refused))]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("lit", [{"A"}, {"MAPPED", "RELAY"}, {"RELAY"}, set()])
+def test_a_first_dial_checks_every_address_at_once_and_one_connection_completes(engine, lit):
+    """Rank 0 is at A (its own address), MAPPED (its NAT's mapping) and RELAY, in that order, each dark unless
+    ``lit``; the plan's wait is 1 s. Every address is checked at once: the link joins on the first address if
+    it answers, else at the wait on the most preferred one that answered (not after one wait per address),
+    else not at all. The listener identifies one connection only: the checks that were not taken never
+    complete their handshake."""
+    mapped, relay = ("10.9.0.4", 6000), ("10.9.0.3", 5000)
+    named = {"A": A, "MAPPED": mapped, "RELAY": relay}
+    r0, r1 = Rank(0, 2, A, engine=engine), Rank(1, 2, B, engine=engine)
+    net = Net(r0, r1)
+    net.alias.update({mapped: A, relay: A})
+    net.dark = {addr for name, addr in named.items() if name not in lit}
+    r1.mesh.dial(0, A, net.now, [mapped, relay], 1.0)
+    joined = net.run(lambda: Joined(0) in r1.events and Joined(1) in r0.events, 5.0)
+    if not lit:
+        assert not joined and not r0.mesh.links and not r1.mesh.links
+        return
+    assert joined, (r0.events, r1.events)
+    best = next(named[n] for n in ("A", "MAPPED", "RELAY") if n in lit)
+    assert r1.mesh.paths() == {0: best}
+    assert (net.now < 0.5) if best == A else (1.0 <= net.now < 1.5), net.now
+    net.run(lambda: False, 1.0)
+    assert r1.mesh.paths() == {0: best} and r0.mesh.link_stats()[1]["path_changes"] == 0
+    assert not [e for r in (r0, r1) for e in r.events if isinstance(e, (Lost, Refused))]
+    assert [e for e in r0.events if isinstance(e, Joined)] == [Joined(1)]
+    payload = np.arange(50_000, dtype=np.uint8)
+    out = np.zeros_like(payload)
+    got = r0.recv(1, 1, out)
+    r1.send(0, 1, payload)
+    assert net.run(lambda: got.done(), 5.0) and got.error is None and np.array_equal(out, payload)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
