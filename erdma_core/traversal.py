@@ -20,9 +20,10 @@ class Traversal(Protocol):
     ``candidates(host, port) -> list[addresses.Candidate]``: every address, in the order peers should try
     them, published instead of ``advertise``'s one (``punch`` is then called for each candidate of a peer);
     and ``dial_plan(candidates) -> (list[Candidate], seconds)``: of a peer's candidates, those this rank dials,
-    in order, and how long it waits for an answer from one before it dials the next. The decision is made by
-    trying: a transport that dials through a plan keeps the first candidate that answers, and after an
-    outage goes through the plan again.
+    in order of preference, and how long the first has to answer before another is used. The decision is made
+    by trying: a transport checks the plan's candidates one after another (the built-in TCP) or at once
+    (erdma-quic: after the wait, the most preferred one that answered), and after an outage goes through the
+    plan again.
 
     A strategy that prepares a TCP port offers ``tcp_socket() -> socket``: a TCP socket bound with
     SO_REUSEADDR and SO_REUSEPORT whose NAT mapping it learned (``candidates`` answers for its port). A stream

@@ -39,8 +39,9 @@ OPTIONS = {
     "relay_when": Option(str, "fallback", "which paths go through the relay: those for which no direct candidate "
                          "answered within check_timeout (fallback), or every one (always)",
                          choices=("fallback", "always")),
-    "check_timeout": Option(float, 2.0, "seconds a dialling rank waits for an answer from one of a peer's "
-                            "candidates before it tries the next (its NAT's mapping, then its relay)",
+    "check_timeout": Option(float, 2.0, "seconds a dialling rank waits for its first choice of a peer's "
+                            "candidates before it takes the best other one that answered (over QUIC all are "
+                            "checked at once; over TCP, the next is tried)",
                             minimum=0.1, maximum=600.0),
     "port": Option(int, 0, "local UDP port of the data socket; 0: any free one", minimum=0, maximum=65535),
     "classify_server": Option(str, "", "HOST:PORT of an RFC 3489 STUN server with two addresses (Debian's "

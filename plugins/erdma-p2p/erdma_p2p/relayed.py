@@ -2,10 +2,11 @@
 directly or through the TURN relay.
 
 ``RelayedSocket`` stands in for the data socket handed to the datagram transport (erdma-quic). What the relay
-delivers comes back from ``recvfrom`` with the peer's address, as if it had come directly, and from then on
-every datagram to that address leaves for the relay server, framed for that peer (ChannelData, or a Send
-indication until the channel is bound): a peer that reached this rank through its relayed address is
-answered that way. A peer heard from directly is answered directly again. The relay's own answers
+delivers comes back from ``recvfrom`` with the peer's address, as if it had come directly, but tagged (``Via``),
+and every datagram sent to the address so tagged leaves for the relay server, framed for that peer
+(ChannelData, or a Send indication until the channel is bound): a connection that reached this rank through
+its relayed address is answered that way, and one that came directly, directly, though both come from one
+address (a peer checking its candidates at once). The relay's own answers
 (permissions, channels, refreshes) are consumed on the way, and the client's timers run on every call,
 direct traffic's too (so the relay is still there when a path falls back to it): the transport's keepalives
 keep them turning. Everything else is the real socket's (``fileno`` for the event loop, options, the error
@@ -27,6 +28,15 @@ PUNCH = b"\x00erdma-punch"  # the traversal's punch datagram (not a QUIC packet:
 _UDP_SEGMENT = 103  # linux/udp.h: UDP_SEGMENT, the GSO segment size
 
 
+class Via(tuple):  # type: ignore[type-arg]
+    """A peer's address as ``recvfrom`` gives it for what came through the relay: equal to the plain address,
+    but what is sent to it goes back through the relay. A QUIC connection keeps the address object of its
+    first datagram, so each connection is answered the way it came, even when two come from one address (a
+    peer's direct check and its check through the relay)."""
+
+    __slots__ = ()
+
+
 class RelayedSocket:
     """``direct`` False: ``sock`` reaches only the TURN server (``turn_tcp.TcpDatagrams``, TURN over TCP), so
     every peer is reached through the relay, and punches (which open this rank's own NAT) are not sent."""
@@ -38,7 +48,7 @@ class RelayedSocket:
         self._lock = threading.Lock()  # the transport's loop thread and its punch thread both send
         self._errors: list[tuple[bytes, list[Any], int, tuple[str, int]]] = []
         self._due = client.timer  # when the client's timers next need running (not on every datagram)
-        self._via: set[tuple[str, int]] = set()  # peers last heard from through the relay: answered through it
+        self._via: set[tuple[str, int]] = set()  # peers last heard from through the relay (``relayed``; its errors)
 
     def twin(self, sock: Any) -> RelayedSocket:
         """The same allocation on ``sock`` (a duplicate of this socket's descriptor, ``kept.Lease``), for a
@@ -54,8 +64,8 @@ class RelayedSocket:
         return getattr(self.sock, "closed_at", None)
 
     def relayed(self, addr: tuple[str, int]) -> bool:
-        """Whether datagrams to ``addr`` go through the relay."""
-        return not self.direct or tuple(addr[:2]) in self._via
+        """Whether ``addr`` is reached through the relay: a ``Via``, or a peer last heard from through it."""
+        return not self.direct or isinstance(addr, Via) or tuple(addr[:2]) in self._via
 
     def permit(self, host: str) -> None:
         """Let ``host`` reach this socket through the relayed address (a TURN permission)."""
@@ -108,7 +118,7 @@ class RelayedSocket:
         punch = len(data) > 0 and data[0] == 0 and bytes(data[:len(PUNCH)]) == PUNCH
         if punch and not self.direct:
             return len(data)  # no direct path to open
-        if self.direct and (addr not in self._via or punch):
+        if self.direct and (not isinstance(addr, Via) or punch):
             self._timers()
             return self.sock.sendto(data, addr)
         with self._lock:
@@ -123,7 +133,7 @@ class RelayedSocket:
                 addr: tuple[str, int]) -> int:
         """UDP GSO (one buffer cut into datagrams of the segment size in ``ancdata``): the real socket's for a
         direct peer; through the relay, datagram by datagram."""
-        if self.direct and addr not in self._via:
+        if self.direct and not isinstance(addr, Via):
             self._timers()
             return self.sock.sendmsg(buffers, ancdata, flags, addr)
         blob = b"".join(buffers)
@@ -148,7 +158,7 @@ class RelayedSocket:
                 self._tick(now)
                 self._flush()
             if got is not None:
-                peer = (got[1].host, got[1].port)
+                peer = Via((got[1].host, got[1].port))
                 self._via.add(peer)
                 return got[0], peer
 

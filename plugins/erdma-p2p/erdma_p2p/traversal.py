@@ -8,8 +8,9 @@ connecting at once (``erdma_core.transport.meet``).
 With ``relay`` set, every rank also takes an allocation on that TURN server through the same socket
 (``relayed.py``), and offers three kinds of candidates (ICE's): its own address (``host``; dialled only by a
 peer behind the same public address), its NAT's mapping (``srflx``), and the relayed address (``relay``).
-A dialling peer tries them in that order and keeps the first that answers within ``check_timeout``: what is
-used is decided by connecting, not by what the NAT looks like. A peer's packets that arrive through the relay
+A dialling peer checks them at once, in that order of preference, and keeps the first that answers within
+``check_timeout``, else the best other one that answered (erdma-quic; the built-in TCP tries them in turn):
+what is used is decided by connecting, not by what the NAT looks like. A peer's packets that arrive through the relay
 are answered through it; the rest go straight. After an outage the transport goes through the candidates
 again, so a direct path that stops working falls back to the relay.
 """
@@ -258,9 +259,10 @@ class StunTraversal:
         return first.host, first.port
 
     def dial_plan(self, cands: list[Candidate]) -> tuple[list[Candidate], float]:
-        """Of a peer's candidates, those to try in order: its own address only when it is behind the same
-        public address as this rank (the same site), then its mapping, then its relay; only the relay with
-        ``relay_when = "always"``. Each has ``check_timeout`` to answer before the next is tried."""
+        """Of a peer's candidates, those to try, in order of preference: its own address only when it is behind
+        the same public address as this rank (the same site), then its mapping, then its relay; only the relay
+        with ``relay_when = "always"``. The first has ``check_timeout`` to answer before the best other that
+        answered is taken (checked at once over QUIC; over TCP each in turn)."""
         if self.always:
             return [c for c in cands if c.kind == "relay"], self.check_timeout
         mine = next((m.host for m in (self.mapped, self.tcp_mapped) if m is not None), None)

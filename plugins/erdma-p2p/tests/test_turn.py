@@ -229,11 +229,13 @@ def test_candidates_and_the_order_a_dialler_tries_them():
 def test_the_relayed_socket_answers_each_peer_the_way_it_came():
     """A peer heard from directly is answered directly (and the relay's timers still run); one heard from
     through the relay, through it (a Send indication, framed for that peer, to the server; GSO batches cut
-    into datagrams); a peer's permission is asked for on demand."""
+    into datagrams), when answered at the address as heard (a ``Via``: what a QUIC connection keeps), while
+    another connection of the same peer's that came directly is answered directly; a peer's permission is
+    asked for on demand."""
     import socket
     import time
 
-    from erdma_p2p.relayed import RelayedSocket
+    from erdma_p2p.relayed import RelayedSocket, Via
 
     server, peer, own = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3))
     for s in (server, peer, own):
@@ -261,9 +263,12 @@ def test_the_relayed_socket_answers_each_peer_the_way_it_came():
 
     server.sendto(answer(turn.DATA_IND | turn.INDICATION, b"d" * 12, (turn.XOR_PEER_ADDRESS, turn.xor_address(*there)),
                          (turn.DATA, b"relayed"), key=None), own.getsockname())
-    assert rs.recvfrom(65536) == (b"relayed", there) and rs.relayed(there)
-    rs.sendto(b"one", there)
-    rs.sendmsg([b"aaaabbbbcc"], [(socket.SOL_UDP, 103, struct.pack("=H", 4))], 0, there)
+    data, via = rs.recvfrom(65536)
+    assert (data, via) == (b"relayed", there) and isinstance(via, Via) and rs.relayed(there)
+    rs.sendto(b"one", via)
+    rs.sendmsg([b"aaaabbbbcc"], [(socket.SOL_UDP, 103, struct.pack("=H", 4))], 0, via)
+    rs.sendto(b"other connection", there)  # the same peer's direct one
+    assert peer.recvfrom(100)[0] == b"other connection"
     data = [a[turn.DATA] for k, a in sent_to_server() if k == turn.SEND | turn.INDICATION]
     assert data == [b"one", b"aaaa", b"bbbb", b"cc"]
 

@@ -222,6 +222,14 @@ class Outgoing:
         self.parts, self.req, self.done = parts, req, 0
 
 
+def answered(datagrams: list[tuple[Any, Any]], addr: Any) -> list[tuple[Any, Any]]:
+    """A connection's datagrams, those to its peer's address as ``addr`` (the object its first datagram came
+    with, which may say how it came: a TURN relay's ``Via``, answered through that relay) rather than as the
+    engine rebuilt it. So each connection is answered the way it came, though two come from one address (a
+    peer's direct check and its check through this rank's relay)."""
+    return [(d, addr if to == addr else to) for d, to in datagrams]
+
+
 class Session:
     """One QUIC connection."""
 
@@ -700,8 +708,10 @@ class Mesh:
     def _service(self, s: Session, out: list[tuple[bytes, Any]]) -> None:
         self._events_of(s)
         self._pump(s)
+        tagged = type(s.addr) is not tuple  # (an address that says how it came: ``answered``)
         while True:
-            out += s.conn.datagrams_to_send(now=self._now)
+            got = s.conn.datagrams_to_send(now=self._now)
+            out += answered(got, s.addr) if tagged else got
             # building packets retires acknowledged streams, which may open the window: hand QUIC more now,
             # or nothing would ask again until the next timer
             if not self._pump(s):
@@ -954,10 +964,10 @@ class Mesh:
         """The first address had its wait (or was refused): the most preferred check that answered carries the
         link from now on (its held answers are read, its handshake completes) and the rest are dropped; none
         answered: the first to answer later is taken (``link.checked``)."""
-        answered = [c for c in link.checks if c.held]
-        if not answered or link.dead or self.closing:
+        heard = [c for c in link.checks if c.held]
+        if not heard or link.dead or self.closing:
             return
-        s = min(answered, key=lambda c: link.plan.index(c.addr))
+        s = min(heard, key=lambda c: link.plan.index(c.addr))
         for c in link.checks:
             if c is not s:
                 self._detach(c)

@@ -56,17 +56,23 @@ def _header(seq: int, n: int) -> Header:
     return Header(kind=DATA, job=JOB, dtype=9, opcode=1, seq=seq, numel=n, count=n, nbytes=n)
 
 
+class Via(tuple):
+    """A sender's address as a rank hears it through one of its aliases (``alias``), as erdma-p2p's
+    ``relayed.Via`` is: what is sent back to it leaves from that alias."""
+
+    alias: tuple[str, int]
+
+
 class Net:
     """Datagrams between meshes after ``latency`` seconds; addresses in ``dark`` neither send nor receive.
     ``alias``: more addresses of a rank (as a TURN relay gives one): what reaches a rank through one is
-    answered from it."""
+    answered from it (per connection: the rank hears the sender as a ``Via``)."""
 
     def __init__(self, *ranks: Rank, latency: float = 0.005) -> None:
         self.ranks = {r.addr: r for r in ranks}
         self.now, self.latency = 0.0, latency
         self.dark: set[tuple[str, int]] = set()
         self.alias: dict[tuple[str, int], tuple[str, int]] = {}
-        self._via: dict[tuple[Any, Any], Any] = {}  # (rank's address, peer) -> the alias the peer reached it by
         self._queue: list[tuple[float, int, bytes, Any, Any]] = []
         self._seq = itertools.count()
         self.delivered = 0
@@ -78,7 +84,7 @@ class Net:
             for r in self.ranks.values():
                 for data, dst in r.mesh.datagrams_to_send(self.now):
                     busy = True
-                    src = self._via.get((r.addr, dst), r.addr)
+                    src = getattr(dst, "alias", r.addr)
                     if src not in self.dark and dst not in self.dark:
                         heapq.heappush(self._queue, (self.now + self.latency, next(self._seq), data, src, dst))
                 while (ev := r.mesh.next_event()) is not None:
@@ -106,7 +112,9 @@ class Net:
                 target = self.ranks.get(self.alias.get(dst, dst))
                 if target is not None and dst not in self.dark:
                     self.delivered += 1
-                    self._via[(target.addr, src)] = dst
+                    if dst != target.addr:
+                        src = Via(src)
+                        src.alias = dst
                     target.mesh.receive(data, src, self.now)
             for r in self.ranks.values():
                 t = r.mesh.get_timer()
