@@ -6,8 +6,10 @@ permissions and channels are already there.
 
 A transport is handed a duplicate of the socket (``Lease``), which it closes as it would its own socket; the
 socket itself stays here until the process exits, when its allocation is released. A socket left unused for
-longer than ``KEEP_S`` is given back at the next set-up, which gathers anew: a NAT may forget an idle UDP
-mapping after 30 s (Linux's conntrack forgets an unanswered flow then). One set-up at a time uses a kept
+longer than ``KEEP_S`` (or whose relay allocation last heard from it longer ago) is given back at the next
+set-up, which gathers anew: a NAT may forget an idle UDP mapping after 30 s (Linux's conntrack forgets an
+unanswered flow then), and behind a NAT that maps each destination anew the allocation's way back is then
+lost (the relay client's keepalives hold it while a transport uses the socket). One set-up at a time uses a kept
 socket (an elastic member's path check beside its epoch gets another).
 
 Not kept: the TCP port's mapping (a NAT keeps one per connection, and those end with the set-up:
@@ -68,8 +70,11 @@ class Prepared:
         return None if closed is None else now - closed
 
     def usable(self, now: float) -> bool:
+        """A relay allocation must have time left, and its socket must have sent to the server lately: behind a
+        NAT that maps each destination anew, a binding forgotten while idle leaves the allocation unreachable."""
         if isinstance(self.sock, RelayedSocket):
-            return self.sock.client.usable_until(now) > now + MARGIN_S
+            client = self.sock.client
+            return client.usable_until(now) > now + MARGIN_S and now - client.last_sent < KEEP_S
         return True
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ Time is an argument and what to send is returned as data: ``start``, ``on_timer`
 queue requests, which ``outgoing()`` hands to the I/O adapter (``relayed.py``) for the server. Requests are
 resent at RTO, 2 RTO, ... like STUN's; a 401 (or a 438 stale nonce) is answered once with the credentials
 and the server's realm and nonce. The allocation, the permissions and the channels are refreshed before they
-expire (at half their lifetime, permissions every 4 minutes).
+expire (at half their lifetime, permissions every 4 minutes), and a Binding indication goes to the server when
+nothing else has for 15 s, so that a NAT on the way keeps its binding of this socket to the server.
 
 Data for a peer leaves as ChannelData once its channel is bound (4 bytes of framing), as a Send indication
 before; data from a peer arrives either way and is handed back with the peer's address. Responses are
@@ -23,7 +24,7 @@ import struct
 
 from .stun import MAGIC, Mapped, StunError, address, attributes
 
-ALLOCATE, REFRESH, SEND, DATA_IND, CREATE_PERMISSION, CHANNEL_BIND = 0x003, 0x004, 0x006, 0x007, 0x008, 0x009
+BINDING, ALLOCATE, REFRESH, SEND, DATA_IND, CREATE_PERMISSION, CHANNEL_BIND = 0x001, 0x003, 0x004, 0x006, 0x007, 0x008, 0x009
 REQUEST, INDICATION, SUCCESS, ERROR = 0x0000, 0x0010, 0x0100, 0x0110
 USERNAME, MESSAGE_INTEGRITY, ERROR_CODE = 0x0006, 0x0008, 0x0009
 CHANNEL_NUMBER, LIFETIME, XOR_PEER_ADDRESS, DATA = 0x000C, 0x000D, 0x0012, 0x0013
@@ -31,6 +32,11 @@ REALM, NONCE, XOR_RELAYED_ADDRESS, REQUESTED_TRANSPORT, XOR_MAPPED_ADDRESS = 0x0
 _HEADER = struct.Struct("!HHI12s")
 FIRST_CHANNEL, LAST_CHANNEL = 0x4000, 0x4FFF
 PERMISSION_REFRESH = 240.0  # seconds; a permission lasts 300
+# seconds without a datagram to the server before a Binding indication goes to it: a NAT forgets an idle UDP
+# binding (Linux's conntrack after 30 s), and behind a NAT that maps each destination anew the next datagram
+# then leaves from another port, which the server no longer knows as the allocation's (ICE's keepalive, RFC 8445
+# section 11, is 15 s)
+KEEPALIVE_S = 15.0
 MAX_DATAGRAM = 65535
 
 
@@ -105,6 +111,7 @@ class TurnClient:
         self._txns: dict[bytes, _Txn] = {}
         self._out: list[bytes] = []
         self._expires = 0.0  # when the allocation is refreshed
+        self.last_sent = 0.0  # when a datagram last left for the server (a request, data, a keepalive)
         self._ends = 0.0  # when it ends unless refreshed
         self._permitted: dict[str, float] = {}  # peer host -> when its permission was last asked for
         self._channels: dict[Peer, int] = {}  # asked or bound
@@ -133,7 +140,7 @@ class TurnClient:
         """When ``on_timer`` has something to do next."""
         times = [t.next_at for t in self._txns.values()]
         if self.relayed is not None:
-            times.append(self._expires)
+            times += [self._expires, self.last_sent + KEEPALIVE_S]
             times += [t + PERMISSION_REFRESH for t in self._permitted.values()]
             times += list(self._bound.values())
         return min(times) if times else None
@@ -159,6 +166,9 @@ class TurnClient:
             if now >= at:
                 self._bound[peer] = now + self.lifetime
                 self._bind(peer, self._channels[peer], now)
+        if now >= self.last_sent + KEEPALIVE_S:  # (nothing else went)
+            self._out.append(message(BINDING | INDICATION, os.urandom(12), b""))
+            self.last_sent = now
 
     def close(self, now: float) -> None:
         """Release the allocation (a Refresh with lifetime 0; best effort, nothing waits for it)."""
@@ -183,6 +193,7 @@ class TurnClient:
         """``payload`` for ``host:port`` as the server must receive it: ChannelData on a bound channel, or a
         Send indication (asking for the permission and the channel first, the first time)."""
         peer = Peer(host, port)
+        self.last_sent = now
         channel = self._channels.get(peer)
         if channel is not None and peer in self._bound:
             return channel_data(channel, payload)
@@ -240,6 +251,7 @@ class TurnClient:
 
     def _send(self, txn: _Txn, now: float) -> None:
         txn.sends_left -= 1
+        self.last_sent = now
         txn.next_at = now + txn.wait
         txn.wait *= 2
         self._out.append(self._encode(txn))

@@ -80,3 +80,37 @@ def test_a_set_up_runs_on_the_socket_and_allocation_of_the_one_before(turn, tmp_
             assert published == [published[0]] * 3, published  # allocation beside a held one has another port
         else:
             assert len(set(published)) == 3, published
+
+
+def test_a_kept_relayed_socket_whose_server_has_not_heard_from_it_lately_is_given_back():
+    """A relayed socket is lent again only while its last datagram to the TURN server is younger than KEEP_S
+    (the NAT's binding to the server is then still there) and its allocation has time left; otherwise it is
+    given back (closed, its allocation released) and the set-up gathers anew."""
+    from erdma_p2p import kept, turn
+    from erdma_p2p.relayed import RelayedSocket
+    from erdma_p2p.stun import Mapped
+
+    def prepared(now: float, last_sent: float, ends: float) -> kept.Prepared:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        raw.bind(("127.0.0.1", 0))
+        client = turn.TurnClient("u", "p")
+        client.relayed, client.last_sent, client._ends = Mapped("198.51.100.1", 50000), last_sent, ends
+        p = kept.Prepared(RelayedSocket(raw, client, ("127.0.0.1", 9)), Mapped("198.51.100.9", 4000),
+                          client.relayed)
+        p.lend().close()  # a set-up used it, and is over
+        return p
+
+    now = time.monotonic()
+    key = ("test", now)
+    fresh, quiet, ending = (prepared(now, now - 5.0, now + 600.0), prepared(now, now - kept.KEEP_S - 1, now + 600.0),
+                            prepared(now, now - 5.0, now + kept.MARGIN_S - 1))
+    for p in (quiet, ending, fresh):
+        kept._kept.setdefault(key, []).append(p)
+    try:
+        got = kept.take(key, now)
+        assert got is not None and got[0] is fresh and isinstance(got[1], RelayedSocket)
+        assert kept._kept[key] == [fresh]  # the other two were given back
+        assert quiet.sock.sock.fileno() == -1 and ending.sock.sock.fileno() == -1
+        got[1].close()
+    finally:
+        kept.release()

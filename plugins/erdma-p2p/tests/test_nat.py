@@ -346,6 +346,53 @@ def test_a_rank_lost_on_one_transport_fails_the_ranks_that_reach_it_only_on_the_
         assert r["error"].startswith("PeerLostError: "), (rank, r)  # told of the loss, not timed out
 
 
+IDLE_RELAY = """
+import sys, time
+from erdma_p2p.traversal import StunTraversal
+idle, sender = float(sys.argv[1]), sys.argv[2]
+section = {"server": "%s", "timeout": 5.0, "bind_address": "", "punch": True, "port": 0, "check_server": "",
+           "relay": "%s", "relay_user": "%s", "relay_password": "%s", "relay_when": "fallback",
+           "check_timeout": 2.0, "classify_server": "", "relay_over": "udp"}
+t = StunTraversal(None, section)
+sock = t.udp_socket()
+print(t.relayed.host, t.relayed.port, flush=True)
+end = time.monotonic() + idle
+while time.monotonic() < end:  # a transport's traffic to a peer reached directly, as keepalives would be
+    sock.sendto(b"\\0direct", (sender, 9))
+    time.sleep(1.0)
+sock.permit(sender)  # what a set-up does for a peer that dials this rank
+sock.setblocking(False)
+got, end = 0, time.monotonic() + 8.0
+while time.monotonic() < end:
+    try:
+        got += sock.recvfrom(65536)[0].startswith(b"hello")
+    except BlockingIOError:
+        time.sleep(0.02)
+print(got, sock.client.denied, flush=True)
+"""
+
+
+def test_a_relay_allocation_behind_a_symmetric_nat_still_reaches_its_rank_after_40_s_of_nothing_relayed(tmp_path):
+    """A rank behind a NAT that maps each destination anew holds a relay allocation that carries nothing for
+    40 s (its peers are reached directly meanwhile): the NAT would forget the socket's binding to the TURN server
+    after 30 s, and the allocation would then relay into nothing. The relay client's keepalive (a Binding
+    indication when nothing else went to the server for 15 s) holds the binding: a peer that then sends to
+    the relayed address reaches the rank, all 60 datagrams of it."""
+    from erdma_p2p.lab.natlab import TURN_PASSWORD, TURN_USER
+
+    code = IDLE_RELAY % (f"{STUN[0]}:{STUN[1]}", f"{STUN[0]}:{STUN[1]}", TURN_USER, TURN_PASSWORD)
+    with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
+        rank = subprocess.Popen(["ip", "netns", "exec", lab.host(1), sys.executable, "-c", code, "40", lab.wan(0)],
+                                stdout=subprocess.PIPE, text=True)
+        host, port = rank.stdout.readline().split()
+        time.sleep(41.0)
+        send = (f"import socket, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                f"for i in range(60):\n    s.sendto(b'hello %d' % i, ({host!r}, {port}))\n    time.sleep(0.1)\n")
+        subprocess.run(["ip", "netns", "exec", lab.host(0), sys.executable, "-c", send], check=True, timeout=30)
+        out = rank.communicate(timeout=30)[0]
+    assert out.strip() == "60 {}", out
+
+
 # a pair whose path breaks falls back within 2 s of silence, and checks its better path every second
 MOVES = {"ERDMA_TRANSPORT_QUIC_IDLE_TIMEOUT": "2", "ERDMA_TRANSPORT_QUIC_KEEPALIVE_INTERVAL": "0.5",
          "ERDMA_TRANSPORT_QUIC_RECONNECT_TIMEOUT": "20", "ERDMA_TRANSPORT_QUIC_PATH_RECHECK": "1",

@@ -150,7 +150,7 @@ def test_allocation_permissions_and_channels_are_refreshed_before_they_expire():
     c.wrap(b"x", *PEER, now=0.0)
     for m in c.outgoing():
         c.on_datagram(answer(parse(m)[0] | turn.SUCCESS, parse(m)[1]), 0.0)
-    assert c.timer == turn.PERMISSION_REFRESH
+    assert c.timer == turn.KEEPALIVE_S  # (test_the_server_hears_from_an_idle_socket_every_15_s)
     c.on_timer(turn.PERMISSION_REFRESH)
     (perm,) = c.outgoing()
     assert parse(perm)[0] == turn.CREATE_PERMISSION
@@ -158,6 +158,24 @@ def test_allocation_permissions_and_channels_are_refreshed_before_they_expire():
     c.on_timer(300.0)  # half the allocation's and the channel's lifetime
     kinds = sorted(parse(m)[0] for m in c.outgoing())
     assert kinds == [turn.REFRESH, turn.CHANNEL_BIND]
+
+
+def test_the_server_hears_from_an_idle_socket_every_15_s():
+    """A Binding indication (no answer asked for) when nothing else went to the server for KEEPALIVE_S: it holds
+    the NAT's binding of the socket to the server, by which the relay reaches this rank."""
+    c = allocated(0.0)
+    assert c.timer == turn.KEEPALIVE_S == 15.0
+    c.on_timer(14.9)
+    assert c.outgoing() == []
+    c.on_timer(15.0)
+    (keepalive,) = c.outgoing()
+    kind, _, attrs = parse(keepalive)
+    assert kind == turn.BINDING | turn.INDICATION and attrs == {} and c.timer == 30.0
+    c.wrap(b"data", *PEER, now=20.0)  # data to the server: the next keepalive is 15 s after it
+    for m in c.outgoing():  # (the permission and the channel it asked for, granted)
+        c.on_datagram(answer(parse(m)[0] | turn.SUCCESS, parse(m)[1]), 20.0)
+    c.on_timer(30.0)
+    assert [parse(m)[0] for m in c.outgoing()] == [] and c.timer == 35.0
 
 
 def test_close_releases_the_allocation():
