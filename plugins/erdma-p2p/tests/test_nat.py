@@ -417,8 +417,8 @@ def test_a_direct_path_blocked_mid_job_falls_back_and_unblocked_is_used_again(tm
     assert paths(results) == expect(2, set()), results  # back on the direct path
     said = results[1]["stderr"]
     assert "on redial; trying" in said and "connection to rank 0 back after" in said, said  # fell back
-    assert re.search(r"rank 1: rank 0 answered at 198\.51\.100\.10:\d+, a better path than 198\.51\.100\.1:\d+; "
-                     r"the pair moved there", said), said
+    assert re.search(r"rank 1: rank 0 answered at 198\.51\.100\.10:\d+, a better path than 198\.51\.100\.[12]:\d+; "
+                     r"the pair moved there", said), said  # (coturn relays from either of its addresses)
 
 
 def test_a_paired_jobs_quic_pair_that_changes_path_mid_job_is_published_again(tmp_path):
