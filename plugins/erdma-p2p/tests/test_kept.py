@@ -5,37 +5,14 @@ QUIC, each set-up's results checked against numpy."""
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
-USER, PASSWORD = "erdma", "kept-secret"
 
-
-@pytest.fixture
-def turn(tmp_path):
-    if shutil.which("turnserver") is None:
-        pytest.skip("coturn is not installed (scripts/system-deps.sh test installs it)")
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    proc = subprocess.Popen(["turnserver", "-L", "127.0.0.1", "--relay-ip", "127.0.0.1", "-p", str(port),
-                             "--lt-cred-mech", f"--user={USER}:{PASSWORD}", "--realm=erdma.test",
-                             "--allow-loopback-peers", "--no-cli", "--no-tls", "--no-dtls",
-                             "--pidfile", str(tmp_path / "turn.pid")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.3)
-    yield f"127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(5)
-
-
-def _set_ups(pg, server: str, urls: list[str], keep_s: float) -> list[tuple[str, list[float]]]:
+def _set_ups(pg, relay: tuple[str, str, str], urls: list[str], keep_s: float) -> list[tuple[str, list[float]]]:
     """Set-ups one after another in this process, on the stun traversal with a relay: each's published
     candidates and allreduce result; a socket is kept ``keep_s`` seconds (``kept.KEEP_S``), and 0.2 s pass
     between set-ups."""
@@ -45,9 +22,10 @@ def _set_ups(pg, server: str, urls: list[str], keep_s: float) -> list[tuple[str,
 
     kept.KEEP_S = keep_s
 
+    server, user, password = relay
     conf = {"transport.name": "quic", "traversal.name": "stun", "traversal.stun.server": server,
-            "traversal.stun.relay": server, "traversal.stun.relay_user": USER,
-            "traversal.stun.relay_password": PASSWORD, "timeouts.connect": 30.0,
+            "traversal.stun.relay": server, "traversal.stun.relay_user": user, "traversal.stun.relay_password": password,
+            "timeouts.connect": 30.0,
             "security.secret": "kept-test"}
     out = []
     for url in urls:
@@ -62,15 +40,14 @@ def _set_ups(pg, server: str, urls: list[str], keep_s: float) -> list[tuple[str,
 
 
 @pytest.mark.parametrize("keep_s, kept_across", [(25.0, True), (0.1, False)], ids=["kept", "idle-too-long"])
-def test_a_set_up_runs_on_the_socket_and_allocation_of_the_one_before(turn, tmp_path, keep_s, kept_across):
+def test_a_set_up_runs_on_the_socket_and_allocation_of_the_one_before(turn_relay, tmp_path, keep_s, kept_across):
     """``idle-too-long``: a socket unused for longer than ``KEEP_S`` is given back, and the next set-up
     gathers anew."""
     from erdma_core.testing.world import World
 
-    server = turn
     urls = [f"file://{tmp_path / f'store-{i}'}" for i in range(3)]
     with World(2, {"transport.name": "tcp"}) as world:
-        out = world.run(_set_ups, server, urls, keep_s)
+        out = world.run(_set_ups, turn_relay, urls, keep_s)
     want = (np.arange(64, dtype=np.float32) * 3).tolist()
     for set_ups in out:
         assert [arr for _, arr in set_ups] == [want] * 3

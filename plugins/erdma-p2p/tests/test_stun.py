@@ -3,10 +3,8 @@ back; then against a real coturn on loopback."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import struct
-import subprocess
 import time
 
 import numpy as np
@@ -73,24 +71,6 @@ def test_the_answer_ends_the_transaction():
     assert b.result is None
     b.on_datagram(response(stun.BINDING_SUCCESS, [(stun.XOR_MAPPED_ADDRESS, xor_address("198.51.100.9", 7))]))
     assert b.result == ("198.51.100.9", 7) and b.timer is None and b.on_timer(99.0) is None
-
-
-@pytest.fixture
-def coturn(tmp_path):
-    if shutil.which("turnserver") is None:
-        pytest.skip("coturn is not installed (scripts/system-deps.sh test installs it)")
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    proc = subprocess.Popen(["turnserver", "-L", "127.0.0.1", "-p", str(port), "--stun-only", "--no-cli", "--no-tls",
-                             "--no-dtls", "--log-file", str(tmp_path / "turn.log"), "--simple-log",
-                             "--pidfile", str(tmp_path / "turn.pid")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.3)
-    yield "127.0.0.1", port
-    proc.terminate()
-    proc.wait(5)
 
 
 def test_coturn_tells_a_socket_its_own_address_on_loopback(coturn):
