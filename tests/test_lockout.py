@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from erdma_core.cli.launcher import free_ports
+
 HERE = Path(__file__).parent
 RANK = """
 import sys
@@ -29,12 +31,6 @@ assert np.array_equal(x, np.arange(1000) * 3.0), x[:4]
 print("allreduce ok", pg.rank(), flush=True)
 pg.destroy()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _can_bind(address: str) -> bool:
@@ -88,7 +84,7 @@ class _Lines:
 @pytest.mark.skipif(not _can_bind("127.0.0.2"), reason="no 127.0.0.0/8 addresses to attack from")
 @pytest.mark.parametrize("flood", [0, 2000])
 def test_slow_connections_and_a_flood_do_not_keep_the_job_out(flood):
-    store, transport = _free_port(), _free_port()
+    store, transport = free_ports(2)
     attacker = subprocess.Popen(
         [sys.executable, str(HERE / "attacker.py"), "--slow-targets", f"127.0.0.1:{store}",
          "--flood-targets", f"127.0.0.1:{store},127.0.0.1:{transport}",

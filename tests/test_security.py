@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from erdma_core import AuthenticationError, ConfigError, ProtocolError
+from erdma_core.cli.launcher import free_port
 from erdma_core.discovery import FileStore, TCPStore
 from erdma_core.discovery import store as store_mod
 from erdma_core.testing.world import World
@@ -25,12 +26,6 @@ from erdma_core.transport.sockets import recv_exact
 from erdma_core.transport.wire import DATA, Header
 
 SECRET = b"the job's secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -329,7 +324,7 @@ def _attack_store(port: int, stop: threading.Event, tries: list) -> None:
 
 
 def test_a_job_beside_a_store_attacker_gets_correct_results(caplog):
-    port = _free_port()
+    port = free_port()
     stop, tries = threading.Event(), []
     attacker = _start(_attack_store, port, stop, tries)
     try:

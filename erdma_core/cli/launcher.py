@@ -80,9 +80,20 @@ def die_of(signum: int) -> NoReturn:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` different free TCP ports on loopback: each is held until all are picked (one at a time, the
+    kernel may hand out a port it just gave back)."""
+    held = [socket.socket() for _ in range(count)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 _OUTPUT_LOCK = threading.Lock()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cli.launcher import free_port
+from ..cli.launcher import free_ports
 
 
 def missing() -> str | None:
@@ -93,8 +93,8 @@ class EtcdCluster:
         if len(self.hosts) != n:
             raise ValueError(f"hosts={self.hosts!r}: one address for each of the {n} members")
         self._command = command or (lambda i, argv: argv)
-        self.client = [free_port() for _ in range(n)]
-        self.peer = [free_port() for _ in range(n)]
+        ports = free_ports(2 * n)  # all different: members that share a URL refuse to start ("duplicate url")
+        self.client, self.peer = ports[:n], ports[n:]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
         self._ids: dict[int, str] = {}
         self._initial = ",".join(f"m{i}=http://{self.hosts[i]}:{p}" for i, p in enumerate(self.peer))
