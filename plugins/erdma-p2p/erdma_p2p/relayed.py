@@ -48,7 +48,7 @@ class RelayedSocket:
         self._lock = threading.Lock()  # the transport's loop thread and its punch thread both send
         self._errors: list[tuple[bytes, list[Any], int, tuple[str, int]]] = []
         self._due = client.timer  # when the client's timers next need running (not on every datagram)
-        self._via: set[tuple[str, int]] = set()  # peers last heard from through the relay (``relayed``; its errors)
+        self._via: set[tuple[str, int]] = set()  # peers last heard from through the relay (its ICMP errors)
 
     def twin(self, sock: Any) -> RelayedSocket:
         """The same allocation on ``sock`` (a duplicate of this socket's descriptor, ``kept.Lease``), for a
@@ -64,8 +64,10 @@ class RelayedSocket:
         return getattr(self.sock, "closed_at", None)
 
     def relayed(self, addr: tuple[str, int]) -> bool:
-        """Whether ``addr`` is reached through the relay: a ``Via``, or a peer last heard from through it."""
-        return not self.direct or isinstance(addr, Via) or tuple(addr[:2]) in self._via
+        """Whether ``addr`` is reached through the relay: a ``Via`` (the address a connection that came through
+        it keeps). Not by the last datagram from that address: a peer's direct connection and its check through
+        the relay come from one address."""
+        return not self.direct or isinstance(addr, Via)
 
     def permit(self, host: str) -> None:
         """Let ``host`` reach this socket through the relayed address (a TURN permission)."""

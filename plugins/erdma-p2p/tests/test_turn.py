@@ -282,7 +282,7 @@ def test_the_relayed_socket_answers_each_peer_the_way_it_came():
     server.sendto(answer(turn.DATA_IND | turn.INDICATION, b"d" * 12, (turn.XOR_PEER_ADDRESS, turn.xor_address(*there)),
                          (turn.DATA, b"relayed"), key=None), own.getsockname())
     data, via = rs.recvfrom(65536)
-    assert (data, via) == (b"relayed", there) and isinstance(via, Via) and rs.relayed(there)
+    assert (data, via) == (b"relayed", there) and isinstance(via, Via) and rs.relayed(via) and not rs.relayed(there)
     rs.sendto(b"one", via)
     rs.sendmsg([b"aaaabbbbcc"], [(socket.SOL_UDP, 103, struct.pack("=H", 4))], 0, via)
     rs.sendto(b"other connection", there)  # the same peer's direct one

@@ -571,9 +571,14 @@ class Mesh:
         return s.conn.bandwidth() if s is not None and s.conn is not None else None
 
     def paths(self) -> dict[int, Any]:
-        """Per peer that joined: the address its connection now runs to (or was dialled at last)."""
-        return {r: (link.session.conn.get_peer_address() if link.session is not None and link.session.conn
-                    is not None else link.addr) for r, link in self.links.items()}
+        """Per peer that joined: the address its connection now runs to (or was dialled at last), as the object
+        its first datagram came with while it runs there (which may say how it came: ``answered``)."""
+        out = {}
+        for r, link in self.links.items():
+            s = link.session
+            addr = s.conn.get_peer_address() if s is not None and s.conn is not None else link.addr
+            out[r] = s.addr if s is not None and addr == s.addr else addr
+        return out
 
     def link_stats(self) -> dict[int, dict[str, int]]:
         """Per peer: reconnections, resumed TLS sessions, accepted 0-RTT first flights, parts sent again."""

@@ -269,10 +269,10 @@ class QuicTransport(MessageTransport):
         peers = self.endpoint.run_sync(mesh.paths)
         relayed = getattr(sock, "relayed", lambda addr: False)
 
-        def how(addr: tuple[str, int]) -> str:
-            return "relayed" if addr in self._relays or relayed(addr) else "direct"
+        def how(addr: Any) -> str:  # (the address as the connection keeps it: the socket may have tagged it)
+            return "relayed" if tuple(addr[:2]) in self._relays or relayed(addr) else "direct"
 
-        return {r: f"{a[0]}:{a[1]} {how(tuple(a[:2]))}" for r, a in peers.items()}
+        return {r: f"{a[0]}:{a[1]} {how(a)}" for r, a in peers.items()}
 
     def _inbound_for(self, peer: int) -> Inbound:
         return Inbound(peer, self.inbox(peer), lambda hello: None)
