@@ -50,13 +50,17 @@ class Lease(socket.socket):
 
 @attrs.define(eq=False)
 class Prepared:
-    """A data socket with its mapping learned (``sock``: a plain socket, or a ``RelayedSocket`` whose relay
-    allocation is ``relayed``); never handed out itself."""
+    """A data socket with its mapping learned (``sock``: a plain socket, or a ``RelayedSocket`` with a relay
+    allocation); never handed out itself."""
 
     sock: Any
     mapped: stun.Mapped
-    relayed: stun.Mapped | None = None
-    lease: Any = None  # the duplicate lent last
+    lease: Any = None  # the duplicate lent last (every kept socket is lent as it is kept)
+
+    @property
+    def relayed(self) -> stun.Mapped | None:
+        """The relay allocation's address, if it has one."""
+        return self.sock.client.relayed if isinstance(self.sock, RelayedSocket) else None
 
     def lend(self) -> Any:
         raw = self.sock.sock if isinstance(self.sock, RelayedSocket) else self.sock
@@ -66,7 +70,7 @@ class Prepared:
 
     def idle(self, now: float) -> float | None:
         """Seconds since the last lease was closed; None while it is in use."""
-        closed = getattr(self.lease, "closed_at", None) if self.lease is not None else now
+        closed = self.lease.closed_at  # (a ``Lease``, or a relayed socket's twin on one)
         return None if closed is None else now - closed
 
     def usable(self, now: float) -> bool:

@@ -102,7 +102,7 @@ class StunTraversal:
             relayed = allocate(sock, self.relay, *self.credentials, self.timeout)
             self.relayed = relayed.client.relayed
             assert self.relayed is not None
-            self.sock = kept.keep(self._key(), kept.Prepared(relayed, self.mapped, self.relayed))
+            self.sock = kept.keep(self._key(), kept.Prepared(relayed, self.mapped))
             if self.always:
                 log.warning("relayed: all traffic goes through the TURN server %s:%d (relayed address %s:%d) "
                             "because relay_when = 'always'", *self.relay, *self.relayed)

@@ -72,8 +72,7 @@ def test_a_kept_relayed_socket_whose_server_has_not_heard_from_it_lately_is_give
         raw.bind(("127.0.0.1", 0))
         client = turn.TurnClient("u", "p")
         client.relayed, client.last_sent, client._ends = Mapped("198.51.100.1", 50000), last_sent, ends
-        p = kept.Prepared(RelayedSocket(raw, client, ("127.0.0.1", 9)), Mapped("198.51.100.9", 4000),
-                          client.relayed)
+        p = kept.Prepared(RelayedSocket(raw, client, ("127.0.0.1", 9)), Mapped("198.51.100.9", 4000))
         p.lend().close()  # a set-up used it, and is over
         return p
 

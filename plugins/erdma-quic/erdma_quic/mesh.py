@@ -955,8 +955,14 @@ class Mesh:
 
     def _check(self, link: Link, addr: Any) -> Session:
         """A first dial's check of ``addr``: a connection whose answers are held (``Session.held``)."""
+        return self._trial(link, addr, probe=False)
+
+    def _trial(self, link: Link, addr: Any, probe: bool) -> Session:
+        """A connection to ``link``'s peer at ``addr`` beside the one that carries the link, its HELLO queued: a
+        probe of a better path, or a first dial's check (whose answers are held)."""
         s = Session(link.rank, addr, dialled=True)
-        s.held = []
+        s.probe = probe
+        s.held = None if probe else []
         s.conn = self.connection(configuration=self.configure(True, addr, link.rank, None),
                                  session_ticket_handler=functools.partial(self._ticket_issued, s))
         s.conn.connect(addr, now=self._now)
@@ -973,10 +979,8 @@ class Mesh:
         if not heard or link.dead or self.closing:
             return
         s = min(heard, key=lambda c: link.plan.index(c.addr))
-        for c in link.checks:
-            if c is not s:
-                self._detach(c)
-        link.checks = []
+        link.checks.remove(s)
+        self._drop_checks(link)
         was, held, s.held = link.addr, s.held or [], None
         log.warning("rank %d: rank %d at %s:%d: %s; %s:%d answered its check: taken", self.s.rank, link.rank,
                     *was[:2], why, *s.addr[:2])
@@ -994,15 +998,7 @@ class Mesh:
     def _probe_path(self, link: Link, addr: Any) -> None:
         """Dial ``link``'s peer at ``addr`` beside the connection that carries the link. Once its handshake
         completes (the peer's certificate proved), it takes the link over (``_handshake_done``)."""
-        s = Session(link.rank, addr, dialled=True)
-        s.probe = True
-        s.conn = self.connection(configuration=self.configure(True, addr, link.rank, None),
-                                 session_ticket_handler=functools.partial(self._ticket_issued, s))
-        s.conn.connect(addr, now=self._now)
-        link.probe = s
-        self._send_raw(s, hello_stream(Hello(status=HELLO_REQUEST, job=self.s.job, rank=self.s.rank,
-                                             world=self.s.world)))
-        self._adopt(s)
+        link.probe = self._trial(link, addr, probe=True)
 
     def _promote(self, s: Session) -> None:
         """A trial of a better path completed its handshake: it carries its link from now on. What the old
