@@ -57,6 +57,7 @@ from .prefix import PrefixStore
 
 log = logging.getLogger("erdma.elastic")
 SETTLE_S = 5.0  # after an abort, how long a member that has not voted has before it counts as dead
+CLOSE_WAIT_S = 1.0  # how long the next epoch's set-up waits for the old group to close (and give its sockets back)
 RETRIED = (PeerLostError, CollectiveTimeoutError, AbortedError)  # failures a change of membership explains
 
 
@@ -536,10 +537,17 @@ class ElasticGroup:
 
     # ---- helpers -----------------------------------------------------------------------------------------
     def _drop_pg(self) -> None:
-        """Close the epoch's group on a thread of its own: peers that are gone must not delay the next one."""
+        """Close the epoch's group on a thread of its own, waited for up to ``CLOSE_WAIT_S``: peers that are gone
+        must not delay the next one much, and a group that closes in time has given back its data socket, which
+        the traversal then lends to the next set-up with its mapping and relay allocation (erdma-p2p ``kept``)."""
         if self._pg is not None:
-            threading.Thread(target=_destroy, args=(self._pg,), name="erdma-elastic-close", daemon=True).start()
+            closing = threading.Thread(target=_destroy, args=(self._pg,), name="erdma-elastic-close", daemon=True)
+            closing.start()
             self._pg = None
+            closing.join(CLOSE_WAIT_S)
+            if closing.is_alive():
+                log.info("elastic: epoch %d's group is still closing after %.1f s; the next set-up goes on beside it",
+                         self.epoch, CLOSE_WAIT_S)
 
     def _say(self, record: Record, old: Record | None) -> None:
         before = {m.id for m in old.members} if old else set()
@@ -553,7 +561,9 @@ class ElasticGroup:
 
 
 def _destroy(pg: ProcessGroup) -> None:
+    started = time.monotonic()
     try:
         pg.destroy()
     except Exception as exc:  # its peers may be gone; nothing depends on this
         log.debug("elastic: closing an old epoch's group: %s", exc)
+    log.debug("elastic: an old epoch's group closed in %.2f s", time.monotonic() - started)

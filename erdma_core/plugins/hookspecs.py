@@ -66,7 +66,9 @@ def erdma_register_transports(register: Register) -> None:
     ``erdma_core.sdk`` the transport was written for, as a number: a transport that says another than
     ``erdma_core.sdk.VERSION``, or none, is refused (logged, listed by ``erdma plugins``, a PluginError when
     selected). A factory with the attribute ``takes_peers = True`` connects only ``ctx.peers`` when it is given
-    them, so it may be a paired job's ``transport.fallback`` (erdma-quic's is). ``options`` is a dict of
+    them and, given ``ctx.taken``, lets go of the peers it names once it names them (``MessageTransport.forget``;
+    the paired job checks both transports at once), so it may be a paired job's ``transport.fallback``
+    (erdma-quic's is). ``options`` is a dict of
     ``erdma_core.sdk.Option`` declaring the keys of the section
     ``[transport.<name>]``; ``section`` is that section's values, ``config`` the whole
     ``erdma_core.config.Config``. Returns: nothing. Not firstresult, not historic: every plugin's

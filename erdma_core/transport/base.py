@@ -54,6 +54,10 @@ class TransportContext:
     settle: Callable[[set[int]], set[int]] | None = None  # ``paired``: the transport connects to whichever peers it
     # can within one check of their candidates (no error for the rest), then calls ``settle(connected)``, which
     # returns the peers both ends connected; it keeps those and closes the rest. None: every peer is required
+    taken: Callable[[], frozenset[int] | None] | None = None  # ``paired``, both transports checking at once: the
+    # peers of ``peers`` another transport took in this set-up, once it knows (None until then; it raises when
+    # that transport failed). The transport connects to every peer of ``peers`` meanwhile, asks now and then,
+    # drops what it has of those taken without a word (their ends do the same: ``forget``) and needs only the rest
     open_udp: Callable[[], Any] | None = None  # the traversal's ``udp_socket``, not yet called: for a transport that
     # needs the datagram socket only for some pairs (``paired``), which calls it when it does
     publish_paths: bool | Callable[[], None] = True  # publish ``paths/RANK`` for erdma doctor; False: not; a
@@ -304,8 +308,8 @@ class MessageTransport:
         self._to_all([p for p in self._sent if p != lost], lambda p: head, body, urgent=True, wait=wait)
 
     def forget(self, peers: set[int]) -> None:
-        """During ``open``: ``peers`` are not this transport's after all (``ctx.settle`` gave them to another):
-        no frame, ABORT or BYE goes to them."""
+        """During ``open``: ``peers`` are not this transport's after all (``ctx.settle`` or ``ctx.taken`` gave
+        them to another): no frame, ABORT or BYE goes to them."""
         for peer in peers:
             self._inboxes.pop(peer, None)
             self._sent.pop(peer, None)

@@ -1,10 +1,13 @@
 """One job on two transports, each pair of ranks on the first that connects it (``transport.fallback``).
 
-The first transport (the built-in TCP, meeting its peers through their NATs) tries every pair for one check of
-the pair's candidates, with no error for a pair it cannot meet; the two ends of each pair then agree on what
-they met (``settle``: each publishes the peers it connected, and a pair is kept only where both ends list each
-other, so a handshake that ended on one side only is closed on both). The second transport (erdma-quic,
-direct or through a TURN relay) connects the pairs that are left, and only those. One group runs on both:
+Both transports check every pair at once. The first (the built-in TCP, meeting its peers through their NATs)
+tries each pair for one check of the pair's candidates, with no error for a pair it cannot meet; the two ends of
+each pair then agree on what they met (``settle``: each publishes the peers it connected, and a pair is kept
+only where both ends list each other, so a handshake that ended on one side only is closed on both).
+Meanwhile, on a thread of its own, the second (erdma-quic, direct or through a TURN relay) connects to every
+peer; once the first has settled, it lets go of the pairs the first kept (``ctx.taken``: both ends know them
+from the same published lists) and waits only for the rest. A pair TCP cannot meet is thus on QUIC about
+when TCP gives it up, not one QUIC check later. One group runs on both:
 every send, receive and wait goes to the transport of its peer, and a failure of either aborts the other, so
 every rank hears of it. Each transport authenticates and seals its own pairs as it does alone.
 """
@@ -12,12 +15,13 @@ every rank hears of it. Each transport authenticates and seals its own pairs as 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 import attrs
 
-from ..errors import ConfigError
+from ..errors import CollectiveTimeoutError, ConfigError
 from .addresses import publish_paths
 from .base import MessageTransport, TransportContext, await_key
 from .request import Request
@@ -25,11 +29,12 @@ from .wire import Header
 
 log = logging.getLogger("erdma.transport")
 LOOK_S = 0.5  # seconds a wait on one transport runs before it looks whether the other one failed
+BESIDE_SLACK_S = 5.0  # seconds past the connect timeout the second transport's set-up may take to end
 
 
 class PairedTransport:
     """A ``Transport`` over ``first`` (which must honour ``ctx.settle``) and ``second`` (which must honour
-    ``ctx.peers``)."""
+    ``ctx.peers`` and ``ctx.taken``)."""
 
     def __init__(self, first: MessageTransport, second: MessageTransport) -> None:
         self.parts = (first, second)
@@ -45,28 +50,59 @@ class PairedTransport:
         self.rank, self.world_size = ctx.rank, ctx.world_size
         first, second = self.parts
         deadline = time.monotonic() + ctx.connect_timeout
+        others = frozenset(p for p in range(ctx.world_size) if p != ctx.rank)
         kept: set[int] = set()
+        decided: list[frozenset[int]] = []  # the pairs the first kept, once both ends of each agreed
+        stopped: list[BaseException] = []  # why the first one's set-up failed
+        failed: list[BaseException] = []  # why the second one's did
 
         def settle(connected: set[int]) -> set[int]:
             kept.update(self._settle(ctx, connected, deadline))
             return kept
 
-        first.connect(attrs.evolve(ctx, udp_socket=None, open_udp=None, settle=settle, publish_paths=False))
-        self._used.append(first)
-        rest = frozenset(p for p in range(ctx.world_size) if p != ctx.rank and p not in kept)
-        self.via = {p: 0 for p in kept} | {p: 1 for p in rest}
-        if rest:
-            log.info("rank %d: %s for ranks %s, %s for ranks %s", ctx.rank, first.name, sorted(kept), second.name,
-                     sorted(rest))
+        def taken() -> frozenset[int] | None:
+            if stopped:
+                raise ConfigError(f"rank {ctx.rank}: set-up stopped: {first.name}: {stopped[0]}")
+            return decided[0] if decided else None
+
+        def beside() -> None:
             try:
                 udp = ctx.open_udp() if ctx.open_udp is not None else ctx.udp_socket
-                second.connect(attrs.evolve(ctx, peers=rest, udp_socket=udp, tcp_socket=None, open_udp=None,
-                                            settle=None, publish_paths=lambda: self._publish(ctx)))
+                second.connect(attrs.evolve(ctx, peers=others, udp_socket=udp, tcp_socket=None, open_udp=None,
+                                            settle=None, taken=taken, publish_paths=lambda: self._publish(ctx)))
             except BaseException as exc:
-                first.abort(exc)
-                first.close()
-                raise
+                failed.append(exc)
+
+        checking = threading.Thread(target=beside, name=f"erdma-paired-{ctx.rank}", daemon=True)
+        checking.start()
+        try:
+            first.connect(attrs.evolve(ctx, udp_socket=None, open_udp=None, settle=settle, publish_paths=False))
+        except BaseException as exc:
+            stopped.append(exc)  # (the second stops at its next look at ``taken``, and closes itself)
+            checking.join(ctx.connect_timeout + BESIDE_SLACK_S)
+            raise
+        self._used.append(first)
+        decided.append(frozenset(kept))
+        rest = others - kept
+        self.via = {p: 0 for p in kept} | {p: 1 for p in rest}
+        checking.join(max(0.0, deadline - time.monotonic()) + BESIDE_SLACK_S)
+        error = failed[0] if failed else None
+        if checking.is_alive():
+            error = CollectiveTimeoutError(f"rank {ctx.rank}: {second.name}'s set-up beside {first.name} did not end "
+                                           f"within {ctx.connect_timeout:.1f}s", rank=ctx.rank, op="connect")
+        if error is not None and rest:
+            first.abort(error)
+            first.close()
+            raise error
+        if error is not None:
+            log.debug("rank %d: %s, needed for no pair, failed beside %s: %s", ctx.rank, second.name, first.name,
+                      error)
+        elif rest:
+            log.info("rank %d: %s for ranks %s, %s for ranks %s", ctx.rank, first.name, sorted(kept), second.name,
+                     sorted(rest))
             self._used.append(second)
+        else:
+            second.close()  # (it lets go of every pair: nothing to tell anyone)
         self.stripes = max(t.stripes for t in self._used)
         self._publish(ctx)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,7 @@ class StunTraversal:
         self.lanes: dict[int, stun.Mapped] = {}  # local port -> mapping, of the sockets udp_sockets prepared
         self.tcp_mapped: stun.Mapped | None = None  # the TCP socket's mapping (``tcp_socket``)
         self.tcp_port: int | None = None
+        self._binding = threading.Lock()  # a paired job prepares its UDP and TCP sockets at once, on two threads
 
     def udp_socket(self) -> socket.socket:
         """The data socket, bound, with its mapping learned (raises StunError naming the server within the
@@ -85,7 +87,7 @@ class StunTraversal:
         lent = self._kept()
         if lent is not None:
             return lent
-        sock = self._bound(_udp, self.tcp_port)
+        sock = self._bound(_udp, tcp=False)
         try:
             try:
                 self.mapped = stun.query(sock, self.server, self.timeout)
@@ -96,7 +98,6 @@ class StunTraversal:
                             exc, *self.relay)
                 sock.close()
                 return self._relay_over_tcp()
-            self.local_port = sock.getsockname()[1]
             if self.relay is None:
                 return kept.keep(self._key(), kept.Prepared(sock, self.mapped))
             relayed = allocate(sock, self.relay, *self.credentials, self.timeout)
@@ -125,11 +126,12 @@ class StunTraversal:
         if got is None:
             return None
         prepared, lease = got
-        if lease.getsockname()[1] == self.tcp_port:  # ``candidates`` tells the two apart by port: a new one
-            lease.close()
-            return None
+        with self._binding:
+            if lease.getsockname()[1] == self.tcp_port:  # ``candidates`` tells the two apart by port: a new one
+                lease.close()
+                return None
+            self.local_port = lease.getsockname()[1]
         self.mapped, self.relayed = prepared.mapped, prepared.relayed
-        self.local_port = lease.getsockname()[1]
         if prepared.relayed is not None:
             self.sock = lease
         log.info("data socket (port %d, mapped to %s:%d%s) kept from an earlier set-up of this process: no STUN "
@@ -197,15 +199,23 @@ class StunTraversal:
             raise
         return socks
 
-    def _bound(self, bind: Callable[[tuple[str, int]], socket.socket], other: int | None) -> socket.socket:
-        """A socket ``bind(address)`` makes at ``bind_address``/``port``, on another port number than ``other``
-        (the TCP socket's for the UDP one, and the other way round: ``candidates`` tells them apart by port)."""
-        for _ in range(8):
-            sock = bind(self.bind)
-            if other is None or sock.getsockname()[1] != other:
-                return sock
-            sock.close()
-        raise ConfigError(f"traversal.stun: no free port other than {other} for the data socket")
+    def _bound(self, bind: Callable[[tuple[str, int]], socket.socket], tcp: bool) -> socket.socket:
+        """A socket ``bind(address)`` makes at ``bind_address``/``port``, on another port number than the other
+        kind's (the TCP socket's for the UDP one, and the other way round: ``candidates`` tells them apart by
+        port); its port is noted as ``tcp_port`` or ``local_port``."""
+        with self._binding:
+            other = self.local_port if tcp else self.tcp_port
+            for _ in range(8):
+                sock = bind(self.bind)
+                port = sock.getsockname()[1]
+                if other is None or port != other:
+                    if tcp:
+                        self.tcp_port = port
+                    else:
+                        self.local_port = port
+                    return sock
+                sock.close()
+        raise ConfigError(f"traversal.stun: no free port other than {other} for the {'TCP' if tcp else 'data'} socket")
 
     def tcp_socket(self) -> socket.socket:
         """A TCP socket bound to ``bind_address``/``port`` (SO_REUSEADDR, SO_REUSEPORT: the transport's
@@ -218,9 +228,8 @@ class StunTraversal:
             raise ConfigError("config key 'traversal.stun.punch': value False cannot be kept by transport.name = "
                               "\"tcp\": a rank behind a NAT opens it by connecting to its peer as the peer connects "
                               "to it; valid here: true")
-        sock = self._bound(meet.bound_to, self.local_port)
+        sock = self._bound(meet.bound_to, tcp=True)
         try:
-            self.tcp_port = sock.getsockname()[1]
             self.tcp_mapped = stun.query_tcp(sock.getsockname()[:2], self.server, self.timeout)
         except BaseException:
             sock.close()

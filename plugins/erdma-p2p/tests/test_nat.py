@@ -318,10 +318,21 @@ def transports(results: list[dict]) -> dict[tuple[int, int], str]:
 def test_a_tcp_job_with_a_relay_puts_each_pair_on_its_own_path(tmp_path):
     """Four sites, the last behind a NAT that maps each destination anew: the job is configured for TCP with
     QUIC as the fallback and a TURN relay. The three pairs among the ordinary NATs meet over kernel TCP; the
-    symmetric site's three pairs cannot, and go over QUIC through the relay. One group, every allreduce exact."""
+    symmetric site's three pairs cannot, and go over QUIC through the relay. One group, every allreduce exact.
+    Both transports check every pair at once: the symmetric rank's QUIC took the relay (one check timeout, 3 s
+    here) before its TCP gave up (one check and one for the handshake, 6 s), and the other ranks' QUIC let go
+    of the pairs TCP met."""
+    env = PAIRED | {"ERDMA_DEBUG": "INFO", "ERDMA_TRAVERSAL_STUN_CHECK_TIMEOUT": "3", "ERDMA_TIMEOUTS_CONNECT": "20"}
     with NatLab(4, tmp_path, symmetric=frozenset({3})) as lab:
-        results = run_job(lab, tmp_path, **PAIRED)
+        results = run_job(lab, tmp_path, **env)
     assert [r.get("wrong") for r in results] == [0] * 4, results
+    lines = results[3]["stderr"].splitlines()
+    taken = [i for i, line in enumerate(lines) if re.search(r"rank 3: rank \d at .*answered its check: taken", line)]
+    gave_up = [i for i, line in enumerate(lines) if "rank 3: not met over TCP" in line]
+    assert len(taken) == 3 and len(gave_up) == 1 and max(taken) < gave_up[0], lines
+    for rank in range(3):
+        mine = f"rank {rank}: QUIC lets go of ranks {[p for p in range(3) if p != rank]}"
+        assert mine in results[rank]["stderr"], results[rank]["stderr"]
     relayed = {frozenset({0, 3}), frozenset({1, 3}), frozenset({2, 3})}
     assert paths(results) == expect(4, relayed), results
     assert transports(results) == {pair: "QUIC" if how == "relayed" else "TCP"

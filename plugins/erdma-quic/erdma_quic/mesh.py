@@ -325,6 +325,7 @@ class Mesh:
         self._dirty: dict[int, Session] = {}
         self._events: deque[Event] = deque()
         self._keepalive_at: float | None = None
+        self.released: frozenset[int] = frozenset()  # peers another transport took (``release``)
 
     # ---- inputs ---------------------------------------------------------------------------------------
     def dial(self, peer: int, addr: Any, now: float, fallbacks: Iterable[Any] = (), wait: float = 0.0,
@@ -334,6 +335,8 @@ class Mesh:
         ``fallbacks`` to dial first instead (the one an earlier set-up ended on); the addresses before it are
         still the better ones a later check tries (``path_recheck``)."""
         self._now = now
+        if peer in self.released:
+            return
         keep = self.s.reconnect_timeout > 0
         link = Link(peer, addr, True, self.inbound_for(peer), keep)
         link.plan += [a for a in fallbacks if a != addr]
@@ -346,6 +349,21 @@ class Mesh:
             link.check_at = now + wait
         self._dialling[peer] = link
         self._dial(link)
+
+    def release(self, peers: frozenset[int]) -> None:
+        """``peers`` are another transport's after all (a paired job checks both transports at once): their dials,
+        checks, links and connections are dropped without a word (each of them drops its own end as it learns the
+        same), and a connection one of them opens later is refused."""
+        self.released |= peers
+        for peer in peers:
+            for link in (self.links.pop(peer, None), self._dialling.pop(peer, None)):
+                if link is not None:
+                    link.dead = True
+                    link.check_at = link.redial_at = link.give_up_at = link.recheck_at = None
+                    link.checks, link.probe = [], None  # (their connections go below)
+        for s in [s for s in self._sessions if s.rank in peers]:
+            s.link = None
+            self._detach(s)
 
     def receive(self, data: bytes, addr: Any, now: float) -> None:
         self._now = now
@@ -553,10 +571,12 @@ class Mesh:
         return self._events.popleft() if self._events else None
 
     # ---- queries --------------------------------------------------------------------------------------
-    def flushed(self) -> bool:
-        """Nothing queued, and every part handed to QUIC acknowledged, on every live link."""
+    def flushed(self, lost: frozenset[int] = frozenset()) -> bool:
+        """Nothing queued, and every part handed to QUIC acknowledged, on every live link (but those to
+        ``lost``: peers known to be gone, whose acknowledgements will never come)."""
         return all(not link.queue and (link.session is None or not link.session.open_streams
-                                       or link.session.terminated) for link in self.links.values() if not link.dead)
+                                       or link.session.terminated) for link in self.links.values()
+                   if not link.dead and link.rank not in lost)
 
     def pending_accepts(self) -> int:
         """Accepted connections not yet identified and settled (at most ``MAX_PENDING`` at a time)."""
@@ -587,7 +607,7 @@ class Mesh:
     # ---- connections ----------------------------------------------------------------------------------
     def _diallers(self) -> set[int]:
         """Ranks that dial this one (and may dial it again)."""
-        higher = set(range(self.s.rank + 1, self.s.world))
+        higher = set(range(self.s.rank + 1, self.s.world)) - self.released
         return higher if self.s.peers is None else higher & self.s.peers
 
     def _dial(self, link: Link) -> Session:

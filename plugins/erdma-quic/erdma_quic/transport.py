@@ -42,6 +42,7 @@ from .streams import Inbound, message_parts
 
 log = logging.getLogger("erdma.quic")
 _ABORTED_WAIT = 2.0  # seconds close waits for peers to acknowledge what was sent, after an abort
+TAKEN_LOOK_S = 0.1  # seconds between looks whether another transport took peers (``ctx.taken``) during set-up
 RELAYED = verdicts.Verdicts()  # sites this process reached only through a relay lately
 
 
@@ -118,10 +119,13 @@ class QuicTransport(MessageTransport):
         self._publishes: bool | Callable[[], None] = True  # ``ctx.publish_paths``: whether they are, or who does
         self._sites: dict[int, str] = {}  # dialled peers' sites (``verdicts.site``)
         self._punches: dict[int, list[tuple[bytes, Any]]] = {}  # per dialling peer: what opens this rank's NAT to it
+        self._taken: Callable[[], frozenset[int] | None] | None = None  # ``ctx.taken``, until it answered
+        self._narrowing = threading.Lock()
 
     # ---- set-up -------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
         o = self.opts
+        self._taken = ctx.taken
         if o["workers"] and ctx.peers is not None:
             raise ConfigError(f"config key 'transport.quic.workers': value {o['workers']} cannot take effect when QUIC "
                               "carries only the pairs another transport could not connect (transport.fallback): "
@@ -165,7 +169,9 @@ class QuicTransport(MessageTransport):
                                         daemon=True)
             punching.start()
         for peer in (p for p in self.peers() if p < self.rank):
-            cands = self._published(ctx, peer, deadline)
+            cands = self._candidates_of(ctx, peer, deadline)
+            if cands is None:  # another transport took it
+                continue
             plan, wait = ctx.dial_plan(cands) if ctx.dial_plan is not None else (cands[:1], 0.0)
             if not plan:
                 raise ConfigError(f"rank {self.rank}: none of rank {peer}'s addresses "
@@ -204,9 +210,11 @@ class QuicTransport(MessageTransport):
         assert ctx.punch is not None
         for peer in (p for p in self.peers() if p > self.rank):
             try:
-                cands = self._published(ctx, peer, deadline)
+                cands = self._candidates_of(ctx, peer, deadline)
             except Exception as exc:  # the set-up's own wait names what is missing
                 log.debug("rank %d: no hole punched towards rank %d: %s", self.rank, peer, exc)
+                continue
+            if cands is None:  # another transport took it
                 continue
             self._relays.update((c.host, c.port) for c in cands if c.kind == "relay")
             kept = self._punches.setdefault(peer, [])
@@ -227,6 +235,36 @@ class QuicTransport(MessageTransport):
     @staticmethod
     def _published(ctx: TransportContext, peer: int, deadline: float) -> list[addresses.Candidate]:
         return addresses.published_candidates(ctx.store, f"quic/addr/{peer}", max(0.01, deadline - time.monotonic()))
+
+    def _candidates_of(self, ctx: TransportContext, peer: int, deadline: float) -> list[addresses.Candidate] | None:
+        """``peer``'s published candidates, waited for until ``deadline``; None once another transport took the
+        peer (``ctx.taken``), which is looked at meanwhile."""
+        while True:
+            self._narrow()
+            if peer not in self._inboxes:
+                return None
+            until = deadline if self._taken is None else min(deadline, time.monotonic() + TAKEN_LOOK_S)
+            try:
+                return self._published(ctx, peer, until)
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+
+    def _narrow(self) -> None:
+        """Once ``ctx.taken`` names the peers another transport took (it raises if that one failed): they are
+        dropped here, dials and connections (the mesh lets go of them without a word), and not waited for."""
+        with self._narrowing:
+            taken = self._taken() if self._taken is not None else None
+            if taken is None:
+                return
+            self._taken = None
+            mine = set(taken) & set(self.peers())
+            if mine:
+                assert self.endpoint is not None and self.mesh is not None
+                self.endpoint.call(self.mesh.release, frozenset(mine))
+                self.forget(mine)
+            log.info("rank %d: QUIC lets go of ranks %s (another transport connected them) and keeps ranks %s",
+                     self.rank, sorted(mine), self.peers())
 
     def _publish_paths(self, changed: bool = True) -> None:
         """Log how each peer is reached (a warning when one is relayed) and publish it as ``paths/RANK``
@@ -303,24 +341,29 @@ class QuicTransport(MessageTransport):
             with self._cond:
                 self._refused[ev.peer] = f"rank {ev.peer} at {ev.addr[0]}:{ev.addr[1]}: {ev.why}"
                 self._cond.notify_all()
-        elif isinstance(ev, Lost):
+        elif isinstance(ev, Lost) and ev.peer in self._inboxes:  # (not one another transport took)
             assert self.mesh is not None
             self.mesh.fail(ev.peer, self.peer_lost(ev.peer, ev.why))
         elif isinstance(ev, Back) and self._store is not None:  # perhaps on another path: said off this thread
             threading.Thread(target=self._publish_paths, name=f"erdma-paths-{self.rank}", daemon=True).start()
 
     def _wait_all(self, deadline: float, timeout: float, gave_up: Callable[[], str | None]) -> None:
-        """Until every peer joined; ``gave_up()`` says why another rank stopped its set-up (or None)."""
-        want = set(self.peers())
+        """Until every peer joined (and, with ``ctx.taken``, those another transport took are known and let go
+        of); ``gave_up()`` says why another rank stopped its set-up (or None)."""
         with self._cond:
             while True:
-                if self._refused:
-                    why = next(iter(self._refused.values()))
-                    raise ProtocolError(f"rank {self.rank}: QUIC connection to {why}{secret_hint(why)}")
+                want, final = set(self.peers()), self._taken is None
+                refused = [why for peer, why in self._refused.items() if peer in want] if final else []
+                if refused:
+                    raise ProtocolError(f"rank {self.rank}: QUIC connection to {refused[0]}{secret_hint(refused[0])}")
                 missing = sorted(want - self._joined)
-                if not missing:
+                if not missing and final:
                     return
                 left = deadline - time.monotonic()
+                if left <= 0 and not missing:
+                    raise CollectiveTimeoutError(f"rank {self.rank}: QUIC set-up: the transport checked beside it "
+                                                 f"did not say which pairs it took within {timeout:.1f}s",
+                                                 rank=self.rank, op="connect")
                 if left <= 0:
                     self._cond.release()  # the mesh's lock is taken without this one (events are reported under it)
                     try:
@@ -330,10 +373,11 @@ class QuicTransport(MessageTransport):
                     more = f" (refused: {refused}{secret_hint(refused)})" if refused else ""
                     raise UnreachableError(f"rank {self.rank}: ranks {missing} did not connect over QUIC within "
                                            f"{timeout:.1f}s{more}", peers=tuple(missing), rank=self.rank, op="connect")
-                self._cond.wait(min(left, 0.5))
+                self._cond.wait(min(left, 0.5 if final else TAKEN_LOOK_S))
                 self._cond.release()  # the store is asked without the lock the mesh's events are reported under
                 try:
                     why = gave_up()
+                    self._narrow()
                 finally:
                     self._cond.acquire()
                 if why is not None:
@@ -407,10 +451,12 @@ class QuicTransport(MessageTransport):
                 self.lanes.stop()
             return
         linger = self.linger if self.settling else _ABORTED_WAIT  # what was sent is acknowledged before closing
+        gone = getattr(self.mailbox.aborted, "peer", None) if self.mailbox is not None else None
+        lost = frozenset({gone}) if isinstance(gone, int) else frozenset()  # (the rank the abort says was lost)
         end = time.monotonic() + linger
         while time.monotonic() < end:
             try:
-                if endpoint.run_sync(mesh.flushed, timeout=1.0):
+                if endpoint.run_sync(mesh.flushed, lost, timeout=1.0):
                     break
             except Exception:  # the loop is gone
                 break
