@@ -64,6 +64,7 @@ class Prepared:
 
     def lend(self) -> Any:
         raw = self.sock.sock if isinstance(self.sock, RelayedSocket) else self.sock
+        _forget_errors(raw)
         dup = Lease(raw.family, raw.type, raw.proto, fileno=os.dup(raw.fileno()))
         self.lease = self.sock.twin(dup) if isinstance(self.sock, RelayedSocket) else dup
         return self.lease
@@ -86,6 +87,18 @@ class Prepared:
             self.sock.close()
         except OSError as exc:
             log.debug("a kept data socket did not close cleanly: %s", exc)
+
+
+def _forget_errors(sock: socket.socket) -> None:
+    """What the last set-up's traffic left on the socket: an ICMP error the kernel queued for it (the transport
+    asked for them, ``IP_RECVERR``: a peer's port answered 'unreachable', a network was unreachable) would
+    otherwise fail the next set-up's first send, or be taken for news of its peers."""
+    sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # (reading the pending error clears it)
+    for _ in range(1024):
+        try:
+            sock.recvmsg(1, 512, socket.MSG_ERRQUEUE)
+        except OSError:  # (empty: EAGAIN, also on a blocking socket)
+            return
 
 
 _lock = threading.Lock()

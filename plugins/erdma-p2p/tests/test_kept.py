@@ -90,3 +90,39 @@ def test_a_kept_relayed_socket_whose_server_has_not_heard_from_it_lately_is_give
         got[1].close()
     finally:
         kept.release()
+
+
+def test_an_icmp_error_the_last_set_up_left_on_a_kept_socket_is_not_the_next_ones():
+    """A transport asks for ICMP errors (``IP_RECVERR``, as erdma-quic's endpoint does); one comes back for its
+    last datagram, to a port nobody holds, after it closed. The next set-up's lease neither fails its first send
+    with it nor finds it queued."""
+    from erdma_p2p import kept
+    from erdma_p2p.stun import Mapped
+
+    raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    raw.bind(("127.0.0.1", 0))
+    raw.setsockopt(socket.IPPROTO_IP, 11, 1)  # IP_RECVERR
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    closed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    closed.bind(("127.0.0.1", 0))
+    nobody = closed.getsockname()
+    closed.close()
+    key = ("icmp", time.monotonic())
+    try:
+        first = kept.keep(key, kept.Prepared(raw, Mapped("198.51.100.9", 4000)))
+        first.sendto(b"to nobody", nobody)
+        time.sleep(0.2)  # the kernel's port unreachable comes back at once on loopback
+        first.close()
+        got = kept.take(key, time.monotonic())
+        assert got is not None
+        lease = got[1]
+        lease.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            lease.recvmsg(1, 512, socket.MSG_ERRQUEUE)
+        lease.sendto(b"hello", listener.getsockname())
+        assert listener.recvfrom(64)[0] == b"hello"
+        lease.close()
+    finally:
+        kept.release()
+        listener.close()
