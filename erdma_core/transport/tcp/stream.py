@@ -354,9 +354,11 @@ class SocketTransport(MessageTransport):
                                                 max(0.01, deadline - time.monotonic()))
         plan, wait = ctx.dial_plan(theirs) if ctx.dial_plan is not None else (theirs[:1], 0.0)
         plan = [c for c in plan if c.kind != "relay"]  # a TURN relay carries datagrams, not this stream
-        if optional and wait > 0:  # one check of each candidate, and one more for the handshake; then another
-            deadline = min(deadline, time.monotonic() + wait * (len(plan) + 1))  # transport takes the pair
-        within = ctx.connect_timeout if not optional else max(0.0, deadline - time.monotonic())
+        meet_by = deadline
+        if optional and wait > 0:  # one check of each candidate; a connection made by then has one more for its
+            meet_by = min(deadline, time.monotonic() + wait * len(plan))  # handshake; then another transport
+            deadline = min(deadline, meet_by + wait)  # takes the pair
+        within = ctx.connect_timeout if not optional else max(0.0, meet_by - time.monotonic())
         if not plan and optional:
             raise CollectiveTimeoutError(f"rank {self.rank}: rank {peer} offers only a relay", rank=self.rank,
                                          op="connect")
@@ -373,7 +375,7 @@ class SocketTransport(MessageTransport):
         used: list[Candidate] = []
 
         def connect() -> tuple[socket.socket, str]:
-            got = meet.meet(local, plan, wait, deadline, lambda: self._gave_up or accepted(),
+            got = meet.meet(local, plan, wait, meet_by, lambda: self._gave_up or accepted(),
                             lambda: self._arrivals.take(peer))
             if got is None:
                 if accepted():
