@@ -279,7 +279,11 @@ def test_erdma_run_elastic_on_etcd_goes_on_when_the_launcher_and_its_peers_are_k
     theirs: list[str] = []
     reader = _read(joined, theirs)
     try:
-        until(lambda: any("[joined peer 0] step" in line for line in theirs), "the joined peer's first step")
+        try:
+            until(lambda: any("[joined peer 0] step" in line for line in theirs), "the joined peer's first step")
+        except AssertionError as exc:  # (what both launchers said, to tell where the admission stopped)
+            raise AssertionError(f"{exc}\nthe joining launcher said:\n{''.join(theirs[-30:])}\nthe first one "
+                                 f"said:\n{''.join(lines[-30:])}") from None
         os.killpg(first.pid, signal.SIGKILL)  # the launcher's host gone: its process and both of its peers
         first.wait(30)
         steps = sum("[joined peer 0] step" in line for line in theirs)

@@ -241,7 +241,7 @@ class QuicTransport(MessageTransport):
         peer (``ctx.taken``), which is looked at meanwhile."""
         while True:
             self._narrow()
-            if peer not in self._inboxes:
+            if peer not in self.peers():
                 return None
             until = deadline if self._taken is None else min(deadline, time.monotonic() + TAKEN_LOOK_S)
             try:
@@ -341,7 +341,7 @@ class QuicTransport(MessageTransport):
             with self._cond:
                 self._refused[ev.peer] = f"rank {ev.peer} at {ev.addr[0]}:{ev.addr[1]}: {ev.why}"
                 self._cond.notify_all()
-        elif isinstance(ev, Lost) and ev.peer in self._inboxes:  # (not one another transport took)
+        elif isinstance(ev, Lost) and ev.peer in self.peers():  # (not one another transport took)
             assert self.mesh is not None
             self.mesh.fail(ev.peer, self.peer_lost(ev.peer, ev.why))
         elif isinstance(ev, Back) and self._store is not None:  # perhaps on another path: said off this thread
