@@ -453,7 +453,11 @@ class SocketTransport(MessageTransport):
         """Every connection to lower rank ``peer``, taken into use: the first to the first of its ``addrs``
         reachable from here, then, over TCP, the rest of the pool (``connections``) to that address, several
         at once (on a long path each handshake takes round trips)."""
-        made = [self._dial_peer(ctx, peer, functools.partial(self._connect, peer, addrs, deadline), deadline)]
+        try:
+            made = [self._dial_peer(ctx, peer, functools.partial(self._connect, peer, addrs, deadline), deadline)]
+        except CollectiveTimeoutError:
+            self._check_others(ctx)  # refused by a rank that gave up already: why the set-up stopped, if one said
+            raise
         lanes = self._pool_size(made[0][0])
         if lanes > 1:
             connect = functools.partial(self._connect, peer, [_name(made[0][0].getpeername())], deadline)
