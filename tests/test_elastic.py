@@ -3,6 +3,7 @@ hash, refused settings, `erdma run --elastic` / `--join`, leaving, and a newcome
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -605,6 +606,32 @@ def test_a_newcomers_check_leaves_out_a_member_that_never_answers(served):
     assert verdict == admission.Verdict((), 1), verdict
     assert took < 30, took  # (START_S is 5 s; the set-up on loopback well under a second)
     assert served[0].get(keys("probe", 1, "closed"), 1.0) == b"1"
+
+
+def test_a_check_asked_before_a_members_first_commit_is_answered_at_it(served, monkeypatch):
+    """A peer founds the job (the record of epoch 1 counts the checks asked so far: 3); a newcomer then asks
+    for check 4, naming it, before the founder's first step commits. At that commit the founder answers check
+    4 and no earlier one. Before, a peer's first commit only set its count: check 4 went unanswered, and the
+    newcomer waited for a start until its join timeout (a joined launcher's peer in CI, 2026-12-04)."""
+    from erdma_core.api.join import load_config
+
+    keys = Keys("t")
+    served[0].add(keys("probes"), 3)  # asked of an earlier job's epochs: nobody of this record is named
+    g = ElasticGroup(served[0], load_config(None), "t", {}, min_peers=1, join_timeout=30.0, announce=False,
+                     clients=lambda: served[1])
+    answered: list[int] = []
+    monkeypatch.setattr(admission, "answer", lambda _open, _conf, _keys, n, _me: answered.append(n))
+    monkeypatch.setattr(g, "_enter", lambda record, old: setattr(g, "record", record))
+    monkeypatch.setattr(g, "_transfer", lambda: None)
+    g._join()
+    assert (g.record.epoch, g.record.probes, g.record.members[0].id) == (1, 3, g.id)
+    n = served[1].add(keys("probes"), 1)
+    served[1].set(keys("probe", n), json.dumps({"id": "new", "name": "h:9", "members": [g.id]}).encode())
+    g._answer(served[0].add(keys("probes"), 0))  # the count the first commit carries
+    deadline = time.monotonic() + 10
+    while not answered and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answered == [4]
 
 
 def test_a_liveness_timeout_that_would_flood_the_store_is_refused():

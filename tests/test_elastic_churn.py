@@ -81,7 +81,9 @@ def test_diloco_through_churn(tmp_path):
     assert churn_loss and len(set(churn_loss)) == 1
     assert churn_loss[0] <= calm_loss * (1 + TOLERANCE), (calm_loss, churn_loss[0])
     epochs = {int(s[0]) for seen in steps.values() for s in seen}
-    assert max(epochs) >= 5  # membership did change
+    late = [line for p in job.peers for line in p.lines if line.startswith("not admitted")]
+    assert max(epochs) >= 5, (epochs, late)  # membership did change (at 4c770b8 it stayed at 4 in CI: a newcomer
+    # that asked for its path check before the members' first commit was never answered, and said "not admitted")
 
 
 @pytest.mark.parametrize("kills", [30])

@@ -15,6 +15,7 @@ epoch it made.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -141,9 +142,9 @@ class ElasticGroup:
                         # the epoch this proposes may lose to the survivors' of a loss another member saw
                         # ahead: then this member enters theirs and proposes the admission after it
                         old = self.record
-                        self._enter(propose(self.store, self.keys, Record(
-                            old.epoch + 1, old.members + self._newcomers(old.admitted, self._admit),
-                            self._admit)), old)
+                        self._enter(propose(self.store, self.keys, old.epoch + 1,
+                                            old.members + self._newcomers(old.admitted, self._admit),
+                                            self._admit), old)
                     if not self.record.complete():
                         self._transfer()
             except ExcludedError:
@@ -308,7 +309,8 @@ class ElasticGroup:
 
     def _answer(self, probes: int) -> None:
         """The path checks newcomers asked for since this member's last commit: each on a thread of its own
-        (``admission.answer``). A member's first commit only counts those asked before it."""
+        (``admission.answer``). A peer counts from the record that took it in (``Record.probes``): every
+        check asked after that record was written may name it."""
         seen, self._probes = self._probes, probes
         if seen is None or self._clients is None:
             return
@@ -335,7 +337,7 @@ class ElasticGroup:
             raise ErdmaError(f"elastic: epoch {old.epoch} failed and none of its members that hold the shared "
                              f"state ({holders}) is left; {self.name}, which has not received it, cannot go on "
                              f"(the job's state is gone with them). Its error: {error}")
-        self._enter(propose(self.store, self.keys, Record(old.epoch + 1, members, old.admitted)), old)
+        self._enter(propose(self.store, self.keys, old.epoch + 1, members, old.admitted), old)
 
     def _enter(self, record: Record, old: Record | None) -> None:
         """Make ``record``'s ProcessGroup (the old one is closed on a thread of its own: peers that are gone
@@ -431,8 +433,8 @@ class ElasticGroup:
             if outcome.commit:
                 self.counters["admitted"] += sum(not m.has_state for m in self.record.members)
                 self.step = step
-                self.record = Record(self.record.epoch, tuple(Member(m.id, m.name, True)
-                                                              for m in self.record.members), self.record.admitted)
+                self.record = dataclasses.replace(self.record, members=tuple(Member(m.id, m.name, True)
+                                                                                 for m in self.record.members))
                 # no tickets taken from this commit: the members came here from their step boundary and go on
                 # to their step, a newcomer from its join to its first boundary, where tickets drawn since the
                 # admitting step would make it open the next epoch alone while the members step
@@ -464,11 +466,12 @@ class ElasticGroup:
                 drawn = self.store.add(self.keys("tickets"), 0)
                 first = self._newcomers(0, drawn)
                 founders = (Member(first[0].id, first[0].name, True), *first[1:])
-                self._admit_tickets(0, propose(self.store, self.keys, Record(1, founders, drawn)))
+                self._admit_tickets(0, propose(self.store, self.keys, 1, founders, drawn))
             epoch = self._wait(ticket, deadline)
             record = Record.decode(self.store.get(self.keys("epoch", epoch), 5.0))
             if record.index(self.id) is None:
                 continue  # skipped (its name came too late): draw again
+            self._probes = record.probes  # the path checks asked for since name this peer: it answers them
             try:
                 self._enter(record, None)
                 self._transfer()

@@ -64,9 +64,11 @@ class Record:
     epoch: int
     members: tuple[Member, ...]
     admitted: int  # tickets admitted so far (newcomers with a higher ticket wait)
+    probes: int = 0  # newcomers' path checks asked for before it was proposed (``admission``): a later one that
+    # names its members is answered by every one of them, the ones it takes in too
 
     def encode(self) -> bytes:
-        return json.dumps({"epoch": self.epoch, "admitted": self.admitted,
+        return json.dumps({"epoch": self.epoch, "admitted": self.admitted, "probes": self.probes,
                            "members": [[m.id, m.name, m.has_state] for m in self.members]}).encode()
 
     @staticmethod
@@ -74,7 +76,7 @@ class Record:
         try:
             d = json.loads(raw)
             return Record(int(d["epoch"]), tuple(Member(str(i), str(n), bool(s)) for i, n, s in d["members"]),
-                          int(d["admitted"]))
+                          int(d["admitted"]), int(d.get("probes", 0)))
         except (ValueError, KeyError, TypeError) as exc:
             raise ErdmaError(f"elastic: an epoch record in the store is malformed: {exc}") from None
 
@@ -110,9 +112,11 @@ def need_compare_set(store: object) -> None:
                           "(discovery.init_method: env://, tcp:// or file:// give one)")
 
 
-def propose(store: CasStore, keys: Keys, record: Record) -> Record:
-    """Write ``record`` as its epoch's unless someone did first; the epoch's record either way."""
-    return Record.decode(store.compare_set(keys("epoch", record.epoch), b"", record.encode()))
+def propose(store: CasStore, keys: Keys, epoch: int, members: tuple[Member, ...], admitted: int) -> Record:
+    """Write the record of ``epoch`` unless someone did first; the epoch's record either way. It counts the
+    path checks asked for before it was written, so each of its members answers every one asked later."""
+    record = Record(epoch, members, admitted, store.add(keys("probes"), 0))
+    return Record.decode(store.compare_set(keys("epoch", epoch), b"", record.encode()))
 
 
 class Ballot:
