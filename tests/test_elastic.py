@@ -28,7 +28,7 @@ from erdma_core.elastic.group import ElasticGroup
 from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys, Member, Outcome, Record
 from erdma_core.elastic.prefix import PrefixStore
 from erdma_core.errors import AbortedError, CollectiveTimeoutError, ErdmaError, PeerLostError
-from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out
+from erdma_core.testing.elastic import ElasticJob, ask_where, python, stopped_peer_counted_out
 from erdma_core.transport import auth
 from erdma_core.transport.base import failed_elsewhere
 from erdma_core.transport.sockets import recv_exact
@@ -380,6 +380,45 @@ def test_an_epochs_set_up_waiting_on_the_store_ends_when_it_is_called_off(served
         view.get("never", 0.3)
 
 
+def test_a_dial_to_a_peer_that_went_stops_at_the_first_look_that_says_the_set_up_was_called_off():
+    """A newcomer's path check dialled a member that had finished and gone: refused, dialled again until
+    ``timeouts.connect`` (60 s in the test that found it). Between tries the dial now looks (the transport's
+    ``_check_others``: the epoch's store view raises AbortedError once called off)."""
+    from erdma_core.transport.sockets import dial
+
+    gone = socket.socket()
+    gone.bind(("127.0.0.1", 0))
+    port = gone.getsockname()[1]
+    gone.close()  # nothing listens there: every try is refused
+    looks: list[float] = []
+
+    def look() -> None:
+        looks.append(time.monotonic())
+        if len(looks) == 4:
+            raise AbortedError("elastic: this epoch's set-up was called off: the job finished at step 7")
+
+    began = time.monotonic()
+    with pytest.raises(AbortedError, match="the job finished at step 7"):
+        dial("127.0.0.1", port, time.monotonic() + 60.0, look)
+    assert len(looks) == 4 and time.monotonic() - began < 30.0
+
+
+def test_the_jobs_min_peers_is_the_first_written_and_a_peer_given_another_is_refused(served):
+    """``erdma run --elastic -n 3`` writes 3 as it makes the job; a peer left at the default follows it, one
+    given 2 is refused naming both; without a launcher the first peer's value is the job's."""
+    from erdma_core.cli.elastic_launch import _start_at
+    from erdma_core.elastic.membership import job_min_peers
+
+    _start_at(served[0], None, 3)
+    assert job_min_peers(served[1], Keys("default"), 1, given=False) == 3
+    assert job_min_peers(served[1], Keys("default"), 3, given=True) == 3
+    with pytest.raises(ConfigError, match=r"config key 'elastic.min_peers': 2 differs from job 'default''s, 3 "
+                                          r"\(set when the job was made\); valid: 3, or leave it unset"):
+        job_min_peers(served[2], Keys("default"), 2, given=True)
+    assert job_min_peers(served[1], Keys("other"), 4, given=True) == 4
+    assert job_min_peers(served[2], Keys("other"), 1, given=False) == 4
+
+
 def test_a_peer_that_comes_after_the_job_finished_is_told(tmp_path):
     with ElasticJob(python("examples/diloco.py", "--outer-steps", "2", "--inner-steps", "2"), tmp_path,
                     min_peers=1) as job:
@@ -433,6 +472,47 @@ def test_erdma_run_elastic_prints_how_to_join_and_a_joined_peer_becomes_a_member
     text = "".join(lines)
     assert "erdma elastic: epoch 1: 2 members" in text and "epoch 2: 3 members" in text and "joined:" in text
     assert "[peer 0] step" in text and "[joined peer 0] step" in "".join(theirs)
+
+
+def test_a_peer_added_with_join_before_the_launchers_own_never_starts_the_job_alone(tmp_path, monkeypatch):
+    """The launcher's 2 peers take 3 s to start; a peer added with ``--join`` (no ``elastic.min_peers`` of its
+    own) comes first. The job starts once 2 peers joined, as the launcher said: the joined peer never steps
+    alone. Before, it started a job of its own at its ticket 1 (the default min_peers); in CI, where it drew
+    ticket 2 between the launcher's peers, nobody started the job and every peer waited, silent."""
+    stop = tmp_path / "stop"
+    for k, v in {"STOP_FILE": str(stop), "STEPS": "100000", "ELEMENTS": "1024"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("ERDMA_SECRET", raising=False)
+    slow = ("sh", "-c", f"sleep 3; exec {sys.executable} -m erdma_core.testing.elastic_peer")
+    first = _erdma("--elastic", "-n", "2", "--", *slow)
+    lines: list[str] = []
+    readers = [threading.Thread(target=lambda: lines.extend(first.stdout), daemon=True)]
+    readers[0].start()
+    _until(lambda: any("erdma run --join" in line for line in lines), "the join line")
+    where, secret = next(m.groups() for line in lines
+                         if (m := re.search(r"erdma run --join (\S+) --secret-file (\S+) -n 1", line)))
+    joined = _erdma("--join", where, "--secret-file", secret, "-n", "1", "--", sys.executable, *PEER)
+    theirs: list[str] = []
+    readers.append(threading.Thread(target=lambda: theirs.extend(joined.stdout), daemon=True))
+    readers[1].start()
+    try:
+        _until(lambda: sum("[peer " in line and " step " in line for line in lines) >= 4, "the launcher's peers' steps")
+        stop.touch()
+        _until(lambda: joined.poll() is not None and first.poll() is not None, "both launchers' exit")
+        assert (joined.returncode, first.returncode) == (0, 0), (theirs[-5:], lines[-5:])
+    except AssertionError as exc:
+        ask_where(first, joined)
+        raise AssertionError(f"{exc}\n{''.join(lines[-60:])}\n{''.join(theirs[-60:])}") from None
+    finally:
+        for p in (first, joined):
+            if p.poll() is None:
+                p.kill()
+    for reader in readers:
+        reader.join(5)
+    steps = [line for line in theirs if "[joined peer 0] step" in line]
+    assert steps and not any(" n 1 " in line for line in steps), theirs[:10]
+    assert re.search(r"epoch 1: [23] members", "".join(lines + theirs)), lines[:10]  # (2, or the 3 that had
+    # drawn tickets when the second drew its own)
 
 
 def test_erdma_run_elastic_keeps_the_others_going_when_one_exits(tmp_path, monkeypatch):

@@ -28,7 +28,7 @@ from erdma_core.elastic.liveness import Liveness
 from erdma_core.elastic.membership import Keys
 from erdma_core.errors import AuthenticationError, CollectiveTimeoutError, ErdmaError
 from erdma_core.testing import etcd
-from erdma_core.testing.elastic import ElasticJob, python, stopped_peer_counted_out, until
+from erdma_core.testing.elastic import ElasticJob, ask_where, python, stopped_peer_counted_out, until
 
 pytestmark = pytest.mark.skipif(etcd.missing() is not None, reason=str(etcd.missing()))
 PEER = ("-m", "erdma_core.testing.elastic_peer")
@@ -262,6 +262,14 @@ def _read(proc: subprocess.Popen[str], into: list[str]) -> threading.Thread:
     return t
 
 
+def _etcd_said(cluster: etcd.EtcdCluster) -> str:
+    out = []
+    for log in sorted(cluster.folder.glob("etcd-m*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        out += [f"{log.name}: {line[:300]}" for line in lines[-15:] if "streaming connection" not in line]
+    return "\n".join(out)
+
+
 def test_erdma_run_elastic_on_etcd_goes_on_when_the_launcher_and_its_peers_are_killed(
         cluster: etcd.EtcdCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stop = tmp_path / "stop"
@@ -281,9 +289,12 @@ def test_erdma_run_elastic_on_etcd_goes_on_when_the_launcher_and_its_peers_are_k
     try:
         try:
             until(lambda: any("[joined peer 0] step" in line for line in theirs), "the joined peer's first step")
-        except AssertionError as exc:  # (what both launchers said, to tell where the admission stopped)
-            raise AssertionError(f"{exc}\nthe joining launcher said:\n{''.join(theirs[-30:])}\nthe first one "
-                                 f"said:\n{''.join(lines[-30:])}") from None
+        except AssertionError as exc:  # what both launchers said, and where each peer is (in CI at 0be4967 every
+            # peer was silent: the joined peer had drawn ticket 2 between the launcher's two, and with its own
+            # min_peers of 1 nobody started the job; test_elastic.py reproduces that order)
+            ask_where(first, joined)
+            raise AssertionError(f"{exc}\nthe joining launcher said:\n{''.join(theirs[-80:])}\nthe first one "
+                                 f"said:\n{''.join(lines[-80:])}\netcd said:\n{_etcd_said(cluster)}") from None
         os.killpg(first.pid, signal.SIGKILL)  # the launcher's host gone: its process and both of its peers
         first.wait(30)
         steps = sum("[joined peer 0] step" in line for line in theirs)

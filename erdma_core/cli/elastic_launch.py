@@ -53,7 +53,7 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     written: str | None = None
     if join is None and store_url is not None:
         secret = secret or secrets.token_hex(32)
-        where = _replicated(store_url, secret, config)
+        where = _replicated(store_url, secret, config, nprocs)
         path = secret_file or _write_secret(secret, 0)  # kept: the job may go on after this process
         sys.stderr.write(f"erdma run: elastic job's store on {where}; add a peer from another shell with\n"
                          f"  erdma run --join {where} --secret-file {path} -n 1 -- {' '.join(cmd)}\n")
@@ -62,6 +62,7 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
         secret = secret or secrets.token_hex(32)
         port = port or free_port()
         store = TCPStore(host, port, is_server=True, timeout=10.0, secret=secret.encode())
+        _start_at(store, config, nprocs)
         written = None if secret_file else _write_secret(secret, port)
         path = secret_file or written or ""
         where = f"{socket.gethostname() if host in ('', '0.0.0.0') else host}:{port}"  # what other machines dial
@@ -108,9 +109,20 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     return code
 
 
-def _replicated(url: str, secret: str, config: str | None) -> str:
-    """``url`` with a new job id under its prefix, once the cluster answered there (a ConfigError names what
-    is wrong with the URL, an ErdmaError which member said what)."""
+def _start_at(store: Any, config: str | None, nprocs: int, conf: Any = None) -> None:
+    """The job starts once ``nprocs`` peers joined, whoever comes first: written before any peer can join, so
+    that a peer added with ``--join`` (which sets no ``elastic.min_peers``) never starts it alone."""
+    from ..api.join import load_config
+    from ..elastic.membership import Keys
+
+    conf = conf or load_config(config)
+    store.compare_set(Keys(conf["elastic.job"])("min_peers"), b"", str(nprocs).encode())
+
+
+def _replicated(url: str, secret: str, config: str | None, nprocs: int) -> str:
+    """``url`` with a new job id under its prefix, once the cluster answered there, and the job's start
+    (``_start_at``) written (a ConfigError names what is wrong with the URL, an ErdmaError which member said
+    what)."""
     from ..api.join import load_config
     from ..elastic import open_store
 
@@ -120,7 +132,11 @@ def _replicated(url: str, secret: str, config: str | None) -> str:
     where = f"{url.rstrip('/')}/{secrets.token_hex(6)}"
     secret_key: dict[str, Any] = {"security.secret": secret}
     conf = load_config(config, **secret_key)
-    open_store(where, conf).close()
+    store = open_store(where, conf)
+    try:
+        _start_at(store, config, nprocs, conf)
+    finally:
+        store.close()
     return where
 
 

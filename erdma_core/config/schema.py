@@ -64,7 +64,9 @@ def core_schema(algorithms_for: dict[str, list[str]], kinds: dict[str, list[str]
         "elastic": {
             "job": Option(str, "default", "name of the elastic job a peer joins (``erdma_core.elastic.join``)"),
             "min_peers": Option(int, 1, "peers that must have joined before an elastic job starts (`erdma run "
-                                "--elastic -n N` sets N)", minimum=1, maximum=1 << 16),
+                                "--elastic -n N` sets N); the job's is the first value written (the launcher's, "
+                                "else the first peer's): a peer left at the default follows it, one given "
+                                "another is refused", minimum=1, maximum=1 << 16),
             "join_timeout": Option(float, 600.0, "seconds a peer waits to be admitted to an elastic job",
                                    minimum=0.001, maximum=MAX_TIMEOUT),
             "admission_check": Option(bool, True, "before a newcomer is put into an epoch, it and each member of the "

@@ -102,24 +102,31 @@ def check(store: CasStore, open_client: Callable[[], Any], conf: Config, keys: K
 
 
 class _Current:
-    """The latest epoch, read again at most every ``LOOK_S`` by whichever pair's check asks (thread-safe)."""
+    """The latest epoch, and whether the job finished, read again at most every ``LOOK_S`` by whichever pair's
+    check asks (thread-safe)."""
 
     def __init__(self, store: CasStore, keys: Keys, record: Record) -> None:
         self._store, self._keys, self._record = store, keys, record
         self._read = time.monotonic()
+        self._finished: str | None = None
         self._lock = threading.Lock()
 
     def left(self, member: Member) -> Callable[[], str | None]:
-        """For a pair's set-up: why to stop it (``member`` is not in the latest epoch: it died), or None."""
+        """For a pair's set-up: why to stop it (``member`` is not in the latest epoch: it died; or the job
+        finished: the member went without a word), or None."""
         def why() -> str | None:
             with self._lock:
                 if time.monotonic() - self._read >= LOOK_S:
                     self._read = time.monotonic()
                     try:
                         self._record = latest(self._store, self._keys) or self._record
-                    except ErdmaError:
+                        step = self._store.get(self._keys("finished"), 0.0).decode()
+                        self._finished = f"the job finished at step {step}"
+                    except ErdmaError:  # (CollectiveTimeoutError: not finished)
                         pass
                 gone = self._record.index(member.id) is None
+            if self._finished is not None:
+                return self._finished
             return f"{member.name} is no longer a member (epoch {self._record.epoch})" if gone else None
         return why
 

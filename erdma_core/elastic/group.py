@@ -51,6 +51,7 @@ from .membership import (
     Member,
     Outcome,
     Record,
+    job_min_peers,
     need_compare_set,
     propose,
 )
@@ -457,6 +458,8 @@ class ElasticGroup:
         state."""
         deadline = time.monotonic() + self.join_timeout
         self._probes = None
+        given = self.conf.sources.get("elastic.min_peers", "default") != "default"
+        self.min_peers = job_min_peers(self.store, self.keys, self.min_peers, given)
         while True:
             if self._clients is not None and self.conf["elastic.admission_check"]:
                 self._check_paths(deadline)

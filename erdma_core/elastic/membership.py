@@ -112,6 +112,18 @@ def need_compare_set(store: object) -> None:
                           "(discovery.init_method: env://, tcp:// or file:// give one)")
 
 
+def job_min_peers(store: CasStore, keys: Keys, mine: int, given: bool) -> int:
+    """The job's ``elastic.min_peers``: the first value written (by ``erdma run --elastic`` as it makes the job,
+    else by the first peer to join), so that every peer counts the same tickets before the job starts. A peer
+    that was given another value is refused (ConfigError naming both); one left at the default follows the
+    job's."""
+    job = int(store.compare_set(keys("min_peers"), b"", str(mine).encode()))
+    if given and job != mine:
+        raise ConfigError(f"config key 'elastic.min_peers': {mine} differs from job {keys.job!r}'s, {job} (set when "
+                          f"the job was made); valid: {job}, or leave it unset to follow the job's")
+    return job
+
+
 def propose(store: CasStore, keys: Keys, epoch: int, members: tuple[Member, ...], admitted: int) -> Record:
     """Write the record of ``epoch`` unless someone did first; the epoch's record either way. It counts the
     path checks asked for before it was written, so each of its members answers every one asked later."""

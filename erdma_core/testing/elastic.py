@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..cli.launcher import free_port
 from ..discovery.store import TCPStore
@@ -115,6 +117,17 @@ def python(*args: str | Path) -> list[str]:
 def steps(peer: Peer) -> list[str]:
     """The lines of an ``elastic_peer`` that report a step."""
     return [line for line in peer.lines if line.startswith("step ")]
+
+
+def ask_where(*launchers: subprocess.Popen[Any]) -> None:
+    """Each launcher's child processes print their threads' stacks (``elastic_peer`` registers SIGUSR1), which
+    the launcher copies to its output; waits 2 s for that."""
+    for launcher in launchers:
+        kids = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+        for pid in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGUSR1)
+    time.sleep(2.0)
 
 
 def until(done: Callable[[], bool], what: str, timeout: float = 120.0) -> None:

@@ -10,11 +10,13 @@ messages picked at random (the first allreduce counts how many there are). A ``s
 membership prints how long it took. ``SHOW_RING=1``: each step's line ends with the ring order the vector's
 allreduce started in (``ring 0,1,2,3``) and this peer's rank. ``COMPUTE_S=s``: each step sleeps ``s`` seconds
 before the vector's allreduce (a step's local work) and its line ends with the epoch whose group was up when
-that work ended (``came_in E``).
+that work ended (``came_in E``). SIGUSR1 prints every thread's stack to stderr (a test asks a silent peer
+where it is).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import signal
@@ -47,6 +49,7 @@ class Killer:
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     n_elements = int(os.environ.get("ELEMENTS", str(1 << 22)))
     steps = int(os.environ.get("STEPS", "20"))
     die_in = int(os.environ.get("DIE_IN", "0"))

@@ -119,7 +119,9 @@ class SocketTransport(MessageTransport):
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         raise NotImplementedError
 
-    def dial(self, address: str, deadline: float) -> socket.socket | None:
+    def dial(self, address: str, deadline: float, look: Callable[[], None] | None = None) -> socket.socket | None:
+        """A connection to ``address`` (None: not reachable from here), retried until ``deadline``; ``look()``
+        between tries raises to stop early."""
         raise NotImplementedError
 
     def tune(self, sock: socket.socket) -> None:
@@ -300,8 +302,8 @@ class SocketTransport(MessageTransport):
                 self._know(ctx, peer, addrs)
                 if any(self.nearby(a) for a in addrs):
                     if peer < self.rank:
-                        sock, transcript = self._dial_peer(ctx, peer, lambda: self._connect(peer, addrs, deadline),
-                                                           deadline)
+                        sock, transcript = self._dial_peer(ctx, peer, lambda: self._connect(ctx, peer, addrs,
+                                                                                            deadline), deadline)
                         met[peer] = sock, transcript, f"{addrs[0]} direct"
                     return
                 got = self._meet(ctx, peer, deadline, lambda: accepting.complete(peer), optional)
@@ -454,13 +456,13 @@ class SocketTransport(MessageTransport):
         reachable from here, then, over TCP, the rest of the pool (``connections``) to that address, several
         at once (on a long path each handshake takes round trips)."""
         try:
-            made = [self._dial_peer(ctx, peer, functools.partial(self._connect, peer, addrs, deadline), deadline)]
+            made = [self._dial_peer(ctx, peer, functools.partial(self._connect, ctx, peer, addrs, deadline), deadline)]
         except CollectiveTimeoutError:
             self._check_others(ctx)  # refused by a rank that gave up already: why the set-up stopped, if one said
             raise
         lanes = self._pool_size(made[0][0])
         if lanes > 1:
-            connect = functools.partial(self._connect, peer, [_name(made[0][0].getpeername())], deadline)
+            connect = functools.partial(self._connect, ctx, peer, [_name(made[0][0].getpeername())], deadline)
             with ThreadPoolExecutor(min(LANE_DIALS, lanes - 1), thread_name_prefix=f"erdma-dial-{self.rank}") as dial:
                 made += dial.map(lambda lane: self._dial_peer(ctx, peer, connect, deadline, lane, lanes),
                                  range(1, lanes))
@@ -504,6 +506,7 @@ class SocketTransport(MessageTransport):
                                                  f"HELLO handshake: {exc}", rank=self.rank, op="connect") from None
                 log.debug("rank %d: handshake with rank %d at %s failed (%s); dialling again", self.rank, peer,
                           addr, exc)
+                self._check_others(ctx)
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
                 continue
@@ -528,11 +531,13 @@ class SocketTransport(MessageTransport):
                 return  # bytes, or the connection's end: recv_exact reads either
             self._check_others(ctx)
 
-    def _connect(self, peer: int, addrs: list[str], deadline: float) -> tuple[socket.socket, str]:
-        """A connected socket to the first of ``peer``'s addresses reachable from here, and that address."""
+    def _connect(self, ctx: TransportContext, peer: int, addrs: list[str], deadline: float
+                 ) -> tuple[socket.socket, str]:
+        """A connected socket to the first of ``peer``'s addresses reachable from here, and that address;
+        between tries it looks whether the set-up stopped (a peer that went is refused until ``deadline``)."""
         for addr in addrs:
             try:
-                sock = self.dial(addr, deadline)
+                sock = self.dial(addr, deadline, lambda: self._check_others(ctx))
             except OSError as exc:
                 raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: {exc}",
                                              rank=self.rank, op="connect") from None

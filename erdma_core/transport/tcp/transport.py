@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError
@@ -96,7 +97,7 @@ class TcpTransport(SocketTransport):
             listening.insert(0, (local, f"local:{ident}:{name}"))
         return listening
 
-    def dial(self, address: str, deadline: float) -> socket.socket | None:
+    def dial(self, address: str, deadline: float, look: Callable[[], None] | None = None) -> socket.socket | None:
         if address.startswith("local:"):
             if not self.nearby(address):
                 return None
@@ -112,9 +113,9 @@ class TcpTransport(SocketTransport):
                     raise
                 return sock
 
-            return retrying(connect, deadline)
+            return retrying(connect, deadline, look)
         host, port = address.rsplit(":", 1)
-        return dial(host, int(port), deadline)
+        return dial(host, int(port), deadline, look)
 
     def tune(self, sock: socket.socket) -> None:
         if self.opts["socket_buffer_bytes"]:

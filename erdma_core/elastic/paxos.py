@@ -1,0 +1,297 @@
+"""Write-once registers agreed by a quorum of members, with no store: single-decree Paxos, one instance per key,
+sans-IO (messages in and out as data, time and randomness as arguments).
+
+This is what an elastic job without a server decides its membership with: a key belongs to one epoch and its
+acceptors are fixed with it (the next epoch's record is decided by the members of the epoch before, so only
+a majority of them can make it, and the side of a partition without one cannot). A register's first decided
+value is final, which is the one store call membership makes to decide anything: ``compare_set(key, b"",
+value)``.
+
+- ``Acceptor``: what one member promised and accepted, per key. It answers only what a member sent (the
+  caller authenticates the sender) and keeps at most ``MAX_KEYS`` keys and ``MAX_VALUE`` bytes per value.
+  Its state lives in memory: a member that crashes never comes back as the same acceptor (it joins again as
+  a newcomer with a new id), so its loss counts as one acceptor fewer, never as one that forgot.
+- ``Proposal``: one member's attempt to decide ``key`` (with its own ``value``, or ``None`` to learn what
+  was decided). ``start`` sends Prepare to every acceptor; a majority of Promises lets it send Accept, with
+  the value accepted at the highest ballot among them if there is one, else its own; a majority of
+  Accepted decides. Enough Refused that no majority is left, or no majority by ``retry_s``, starts again
+  with a higher ballot after a random back-off (dueling proposers). A read that finds nothing accepted in
+  a majority of Promises ends ``EMPTY``: nothing is decided yet.
+- ``encode`` / ``decode``: the messages on the wire (``decode`` refuses malformed input with ProtocolError).
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import ProtocolError
+
+MAX_KEYS = 4096  # an acceptor's keys at once (the caller forgets those of past epochs: ``Acceptor.forget``)
+MAX_VALUE = 1 << 20  # bytes in one value (an epoch record of a few thousand members)
+MAX_KEY = 256  # bytes in one key
+MAX_ID = 64  # bytes in one proposer id
+
+
+@dataclass(frozen=True, order=True)
+class Ballot:
+    round: int
+    proposer: str  # ties between proposers of one round broken by id: ballots are unique
+
+    def next(self, proposer: str) -> Ballot:
+        return Ballot(self.round + 1, proposer)
+
+
+NONE = Ballot(0, "")
+
+
+@dataclass(frozen=True)
+class Prepare:
+    key: str
+    ballot: Ballot
+
+
+@dataclass(frozen=True)
+class Promise:
+    key: str
+    ballot: Ballot  # the Prepare's
+    accepted: Ballot  # NONE: nothing accepted
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class Accept:
+    key: str
+    ballot: Ballot
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Accepted:
+    key: str
+    ballot: Ballot
+
+
+@dataclass(frozen=True)
+class Refused:
+    key: str
+    ballot: Ballot  # the refused message's
+    promised: Ballot  # what the acceptor promised instead
+
+
+Message = Prepare | Promise | Accept | Accepted | Refused
+
+
+class Acceptor:
+    """One member's side of every register it is an acceptor of."""
+
+    def __init__(self) -> None:
+        self._promised: dict[str, Ballot] = {}
+        self._accepted: dict[str, tuple[Ballot, bytes]] = {}
+
+    def handle(self, msg: Prepare | Accept) -> Promise | Accepted | Refused:
+        """The answer to a member's Prepare or Accept (the caller sends it back to that member only)."""
+        key = msg.key
+        promised = self._promised.get(key, NONE)
+        if msg.ballot < promised:  # (a Prepare at the promised ballot, sent twice, is answered twice)
+            return Refused(key, msg.ballot, promised)
+        if key not in self._promised and len(self._promised) >= MAX_KEYS:
+            raise ProtocolError(f"paxos: an acceptor holds {MAX_KEYS} keys already; {key!r} refused (are past "
+                                "epochs' keys forgotten?)")
+        self._promised[key] = msg.ballot
+        if isinstance(msg, Prepare):
+            ballot, value = self._accepted.get(key, (NONE, None))
+            return Promise(key, msg.ballot, ballot, value)
+        self._accepted[key] = (msg.ballot, msg.value)
+        return Accepted(key, msg.ballot)
+
+    def forget(self, prefix: str) -> None:
+        """Drop every key starting with ``prefix`` (an epoch the members are done with)."""
+        for table in (self._promised, self._accepted):
+            for key in [k for k in table if k.startswith(prefix)]:
+                del table[key]
+
+    def keys(self) -> int:
+        return len(self._promised)
+
+
+class _Empty:
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+
+EMPTY = _Empty()  # a read's outcome when nothing is decided yet
+
+
+class Proposal:
+    """Deciding (or reading) one key among ``acceptors`` (member ids, this one among them or not)."""
+
+    def __init__(self, key: str, value: bytes | None, me: str, acceptors: Sequence[str], *, retry_s: float,
+                 rng: random.Random) -> None:
+        if len(set(acceptors)) != len(acceptors) or not acceptors:
+            raise ValueError(f"paxos: acceptors must be distinct and at least one: {list(acceptors)!r}")
+        if value is not None and len(value) > MAX_VALUE:
+            raise ValueError(f"paxos: a value of {len(value)} bytes; at most {MAX_VALUE}")
+        self.key, self.value, self.me = key, value, me
+        self.acceptors = frozenset(acceptors)
+        self.quorum = len(acceptors) // 2 + 1
+        self.retry_s, self._rng = retry_s, rng
+        self.ballot = NONE
+        self.outcome: bytes | _Empty | None = None  # None: not yet
+        self.rounds = 0
+        self._phase = 0  # 1: preparing, 2: accepting, 0: backing off
+        self._promises: dict[str, Promise] = {}
+        self._accepted: set[str] = set()
+        self._refused: set[str] = set()
+        self._proposed: bytes = b""
+        self._highest = NONE  # the highest ballot any acceptor told of
+        self.deadline = 0.0  # when ``poll`` has something to do
+
+    def start(self, now: float) -> list[tuple[str, Message]]:
+        """Prepare with a ballot above every one seen so far."""
+        self.ballot = max(self.ballot, self._highest).next(self.me)
+        self.rounds += 1
+        self._phase, self._promises, self._accepted, self._refused = 1, {}, set(), set()
+        self.deadline = now + self.retry_s
+        return [(a, Prepare(self.key, self.ballot)) for a in sorted(self.acceptors)]
+
+    def poll(self, now: float) -> list[tuple[str, Message]]:
+        """At ``deadline``: a round that got no majority backs off; a back-off over starts the next round."""
+        if self.outcome is not None or now < self.deadline:
+            return []
+        if self._phase:
+            self._back_off(now)
+            return []
+        return self.start(now)
+
+    def receive(self, sender: str, msg: Message, now: float) -> list[tuple[str, Message]]:
+        """An acceptor's answer (``sender``: the member it came from, as the connection proved). Answers
+        from non-acceptors, to other keys or ballots, or after the outcome are ignored."""
+        if (self.outcome is not None or sender not in self.acceptors or msg.key != self.key
+                or not isinstance(msg, Promise | Accepted | Refused) or msg.ballot != self.ballot):
+            return []
+        if isinstance(msg, Refused):
+            self._highest = max(self._highest, msg.promised)
+            self._refused.add(sender)
+            if self._phase and len(self._refused) > len(self.acceptors) - self.quorum:
+                self._back_off(now)  # no majority can answer this ballot any more
+            return []
+        if isinstance(msg, Promise) and self._phase == 1:
+            self._highest = max(self._highest, msg.accepted)
+            self._promises[sender] = msg
+            if len(self._promises) < self.quorum:
+                return []
+            return self._phase_two(now)
+        if isinstance(msg, Accepted) and self._phase == 2:
+            self._accepted.add(sender)
+            if len(self._accepted) >= self.quorum:
+                self.outcome = self._proposed
+        return []
+
+    def _phase_two(self, now: float) -> list[tuple[str, Message]]:
+        best = max(self._promises.values(), key=lambda p: p.accepted)
+        if best.value is None:
+            if self.value is None:
+                self.outcome = EMPTY  # nothing accepted in a majority: nothing was decided before this ballot
+                return []
+            self._proposed = self.value
+        else:
+            self._proposed = best.value
+            if sum(p.accepted == best.accepted for p in self._promises.values()) >= self.quorum:
+                self.outcome = best.value  # a majority accepted it: decided already
+                return []
+        self._phase = 2
+        self.deadline = now + self.retry_s
+        return [(a, Accept(self.key, self.ballot, self._proposed)) for a in sorted(self.acceptors)]
+
+    def _back_off(self, now: float) -> None:
+        self._phase = 0
+        self.deadline = now + self._rng.uniform(0.0, self.retry_s) * min(self.rounds, 4)
+
+
+# ---- the wire ------------------------------------------------------------------------------------------------
+# one message: kind (u8), key (u16 length + UTF-8), ballot (u64 round, u8 length + proposer id), then by kind:
+# Promise: accepted ballot, has-value (u8), value (u32 length + bytes); Accept: value; Refused: promised ballot
+_KINDS: dict[type, int] = {Prepare: 1, Promise: 2, Accept: 3, Accepted: 4, Refused: 5}
+
+
+def _ballot(b: Ballot) -> bytes:
+    pid = b.proposer.encode()
+    return struct.pack("!QB", b.round, len(pid)) + pid
+
+
+def _value(v: bytes) -> bytes:
+    return struct.pack("!I", len(v)) + v
+
+
+def encode(msg: Message) -> bytes:
+    key = msg.key.encode()
+    out = struct.pack("!BH", _KINDS[type(msg)], len(key)) + key + _ballot(msg.ballot)
+    if isinstance(msg, Promise):
+        out += _ballot(msg.accepted) + (b"\0" if msg.value is None else b"\1" + _value(msg.value))
+    elif isinstance(msg, Accept):
+        out += _value(msg.value)
+    elif isinstance(msg, Refused):
+        out += _ballot(msg.promised)
+    return out
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def take(self, n: int) -> bytes:
+        if self.at + n > len(self.data):
+            raise ProtocolError(f"paxos: a message of {len(self.data)} bytes ends early (wanted {n} at {self.at})")
+        self.at += n
+        return self.data[self.at - n:self.at]
+
+    def unpack(self, fmt: str) -> tuple[int, ...]:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
+
+    def text(self, n: int, most: int, what: str) -> str:
+        if n > most:
+            raise ProtocolError(f"paxos: a {what} of {n} bytes; at most {most}")
+        try:
+            return self.take(n).decode()
+        except UnicodeDecodeError:
+            raise ProtocolError(f"paxos: a {what} that is not UTF-8") from None
+
+    def ballot(self) -> Ballot:
+        rnd, n = self.unpack("!QB")
+        return Ballot(rnd, self.text(n, MAX_ID, "proposer id"))
+
+    def value(self) -> bytes:
+        (n,) = self.unpack("!I")
+        if n > MAX_VALUE:
+            raise ProtocolError(f"paxos: a value of {n} bytes; at most {MAX_VALUE}")
+        return self.take(n)
+
+
+def decode(data: bytes) -> Message:
+    r = _Reader(data)
+    kind, n = r.unpack("!BH")
+    key = r.text(n, MAX_KEY, "key")
+    ballot = r.ballot()
+    msg: Message
+    if kind == 1:
+        msg = Prepare(key, ballot)
+    elif kind == 2:
+        accepted = r.ballot()
+        (has,) = r.unpack("!B")
+        if has > 1:
+            raise ProtocolError(f"paxos: a Promise's value flag is {has}; valid: 0 or 1")
+        msg = Promise(key, ballot, accepted, r.value() if has else None)
+    elif kind == 3:
+        msg = Accept(key, ballot, r.value())
+    elif kind == 4:
+        msg = Accepted(key, ballot)
+    elif kind == 5:
+        msg = Refused(key, ballot, r.ballot())
+    else:
+        raise ProtocolError(f"paxos: message kind {kind}; valid: 1-5")
+    if r.at != len(data):
+        raise ProtocolError(f"paxos: {len(data) - r.at} bytes after a message")
+    return msg

@@ -1,0 +1,245 @@
+"""The serverless membership's registers (``elastic.paxos``), run in simulated time over a network that loses,
+duplicates, delays and reorders messages and can be cut in two: whatever happens, no two outcomes of one key
+differ; with a majority of acceptors reachable every proposal ends; without one, none does."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+
+import pytest
+
+from erdma_core.elastic import paxos
+from erdma_core.errors import ProtocolError
+
+MEMBERS = [f"m{i}" for i in range(5)]
+
+
+class Net:
+    """Acceptors ``MEMBERS`` and the proposals of any members, moved by one event queue in simulated time."""
+
+    def __init__(self, seed: int, *, loss: float = 0.0, dup: float = 0.0, acceptors=MEMBERS) -> None:
+        self.rng = random.Random(seed)
+        self.loss, self.dup = loss, dup
+        self.acceptors = {a: paxos.Acceptor() for a in acceptors}
+        self.cut: set[frozenset[str]] = set()  # pairs that cannot reach each other
+        self.down: set[str] = set()  # crashed members: nothing in, nothing out
+        self.now = 0.0
+        self._queue: list[tuple[float, int, str, str, paxos.Message]] = []
+        self._order = itertools.count()
+        self.proposals: dict[str, list[paxos.Proposal]] = {}
+
+    def send(self, sender: str, out: list[tuple[str, paxos.Message]]) -> None:
+        for to, msg in out:
+            msg = paxos.decode(paxos.encode(msg))  # every message crosses the wire format
+            for _ in range(2 if self.rng.random() < self.dup else 1):
+                if self.rng.random() >= self.loss:
+                    heapq.heappush(self._queue, (self.now + self.rng.uniform(0.001, 0.05), next(self._order),
+                                                 sender, to, msg))
+
+    def propose(self, me: str, key: str, value: bytes | None, acceptors=MEMBERS) -> paxos.Proposal:
+        p = paxos.Proposal(key, value, me, acceptors, retry_s=0.2, rng=random.Random(self.rng.random()))
+        self.proposals.setdefault(me, []).append(p)
+        self.send(me, p.start(self.now))
+        return p
+
+    def run(self, until: float) -> None:
+        while True:
+            polls = [p.deadline for me, ps in self.proposals.items() if me not in self.down for p in ps
+                     if p.outcome is None]
+            at = min([*polls, self._queue[0][0]] if self._queue else polls, default=None)
+            if at is None or at > until:
+                self.now = until
+                return
+            self.now = at
+            if self._queue and self._queue[0][0] <= at:
+                _, _, sender, to, msg = heapq.heappop(self._queue)
+                if to in self.down or sender in self.down or frozenset((sender, to)) in self.cut:
+                    continue
+                if isinstance(msg, paxos.Prepare | paxos.Accept):
+                    if to in self.acceptors:
+                        self.send(to, [(sender, self.acceptors[to].handle(msg))])
+                else:
+                    for p in self.proposals.get(to, []):
+                        self.send(to, p.receive(sender, msg, self.now))
+            for me, ps in self.proposals.items():
+                for p in ps:
+                    if me not in self.down:
+                        self.send(me, p.poll(self.now))
+
+    def split(self, side: set[str]) -> None:
+        self.cut = {frozenset((a, b)) for a in side for b in MEMBERS if b not in side}
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_racing_proposers_over_a_lossy_network_all_decide_one_value(seed):
+    net = Net(seed, loss=0.2, dup=0.1)
+    props = [net.propose(f"m{i}", "epoch/7", f"record of m{i}".encode()) for i in net.rng.sample(range(5), 3)]
+    net.run(60.0)
+    outcomes = {p.outcome for p in props}
+    assert None not in outcomes, [p.rounds for p in props]
+    assert len(outcomes) == 1 and outcomes.pop() in {p.value for p in props}, outcomes
+    read = net.propose("m4", "epoch/7", None)
+    net.run(120.0)
+    assert read.outcome == props[0].outcome
+
+
+def test_a_proposer_cut_off_with_a_minority_never_decides_and_learns_the_majoritys_value_once_joined():
+    net = Net(1)
+    net.split({"m0", "m1"})
+    minority = net.propose("m0", "epoch/3", b"minority")
+    majority = net.propose("m4", "epoch/3", b"majority")
+    net.run(30.0)
+    assert minority.outcome is None and majority.outcome == b"majority"
+    assert minority.rounds > 10  # it kept trying
+    net.cut.clear()
+    net.run(60.0)
+    assert minority.outcome == b"majority"
+
+
+def test_an_even_split_decides_nothing_on_either_side():
+    net = Net(2, acceptors=MEMBERS[:4])
+    net.cut = {frozenset((a, b)) for a in ("m0", "m1") for b in ("m2", "m3")}
+    sides = [net.propose("m0", "k", b"left", MEMBERS[:4]), net.propose("m3", "k", b"right", MEMBERS[:4])]
+    net.run(30.0)
+    assert [p.outcome for p in sides] == [None, None]
+
+
+@pytest.mark.parametrize("crashed, decides", [(0, True), (1, True), (2, True), (3, False)])
+def test_a_majority_of_live_acceptors_is_enough_and_needed(crashed, decides):
+    net = Net(3)
+    net.down = set(MEMBERS[:crashed])
+    p = net.propose("m4", "k", b"v")
+    net.run(30.0)
+    assert (p.outcome == b"v") is decides, p.outcome
+
+
+def test_a_proposer_that_crashes_mid_accept_leaves_a_value_the_next_one_finishes_or_replaces_never_splits():
+    for seed in range(60):
+        net = Net(seed)
+        first = net.propose("m0", "k", b"first")
+        net.run(net.rng.uniform(0.0, 0.12))  # somewhere in its two phases
+        net.down.add("m0")
+        second = net.propose("m1", "k", b"second")
+        net.run(30.0)
+        assert second.outcome in (b"first", b"second")
+        if first.outcome is not None:  # it had decided before it crashed: the next one learns that value
+            assert second.outcome == first.outcome, seed
+
+
+def test_a_read_finds_nothing_before_a_decision_and_the_value_after():
+    net = Net(4)
+    before = net.propose("m2", "k", None)
+    net.run(5.0)
+    assert before.outcome is paxos.EMPTY
+    net.propose("m0", "k", b"v")
+    net.run(10.0)
+    after = net.propose("m3", "k", None)
+    net.run(15.0)
+    assert after.outcome == b"v"
+
+
+def test_a_value_accepted_by_one_acceptor_is_read_as_nothing_or_as_itself_and_a_value_read_stays():
+    seen = set()
+    for seed in range(30):
+        net = Net(seed)
+        net.acceptors["m0"].handle(paxos.Prepare("k", paxos.Ballot(1, "a")))
+        net.acceptors["m0"].handle(paxos.Accept("k", paxos.Ballot(1, "a"), b"lone"))
+        read = net.propose(MEMBERS[net.rng.randrange(5)], "k", None)
+        net.run(10.0)
+        seen.add(read.outcome)
+        later = net.propose("m4", "k", b"later")
+        net.run(20.0)
+        if read.outcome is paxos.EMPTY:  # nothing was decided: either may be (the later one's majority may
+            assert later.outcome in (b"later", b"lone"), seed  # include m0, which must then propose its value)
+        else:
+            assert later.outcome == b"lone", (seed, read.outcome)
+    assert paxos.EMPTY in seen and b"lone" in seen  # both happen: whether the read's majority included m0
+
+
+def test_answers_from_strangers_and_repeats_from_one_acceptor_never_make_a_majority():
+    p = paxos.Proposal("k", b"v", "m0", MEMBERS, retry_s=1.0, rng=random.Random(0))
+    p.start(0.0)
+    for sybil in (f"x{i}" for i in range(20)):
+        p.receive(sybil, paxos.Promise("k", p.ballot, paxos.NONE, None), 0.1)
+    for _ in range(5):
+        p.receive("m1", paxos.Promise("k", p.ballot, paxos.NONE, None), 0.1)
+    p.receive("m2", paxos.Promise("other", p.ballot, paxos.NONE, None), 0.1)
+    p.receive("m3", paxos.Promise("k", paxos.Ballot(p.ballot.round + 1, "m0"), paxos.NONE, None), 0.1)
+    assert p.outcome is None
+    assert p.receive("m2", paxos.Promise("k", p.ballot, paxos.NONE, None), 0.1) == []
+    out = p.receive("m4", paxos.Promise("k", p.ballot, paxos.NONE, None), 0.1)  # m1, m2, m4: a majority
+    assert {to for to, _ in out} == set(MEMBERS) and all(m == paxos.Accept("k", p.ballot, b"v") for _, m in out)
+
+
+def test_an_acceptor_refuses_a_lower_ballot_and_answers_a_repeated_prepare_alike():
+    a = paxos.Acceptor()
+    low, high = paxos.Ballot(1, "m1"), paxos.Ballot(2, "m0")
+    assert a.handle(paxos.Prepare("k", high)) == paxos.Promise("k", high, paxos.NONE, None)
+    assert a.handle(paxos.Prepare("k", high)) == paxos.Promise("k", high, paxos.NONE, None)
+    assert a.handle(paxos.Prepare("k", low)) == paxos.Refused("k", low, high)
+    assert a.handle(paxos.Accept("k", low, b"x")) == paxos.Refused("k", low, high)
+    assert a.handle(paxos.Accept("k", high, b"y")) == paxos.Accepted("k", high)
+    assert a.handle(paxos.Prepare("k", paxos.Ballot(3, "m2"))) == paxos.Promise("k", paxos.Ballot(3, "m2"), high,
+                                                                                 b"y")
+
+
+def test_an_acceptor_holds_a_bounded_number_of_keys_and_forgets_an_epochs():
+    a = paxos.Acceptor()
+    b = paxos.Ballot(1, "m0")
+    for i in range(paxos.MAX_KEYS):
+        a.handle(paxos.Prepare(f"vote/1/{i}", b))
+    with pytest.raises(ProtocolError, match=r"holds 4096 keys already; 'vote/2/0' refused"):
+        a.handle(paxos.Prepare("vote/2/0", b))
+    a.handle(paxos.Prepare("vote/1/0", paxos.Ballot(2, "m0")))  # a key it holds still answers
+    a.forget("vote/1/")
+    assert a.keys() == 0
+    assert isinstance(a.handle(paxos.Prepare("vote/2/0", b)), paxos.Promise)
+
+
+MESSAGES = [
+    paxos.Prepare("epoch/2", paxos.Ballot(3, "m1")),
+    paxos.Promise("epoch/2", paxos.Ballot(3, "m1"), paxos.NONE, None),
+    paxos.Promise("epoch/2", paxos.Ballot(3, "m1"), paxos.Ballot(2, "m0"), b"\x00rec"),
+    paxos.Promise("k", paxos.Ballot(1, "m"), paxos.Ballot(1, "m"), b""),
+    paxos.Accept("epoch/2", paxos.Ballot(2**64 - 1, "\u00e9"), b"x" * 1000),
+    paxos.Accepted("vote/1/3", paxos.Ballot(9, "m2")),
+    paxos.Refused("vote/1/3", paxos.Ballot(9, "m2"), paxos.Ballot(10, "m3")),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES)
+def test_every_message_crosses_the_wire_unchanged_and_any_cut_of_it_is_refused(msg):
+    raw = paxos.encode(msg)
+    assert paxos.decode(raw) == msg
+    for end in range(len(raw)):
+        with pytest.raises(ProtocolError):
+            paxos.decode(raw[:end])
+    with pytest.raises(ProtocolError, match="1 bytes after a message"):
+        paxos.decode(raw + b"\0")
+
+
+@pytest.mark.parametrize("raw, said", [
+    (b"\x09\x00\x01k" + bytes(9), "message kind 9; valid: 1-5"),
+    (b"\x01\x01\x01" + b"k" * 257 + bytes(9), "a key of 257 bytes; at most 256"),
+    (b"\x01\x00\x01\xff" + bytes(9), "a key that is not UTF-8"),
+    (b"\x03\x00\x01k" + bytes(9) + b"\x00\x10\x00\x01", "a value of 1048577 bytes; at most 1048576"),
+    (b"\x02\x00\x01k" + bytes(9) + bytes(9) + b"\x02", "a Promise's value flag is 2; valid: 0 or 1"),
+])
+def test_malformed_messages_are_refused_saying_what_is_wrong(raw, said):
+    with pytest.raises(ProtocolError, match=said):
+        paxos.decode(raw)
+
+
+def test_random_bytes_decode_to_a_message_or_a_protocol_error_never_anything_else():
+    rng = random.Random(5)
+    for _ in range(20000):
+        raw = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+        if rng.random() < 0.5:
+            raw = bytes([rng.randrange(1, 6)]) + raw
+        try:
+            msg = paxos.decode(raw)
+        except ProtocolError:
+            continue
+        assert paxos.encode(msg) == raw
