@@ -17,56 +17,55 @@ MEMBERS = [f"m{i}" for i in range(5)]
 
 
 class Net:
-    """Acceptors ``MEMBERS`` and the proposals of any members, moved by one event queue in simulated time."""
+    """A ``paxos.Node`` per member (made when first used), moved by one event queue in simulated time;
+    ``MEMBERS`` are the acceptors unless a proposal names others."""
 
-    def __init__(self, seed: int, *, loss: float = 0.0, dup: float = 0.0, acceptors=MEMBERS) -> None:
+    def __init__(self, seed: int, *, loss: float = 0.0, dup: float = 0.0) -> None:
         self.rng = random.Random(seed)
         self.loss, self.dup = loss, dup
-        self.acceptors = {a: paxos.Acceptor() for a in acceptors}
+        self.nodes: dict[str, paxos.Node] = {}
         self.cut: set[frozenset[str]] = set()  # pairs that cannot reach each other
         self.down: set[str] = set()  # crashed members: nothing in, nothing out
         self.now = 0.0
-        self._queue: list[tuple[float, int, str, str, paxos.Message]] = []
+        self._queue: list[tuple[float, int, str, str, bytes]] = []
         self._order = itertools.count()
-        self.proposals: dict[str, list[paxos.Proposal]] = {}
 
-    def send(self, sender: str, out: list[tuple[str, paxos.Message]]) -> None:
-        for to, msg in out:
-            msg = paxos.decode(paxos.encode(msg))  # every message crosses the wire format
+    def node(self, me: str) -> paxos.Node:
+        if me not in self.nodes:
+            self.nodes[me] = paxos.Node(me, retry_s=0.2, rng=random.Random(self.rng.random()))
+        return self.nodes[me]
+
+    def send(self, sender: str, out: list[tuple[str, bytes]]) -> None:
+        for to, data in out:
             for _ in range(2 if self.rng.random() < self.dup else 1):
                 if self.rng.random() >= self.loss:
                     heapq.heappush(self._queue, (self.now + self.rng.uniform(0.001, 0.05), next(self._order),
-                                                 sender, to, msg))
+                                                 sender, to, data))
 
     def propose(self, me: str, key: str, value: bytes | None, acceptors=MEMBERS) -> paxos.Proposal:
-        p = paxos.Proposal(key, value, me, acceptors, retry_s=0.2, rng=random.Random(self.rng.random()))
-        self.proposals.setdefault(me, []).append(p)
-        self.send(me, p.start(self.now))
+        for a in acceptors:
+            self.node(a)
+        self.send(me, self.node(me).propose(key, value, acceptors, self.now))
+        p = self.nodes[me].proposal(key)
+        assert p is not None
         return p
 
     def run(self, until: float) -> None:
         while True:
-            polls = [p.deadline for me, ps in self.proposals.items() if me not in self.down for p in ps
-                     if p.outcome is None]
+            polls = [d for me, n in self.nodes.items() if me not in self.down and (d := n.deadline()) is not None]
             at = min([*polls, self._queue[0][0]] if self._queue else polls, default=None)
             if at is None or at > until:
                 self.now = until
                 return
             self.now = at
             if self._queue and self._queue[0][0] <= at:
-                _, _, sender, to, msg = heapq.heappop(self._queue)
+                _, _, sender, to, data = heapq.heappop(self._queue)
                 if to in self.down or sender in self.down or frozenset((sender, to)) in self.cut:
                     continue
-                if isinstance(msg, paxos.Prepare | paxos.Accept):
-                    if to in self.acceptors:
-                        self.send(to, [(sender, self.acceptors[to].handle(msg))])
-                else:
-                    for p in self.proposals.get(to, []):
-                        self.send(to, p.receive(sender, msg, self.now))
-            for me, ps in self.proposals.items():
-                for p in ps:
-                    if me not in self.down:
-                        self.send(me, p.poll(self.now))
+                self.send(to, self.node(to).receive(sender, data, self.now))
+            for me, n in self.nodes.items():
+                if me not in self.down:
+                    self.send(me, n.poll(self.now))
 
     def split(self, side: set[str]) -> None:
         self.cut = {frozenset((a, b)) for a in side for b in MEMBERS if b not in side}
@@ -80,7 +79,7 @@ def test_racing_proposers_over_a_lossy_network_all_decide_one_value(seed):
     outcomes = {p.outcome for p in props}
     assert None not in outcomes, [p.rounds for p in props]
     assert len(outcomes) == 1 and outcomes.pop() in {p.value for p in props}, outcomes
-    read = net.propose("m4", "epoch/7", None)
+    read = net.propose("reader", "epoch/7", None)  # (a member that is no acceptor of this key)
     net.run(120.0)
     assert read.outcome == props[0].outcome
 
@@ -99,7 +98,7 @@ def test_a_proposer_cut_off_with_a_minority_never_decides_and_learns_the_majorit
 
 
 def test_an_even_split_decides_nothing_on_either_side():
-    net = Net(2, acceptors=MEMBERS[:4])
+    net = Net(2)
     net.cut = {frozenset((a, b)) for a in ("m0", "m1") for b in ("m2", "m3")}
     sides = [net.propose("m0", "k", b"left", MEMBERS[:4]), net.propose("m3", "k", b"right", MEMBERS[:4])]
     net.run(30.0)
@@ -130,12 +129,12 @@ def test_a_proposer_that_crashes_mid_accept_leaves_a_value_the_next_one_finishes
 
 def test_a_read_finds_nothing_before_a_decision_and_the_value_after():
     net = Net(4)
-    before = net.propose("m2", "k", None)
+    before = net.propose("r1", "k", None)
     net.run(5.0)
     assert before.outcome is paxos.EMPTY
     net.propose("m0", "k", b"v")
     net.run(10.0)
-    after = net.propose("m3", "k", None)
+    after = net.propose("r2", "k", None)
     net.run(15.0)
     assert after.outcome == b"v"
 
@@ -144,12 +143,12 @@ def test_a_value_accepted_by_one_acceptor_is_read_as_nothing_or_as_itself_and_a_
     seen = set()
     for seed in range(30):
         net = Net(seed)
-        net.acceptors["m0"].handle(paxos.Prepare("k", paxos.Ballot(1, "a")))
-        net.acceptors["m0"].handle(paxos.Accept("k", paxos.Ballot(1, "a"), b"lone"))
-        read = net.propose(MEMBERS[net.rng.randrange(5)], "k", None)
+        net.node("m0").acceptor.handle(paxos.Prepare("k", paxos.Ballot(1, "a")))
+        net.node("m0").acceptor.handle(paxos.Accept("k", paxos.Ballot(1, "a"), b"lone"))
+        read = net.propose("r1", "k", None)
         net.run(10.0)
         seen.add(read.outcome)
-        later = net.propose("m4", "k", b"later")
+        later = net.propose("r2", "k", b"later")
         net.run(20.0)
         if read.outcome is paxos.EMPTY:  # nothing was decided: either may be (the later one's majority may
             assert later.outcome in (b"later", b"lone"), seed  # include m0, which must then propose its value)
@@ -243,3 +242,27 @@ def test_random_bytes_decode_to_a_message_or_a_protocol_error_never_anything_els
         except ProtocolError:
             continue
         assert paxos.encode(msg) == raw
+
+
+def test_a_node_drops_bytes_that_are_no_message_and_a_full_acceptor_answers_nothing():
+    node = paxos.Node("m0", retry_s=0.2, rng=random.Random(0))
+    with pytest.raises(ProtocolError):
+        node.receive("m1", b"\x07garbage", 0.0)
+    for i in range(paxos.MAX_KEYS):
+        node.acceptor.handle(paxos.Prepare(f"old/{i}", paxos.Ballot(1, "m1")))
+    assert node.receive("m1", paxos.encode(paxos.Prepare("new", paxos.Ballot(1, "m1"))), 0.0) == []
+    assert node.receive("m1", paxos.encode(paxos.Prepare("old/3", paxos.Ballot(2, "m1"))), 0.0) == [
+        ("m1", paxos.encode(paxos.Promise("old/3", paxos.Ballot(2, "m1"), paxos.NONE, None)))]
+    node.forget("old/")
+    assert node.acceptor.keys() == 0
+
+
+def test_a_nodes_own_acceptor_answers_at_once_and_forget_drops_an_epochs_proposals():
+    net = Net(7)
+    p = net.propose("m0", "vote/3/0", b"done")
+    assert len(p._promises) == 1  # its own promise, before anything crossed the network
+    net.run(5.0)
+    assert net.node("m0").outcome("vote/3/0") == b"done" and net.node("m0").deadline() is None
+    assert net.propose("m0", "vote/3/0", b"other") is p  # one proposal per key: the first goes on
+    net.node("m0").forget("vote/3/")
+    assert net.node("m0").outcome("vote/3/0") is None and net.node("m0").acceptor.keys() == 0

@@ -17,6 +17,7 @@ value)``.
   Accepted decides. Enough Refused that no majority is left, or no majority by ``retry_s``, starts again
   with a higher ballot after a random back-off (dueling proposers). A read that finds nothing accepted in
   a majority of Promises ends ``EMPTY``: nothing is decided yet.
+- ``Node``: one member's acceptor and proposals, messages in and out as bytes, its own handled at once.
 - ``encode`` / ``decode``: the messages on the wire (``decode`` refuses malformed input with ProtocolError).
 """
 
@@ -209,6 +210,80 @@ class Proposal:
     def _back_off(self, now: float) -> None:
         self._phase = 0
         self.deadline = now + self._rng.uniform(0.0, self.retry_s) * min(self.rounds, 4)
+
+
+class Node:
+    """One member's registers: its acceptor and its proposals, with messages in and out as bytes (what an I/O
+    adapter moves over the members' authenticated connections). ``sender`` is always who the connection
+    proved the bytes came from. One proposal per key at a time; its outcome stays until ``forget``."""
+
+    def __init__(self, me: str, *, retry_s: float, rng: random.Random) -> None:
+        self.me, self.retry_s, self._rng = me, retry_s, rng
+        self.acceptor = Acceptor()
+        self._proposals: dict[str, Proposal] = {}
+
+    def propose(self, key: str, value: bytes | None, acceptors: Sequence[str], now: float) -> list[tuple[str, bytes]]:
+        """Decide ``key`` among ``acceptors`` with ``value`` (None: learn what was decided); the messages to
+        send. A key already being decided here goes on as it was."""
+        if key in self._proposals:
+            return []
+        p = self._proposals[key] = Proposal(key, value, self.me, acceptors, retry_s=self.retry_s, rng=self._rng)
+        return self._route(p.start(now), now)
+
+    def outcome(self, key: str) -> bytes | _Empty | None:
+        p = self._proposals.get(key)
+        return None if p is None else p.outcome
+
+    def proposal(self, key: str) -> Proposal | None:
+        return self._proposals.get(key)
+
+    def receive(self, sender: str, data: bytes, now: float) -> list[tuple[str, bytes]]:
+        """Bytes from member ``sender``: a request to this acceptor (answered) or an answer to one of this
+        member's proposals. ProtocolError for bytes that are no message (the caller drops that connection);
+        an acceptor that is full answers nothing."""
+        msg = decode(data)
+        if isinstance(msg, Prepare | Accept):
+            try:
+                return [(sender, encode(self.acceptor.handle(msg)))]
+            except ProtocolError:
+                return []  # full (past epochs not forgotten): no promise; the proposer retries elsewhere
+        p = self._proposals.get(msg.key)
+        return [] if p is None else self._route(p.receive(sender, msg, now), now)
+
+    def poll(self, now: float) -> list[tuple[str, bytes]]:
+        """What the proposals' timers send at ``now``."""
+        out: list[tuple[str, bytes]] = []
+        for p in list(self._proposals.values()):
+            if p.outcome is None and now >= p.deadline:
+                out += self._route(p.poll(now), now)
+        return out
+
+    def deadline(self) -> float | None:
+        """When ``poll`` next has something to do (None: nothing pending)."""
+        return min((p.deadline for p in self._proposals.values() if p.outcome is None), default=None)
+
+    def forget(self, prefix: str) -> None:
+        """Drop every key starting with ``prefix``: acceptor state and proposals (an epoch done with)."""
+        self.acceptor.forget(prefix)
+        for key in [k for k in self._proposals if k.startswith(prefix)]:
+            del self._proposals[key]
+
+    def _route(self, out: list[tuple[str, Message]], now: float) -> list[tuple[str, bytes]]:
+        """Messages to this member itself are handled here at once; the rest are encoded for the wire."""
+        wire: list[tuple[str, bytes]] = []
+        queue = list(out)
+        while queue:
+            to, msg = queue.pop(0)
+            if to != self.me:
+                wire.append((to, encode(msg)))
+            elif isinstance(msg, Prepare | Accept):
+                try:
+                    queue.append((self.me, self.acceptor.handle(msg)))
+                except ProtocolError:
+                    pass
+            elif (p := self._proposals.get(msg.key)) is not None:
+                queue += p.receive(self.me, msg, now)
+        return wire
 
 
 # ---- the wire ------------------------------------------------------------------------------------------------
