@@ -49,9 +49,13 @@ NONE = Ballot(0, "")
 
 
 @dataclass(frozen=True)
-class Prepare:
+class _Keyed:
     key: str
     ballot: Ballot
+
+
+class Prepare(_Keyed):
+    """Phase 1: promise to refuse every ballot below this one, and say what you accepted."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,8 @@ class Accept:
     value: bytes
 
 
-@dataclass(frozen=True)
-class Accepted:
-    key: str
-    ballot: Ballot
+class Accepted(_Keyed):
+    """Phase 2's answer: the acceptor took the Accept of this ballot."""
 
 
 @dataclass(frozen=True)
