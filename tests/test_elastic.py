@@ -30,7 +30,7 @@ from erdma_core.elastic.prefix import PrefixStore
 from erdma_core.errors import AbortedError, CollectiveTimeoutError, ErdmaError, PeerLostError
 from erdma_core.testing.elastic import ElasticJob, ask_where, python, stopped_peer_counted_out
 from erdma_core.transport import auth
-from erdma_core.transport.base import failed_elsewhere
+from erdma_core.transport.base import TransportContext, failed_elsewhere
 from erdma_core.transport.sockets import recv_exact
 
 PEER = ("-m", "erdma_core.testing.elastic_peer")
@@ -380,27 +380,28 @@ def test_an_epochs_set_up_waiting_on_the_store_ends_when_it_is_called_off(served
         view.get("never", 0.3)
 
 
-def test_a_dial_to_a_peer_that_went_stops_at_the_first_look_that_says_the_set_up_was_called_off():
+def test_a_set_up_dialling_a_peer_that_went_ends_soon_after_it_is_called_off(served):
     """A newcomer's path check dialled a member that had finished and gone: refused, dialled again until
-    ``timeouts.connect`` (60 s in the test that found it). Between tries the dial now looks (the transport's
-    ``_check_others``: the epoch's store view raises AbortedError once called off)."""
-    from erdma_core.transport.sockets import dial
+    ``timeouts.connect`` (60 s in the test that found it). The TCP transport now looks between slices of its
+    dial whether the set-up was called off (the epoch's store view raises AbortedError once it is)."""
+    from erdma_core.api.join import load_config
+    from erdma_core.transport.tcp.stream import DIAL_SLICE_S
+    from erdma_core.transport.tcp.transport import TcpTransport
 
     gone = socket.socket()
     gone.bind(("127.0.0.1", 0))
     port = gone.getsockname()[1]
     gone.close()  # nothing listens there: every try is refused
-    looks: list[float] = []
-
-    def look() -> None:
-        looks.append(time.monotonic())
-        if len(looks) == 4:
-            raise AbortedError("elastic: this epoch's set-up was called off: the job finished at step 7")
-
+    why: list[str] = []
+    view = PrefixStore(served[0], "probe/1/m/", lambda: why[0] if why else None)
+    conf = load_config({"security.secret": "k"})
+    tcp = TcpTransport(conf, conf.section("transport.tcp"))
+    ctx = TransportContext(rank=1, world_size=2, store=view, job=1, connect_timeout=60.0)
+    threading.Timer(0.5, lambda: why.append("the job finished at step 7")).start()
     began = time.monotonic()
     with pytest.raises(AbortedError, match="the job finished at step 7"):
-        dial("127.0.0.1", port, time.monotonic() + 60.0, look)
-    assert len(looks) == 4 and time.monotonic() - began < 30.0
+        tcp._connect(ctx, 0, [f"127.0.0.1:{port}"], time.monotonic() + 60.0)
+    assert time.monotonic() - began < 2 * DIAL_SLICE_S + 5.0
 
 
 def test_the_jobs_min_peers_is_the_first_written_and_a_peer_given_another_is_refused(served):

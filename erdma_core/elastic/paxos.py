@@ -120,12 +120,12 @@ class Acceptor:
         return len(self._promised)
 
 
-class _Empty:
+class Empty:
     def __repr__(self) -> str:
         return "EMPTY"
 
 
-EMPTY = _Empty()  # a read's outcome when nothing is decided yet
+EMPTY = Empty()  # a read's outcome when nothing is decided yet
 
 
 class Proposal:
@@ -142,7 +142,7 @@ class Proposal:
         self.quorum = len(acceptors) // 2 + 1
         self.retry_s, self._rng = retry_s, rng
         self.ballot = NONE
-        self.outcome: bytes | _Empty | None = None  # None: not yet
+        self.outcome: bytes | Empty | None = None  # None: not yet
         self.rounds = 0
         self._phase = 0  # 1: preparing, 2: accepting, 0: backing off
         self._promises: dict[str, Promise] = {}
@@ -151,6 +151,11 @@ class Proposal:
         self._proposed: bytes = b""
         self._highest = NONE  # the highest ballot any acceptor told of
         self.deadline = 0.0  # when ``poll`` has something to do
+
+    @property
+    def heard(self) -> set[str]:
+        """The acceptors that answered this round (promised, accepted or refused)."""
+        return set(self._promises) | self._accepted | self._refused
 
     def start(self, now: float) -> list[tuple[str, Message]]:
         """Prepare with a ballot above every one seen so far."""
@@ -232,7 +237,7 @@ class Node:
         p = self._proposals[key] = Proposal(key, value, self.me, acceptors, retry_s=self.retry_s, rng=self._rng)
         return self._route(p.start(now), now)
 
-    def outcome(self, key: str) -> bytes | _Empty | None:
+    def outcome(self, key: str) -> bytes | Empty | None:
         p = self._proposals.get(key)
         return None if p is None else p.outcome
 
@@ -263,6 +268,10 @@ class Node:
     def deadline(self) -> float | None:
         """When ``poll`` next has something to do (None: nothing pending)."""
         return min((p.deadline for p in self._proposals.values() if p.outcome is None), default=None)
+
+    def forget_proposal(self, key: str) -> None:
+        """Drop this member's proposal for ``key`` (a read done with: the next read is a new round)."""
+        self._proposals.pop(key, None)
 
     def forget(self, prefix: str) -> None:
         """Drop every key starting with ``prefix``: acceptor state and proposals (an epoch done with)."""

@@ -45,10 +45,9 @@ def probe_idle(sock: socket.socket, on: bool = True) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 127)
 
 
-def retrying(connect: Callable[[float], T], deadline: float, look: Callable[[], None] | None = None) -> T:
+def retrying(connect: Callable[[float], T], deadline: float) -> T:
     """``connect(timeout)`` until it succeeds, with back-off, until ``deadline`` (time.monotonic()); then
-    raise the last OSError. For dialling a peer that may not be listening yet. ``look()``, after each failed
-    try, raises to stop early (the set-up was called off, or another rank gave up)."""
+    raise the last OSError. For dialling a peer that may not be listening yet."""
     delay = 0.01
     while True:
         try:
@@ -56,12 +55,10 @@ def retrying(connect: Callable[[float], T], deadline: float, look: Callable[[], 
         except OSError:
             if time.monotonic() + delay > deadline:
                 raise
-            if look is not None:
-                look()
             time.sleep(delay)
             delay = min(2 * delay, 0.5)
 
 
-def dial(host: str, port: int, deadline: float, look: Callable[[], None] | None = None) -> socket.socket:
-    """A TCP connection to ``host:port``, retried until ``deadline`` (``look``: as ``retrying``'s)."""
-    return retrying(lambda timeout: socket.create_connection((host, port), timeout=timeout), deadline, look)
+def dial(host: str, port: int, deadline: float) -> socket.socket:
+    """A TCP connection to ``host:port``, retried until ``deadline``."""
+    return retrying(lambda timeout: socket.create_connection((host, port), timeout=timeout), deadline)

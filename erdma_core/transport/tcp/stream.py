@@ -79,6 +79,7 @@ STRIPE_BYTES = 1 << 16  # a data frame at least this large goes to the pool's le
 LANE_DIALS = 8  # connections of one pool made at once
 POLL = 1.0  # seconds a socket call may block before deadlines and shutdown are looked at again
 SETUP_POLL = 0.5  # seconds between looks at the store, during set-up, for a rank that gave up
+DIAL_SLICE_S = 3.0  # a dial's tries between two looks (a lost SYN is sent again after 1 s: one resend fits)
 
 
 class SocketTransport(MessageTransport):
@@ -119,9 +120,7 @@ class SocketTransport(MessageTransport):
     def listen(self, ctx: TransportContext) -> list[tuple[socket.socket, str]]:
         raise NotImplementedError
 
-    def dial(self, address: str, deadline: float, look: Callable[[], None] | None = None) -> socket.socket | None:
-        """A connection to ``address`` (None: not reachable from here), retried until ``deadline``; ``look()``
-        between tries raises to stop early."""
+    def dial(self, address: str, deadline: float) -> socket.socket | None:
         raise NotImplementedError
 
     def tune(self, sock: socket.socket) -> None:
@@ -533,14 +532,20 @@ class SocketTransport(MessageTransport):
 
     def _connect(self, ctx: TransportContext, peer: int, addrs: list[str], deadline: float
                  ) -> tuple[socket.socket, str]:
-        """A connected socket to the first of ``peer``'s addresses reachable from here, and that address;
-        between tries it looks whether the set-up stopped (a peer that went is refused until ``deadline``)."""
+        """A connected socket to the first of ``peer``'s addresses reachable from here, and that address.
+        ``dial`` is given ``DIAL_SLICE_S`` at a time, and between its tries this looks whether the set-up
+        stopped: a peer that went is refused until ``deadline`` (an elastic newcomer's check dialled a member
+        that had finished for 60 s)."""
         for addr in addrs:
-            try:
-                sock = self.dial(addr, deadline, lambda: self._check_others(ctx))
-            except OSError as exc:
-                raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: {exc}",
-                                             rank=self.rank, op="connect") from None
+            while True:
+                try:
+                    sock = self.dial(addr, min(deadline, time.monotonic() + DIAL_SLICE_S))
+                    break
+                except OSError as exc:
+                    if time.monotonic() >= deadline:
+                        raise CollectiveTimeoutError(f"rank {self.rank}: cannot connect to rank {peer} at {addr}: "
+                                                     f"{exc}", rank=self.rank, op="connect") from None
+                    self._check_others(ctx)
             if sock is not None:
                 return sock, addr
         raise CollectiveTimeoutError(f"rank {self.rank}: none of rank {peer}'s addresses ({' '.join(addrs)}) "

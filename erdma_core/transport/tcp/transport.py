@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from collections.abc import Callable
 from typing import Any
 
 from ...errors import ConfigError
@@ -97,7 +96,7 @@ class TcpTransport(SocketTransport):
             listening.insert(0, (local, f"local:{ident}:{name}"))
         return listening
 
-    def dial(self, address: str, deadline: float, look: Callable[[], None] | None = None) -> socket.socket | None:
+    def dial(self, address: str, deadline: float) -> socket.socket | None:
         if address.startswith("local:"):
             if not self.nearby(address):
                 return None
@@ -113,9 +112,9 @@ class TcpTransport(SocketTransport):
                     raise
                 return sock
 
-            return retrying(connect, deadline, look)
+            return retrying(connect, deadline)
         host, port = address.rsplit(":", 1)
-        return dial(host, int(port), deadline, look)
+        return dial(host, int(port), deadline)
 
     def tune(self, sock: socket.socket) -> None:
         if self.opts["socket_buffer_bytes"]:

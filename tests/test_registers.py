@@ -1,0 +1,106 @@
+"""A member's registers on their own thread (``elastic.registers``), five members over in-memory mailboxes
+that lose and can be cut: racing callers all get one value; a member cut off from the majority pauses with an
+error that says so, and learns the value once joined again."""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+
+import pytest
+
+from erdma_core.elastic.registers import Registers
+from erdma_core.errors import CollectiveTimeoutError
+
+MEMBERS = [f"m{i}" for i in range(5)]
+
+
+class Mailboxes:
+    """In-memory mailboxes between members: each message is lost with probability ``loss``, and never crosses
+    ``cut`` (pairs of members)."""
+
+    def __init__(self, loss: float = 0.0, seed: int = 0) -> None:
+        self.loss, self.rng = loss, random.Random(seed)
+        self.inboxes: dict[str, queue.Queue[tuple[str, bytes]]] = {m: queue.Queue() for m in MEMBERS}
+        self.cut: set[frozenset[str]] = set()
+        self.lock = threading.Lock()
+
+    def of(self, me: str) -> Mailbox:
+        return Mailbox(self, me)
+
+
+class Mailbox:
+    def __init__(self, net: Mailboxes, me: str) -> None:
+        self.net, self.me = net, me
+
+    def send(self, to: str, data: bytes) -> None:
+        with self.net.lock:
+            lost = self.net.rng.random() < self.net.loss or frozenset((self.me, to)) in self.net.cut
+        if not lost:
+            self.net.inboxes[to].put((self.me, data))
+
+    def recv(self, timeout: float) -> tuple[str, bytes] | None:
+        try:
+            return self.net.inboxes[self.me].get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def members():
+    made: list[tuple[Mailboxes, dict[str, Registers]]] = []
+
+    def make(loss: float = 0.0) -> tuple[Mailboxes, dict[str, Registers]]:
+        net = Mailboxes(loss)
+        regs = {m: Registers(m, net.of(m), retry_s=0.1, rng=random.Random(i)) for i, m in enumerate(MEMBERS)}
+        made.append((net, regs))
+        return net, regs
+
+    yield make
+    for _, regs in made:
+        for r in regs.values():
+            r.close()
+
+
+def test_racing_members_over_lossy_mailboxes_all_get_one_value(members):
+    _, regs = members(loss=0.15)
+    got: dict[str, bytes] = {}
+
+    def decide(m: str) -> None:
+        got[m] = regs[m].decide("epoch/2", f"from {m}".encode(), MEMBERS, 30.0)
+
+    threads = [threading.Thread(target=decide, args=(m,)) for m in MEMBERS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 5 and len(set(got.values())) == 1, got
+    assert regs["m0"].read("epoch/2", MEMBERS, 30.0) == next(iter(got.values()))
+
+
+def test_a_member_cut_off_from_the_majority_pauses_saying_so_and_learns_the_value_once_joined(members):
+    net, regs = members()
+    assert regs["m4"].read("epoch/3", MEMBERS, 10.0) is None  # nothing decided yet
+    net.cut = {frozenset((a, b)) for a in ("m0", "m1") for b in MEMBERS[2:]}
+    assert regs["m3"].decide("epoch/3", b"majority", MEMBERS, 10.0) == b"majority"
+    with pytest.raises(CollectiveTimeoutError, match=r"'epoch/3' was not decided within 1.0s: 3 of its 5 acceptors "
+                                                     r"\(m0, m1, m2, m3, m4\) must answer and [12] did \(m0(, m1)?\); "
+                                                     r"this member is cut off from a majority"):
+        regs["m0"].decide("epoch/3", b"minority", MEMBERS, 1.0)
+    net.cut.clear()
+    assert regs["m0"].decide("epoch/3", b"minority", MEMBERS, 10.0) == b"majority"
+    assert regs["m1"].read("epoch/3", MEMBERS, 10.0) == b"majority"
+
+
+def test_two_of_five_gone_leave_a_majority_and_three_gone_none(members):
+    net, regs = members()
+    gone = {"m0", "m1"}
+    net.cut = {frozenset((a, b)) for a in gone for b in MEMBERS if b != a}
+    assert regs["m4"].decide("k", b"v", MEMBERS, 10.0) == b"v"
+    net.cut |= {frozenset(("m2", b)) for b in MEMBERS if b != "m2"}
+    with pytest.raises(CollectiveTimeoutError, match=r"must answer and [12] did \((m3, )?m4\)"):
+        regs["m4"].decide("k2", b"v", MEMBERS, 1.0)
