@@ -410,7 +410,7 @@ def test_the_jobs_min_peers_is_the_first_written_and_a_peer_given_another_is_ref
     from erdma_core.cli.elastic_launch import _start_at
     from erdma_core.elastic.membership import job_min_peers
 
-    _start_at(served[0], None, 3)
+    _start_at(served[0], "default", 3)
     assert job_min_peers(served[1], Keys("default"), 1, given=False) == 3
     assert job_min_peers(served[1], Keys("default"), 3, given=True) == 3
     with pytest.raises(ConfigError, match=r"config key 'elastic.min_peers': 2 differs from job 'default''s, 3 "

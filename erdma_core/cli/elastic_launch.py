@@ -62,7 +62,7 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
         secret = secret or secrets.token_hex(32)
         port = port or free_port()
         store = TCPStore(host, port, is_server=True, timeout=10.0, secret=secret.encode())
-        _start_at(store, config, nprocs)
+        _start_at(store, _job(config), nprocs)
         written = None if secret_file else _write_secret(secret, port)
         path = secret_file or written or ""
         where = f"{socket.gethostname() if host in ('', '0.0.0.0') else host}:{port}"  # what other machines dial
@@ -109,14 +109,18 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
     return code
 
 
-def _start_at(store: Any, config: str | None, nprocs: int, conf: Any = None) -> None:
+def _start_at(store: Any, job: str, nprocs: int) -> None:
     """The job starts once ``nprocs`` peers joined, whoever comes first: written before any peer can join, so
     that a peer added with ``--join`` (which sets no ``elastic.min_peers``) never starts it alone."""
-    from ..api.join import load_config
     from ..elastic.membership import Keys
 
-    conf = conf or load_config(config)
-    store.compare_set(Keys(conf["elastic.job"])("min_peers"), b"", str(nprocs).encode())
+    store.compare_set(Keys(job)("min_peers"), b"", str(nprocs).encode())
+
+
+def _job(config: str | None) -> str:
+    from ..api.join import load_config
+
+    return str(load_config(config)["elastic.job"])
 
 
 def _replicated(url: str, secret: str, config: str | None, nprocs: int) -> str:
@@ -134,7 +138,7 @@ def _replicated(url: str, secret: str, config: str | None, nprocs: int) -> str:
     conf = load_config(config, **secret_key)
     store = open_store(where, conf)
     try:
-        _start_at(store, config, nprocs, conf)
+        _start_at(store, conf["elastic.job"], nprocs)
     finally:
         store.close()
     return where

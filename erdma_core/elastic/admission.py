@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import CollectiveTimeoutError, ErdmaError, UnreachableError
-from .membership import CasStore, Keys, Member, Record
+from .membership import CasStore, Keys, Member, Record, finished_step
 from .prefix import PrefixStore
 
 log = logging.getLogger("erdma.elastic")
@@ -120,10 +120,11 @@ class _Current:
                     self._read = time.monotonic()
                     try:
                         self._record = latest(self._store, self._keys) or self._record
-                        step = self._store.get(self._keys("finished"), 0.0).decode()
+                        step = finished_step(self._store, self._keys)
+                    except ErdmaError:
+                        step = None
+                    if step is not None:
                         self._finished = f"the job finished at step {step}"
-                    except ErdmaError:  # (CollectiveTimeoutError: not finished)
-                        pass
                 gone = self._record.index(member.id) is None
             if self._finished is not None:
                 return self._finished

@@ -51,6 +51,7 @@ from .membership import (
     Member,
     Outcome,
     Record,
+    finished_step,
     job_min_peers,
     need_compare_set,
     propose,
@@ -474,7 +475,7 @@ class ElasticGroup:
             record = Record.decode(self.store.get(self.keys("epoch", epoch), 5.0))
             if record.index(self.id) is None:
                 continue  # skipped (its name came too late): draw again
-            self._probes = record.probes  # the path checks asked for since name this peer: it answers them
+            self._probes = record.probes  # the path checks asked for after this record may name this peer
             try:
                 self._enter(record, None)
                 self._transfer()
@@ -510,9 +511,8 @@ class ElasticGroup:
 
     def _finished(self, before: str) -> None:
         """Raise JobFinishedError when the job finished (``finish``) before ``before``."""
-        try:
-            step = int(self.store.get(self.keys("finished"), 0.0))
-        except CollectiveTimeoutError:
+        step = finished_step(self.store, self.keys)
+        if step is None:
             return
         raise JobFinishedError(f"elastic: job {self.keys.job!r} finished at step {step} before {before}")
 

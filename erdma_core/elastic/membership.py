@@ -112,6 +112,14 @@ def need_compare_set(store: object) -> None:
                           "(discovery.init_method: env://, tcp:// or file:// give one)")
 
 
+def finished_step(store: CasStore, keys: Keys) -> int | None:
+    """The step at which the job finished (``ElasticGroup.finish``), or None while it runs (a look, no wait)."""
+    try:
+        return int(store.get(keys("finished"), 0.0))
+    except CollectiveTimeoutError:
+        return None
+
+
 def job_min_peers(store: CasStore, keys: Keys, mine: int, given: bool) -> int:
     """The job's ``elastic.min_peers``: the first value written (by ``erdma run --elastic`` as it makes the job,
     else by the first peer to join), so that every peer counts the same tickets before the job starts. A peer
