@@ -15,7 +15,8 @@ the deletion counts the member out at once (a member that leaves lets its lease 
 already). The lease alone would not do: etcd's new leader gives every lease its whole TTL again, so a member
 stopped just before etcd's leader died would be found an election and a TTL later. On another store (the TCP
 store) the sign is a counter under the same key that the thread bumps every ``timeout / 4`` seconds and reads
-back for every member.
+back for every member. Over the members' own mesh (``MeshSigns``, no store) the count goes to every other
+member as a message, and a member's sign is the latest count it sent.
 
 Silence is judged on this peer's clock, so a pause of its own restarts every member's clock: when this peer
 was not scheduled, its store did not answer for half the timeout, or (watching) its own new count did not come
@@ -29,10 +30,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CollectiveTimeoutError, ErdmaError
 from .membership import CasStore, Keys
+
+if TYPE_CHECKING:
+    from .mesh import Channel
 
 log = logging.getLogger("erdma.elastic")
 
@@ -180,3 +184,30 @@ class Liveness:
             log.warning("elastic: no sign of life from member(s) %s for %.1fs (elastic.liveness_timeout): "
                         "counting them out", ", ".join(new), self.timeout)
             on_lapse()
+
+
+class MeshSigns:
+    """The store calls ``Liveness`` makes (``set`` of its own sign, ``get`` of another's), over a channel of the
+    members' mesh instead of a store: ``set`` sends the count to every member ``peers()`` names, ``get`` answers
+    with the latest count that member sent (the mesh proved who sent it). Nothing waits."""
+
+    def __init__(self, channel: Channel, peers: Callable[[], tuple[str, ...]]) -> None:
+        self._channel, self._peers = channel, peers
+        self._latest: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        me = key.rpartition("/")[2]
+        for m in self._peers():
+            if m != me:
+                self._channel.send(m, value)
+
+    def get(self, key: str, timeout: float) -> bytes:
+        while (got := self._channel.recv(0.0)) is not None:
+            self._latest[got[0]] = got[1]
+        member = key.rpartition("/")[2]
+        if member not in self._latest:
+            raise CollectiveTimeoutError(f"elastic: no sign of life from member {member} over the mesh yet")
+        return self._latest[member]
+
+    def close(self) -> None:
+        self._channel.close()
