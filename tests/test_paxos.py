@@ -127,6 +127,22 @@ def test_a_proposer_that_crashes_mid_accept_leaves_a_value_the_next_one_finishes
             assert second.outcome == first.outcome, seed
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_members_learn_the_decided_value_without_a_read_and_never_another(seed):
+    net = Net(seed, loss=0.2 if seed % 2 else 0.0, dup=0.1)
+    proposals = [net.propose(m, "epoch/3", m.encode()) for m in MEMBERS[:3]]
+    net.run(60.0)
+    outcomes = {p.outcome for p in proposals}
+    assert len(outcomes) == 1 and isinstance(next(iter(outcomes)), bytes), (seed, outcomes)
+    learned = {m: net.nodes[m].learned("epoch/3") for m in MEMBERS}
+    assert set(learned.values()) - {None} == outcomes, (seed, learned)
+    if not net.loss:
+        assert all(v is not None for v in learned.values()), (seed, learned)  # every acceptor was told
+    for m in MEMBERS:
+        net.nodes[m].forget("epoch/")
+        assert net.nodes[m].learned("epoch/3") is None
+
+
 def test_a_read_finds_nothing_before_a_decision_and_the_value_after():
     net = Net(4)
     before = net.propose("r1", "k", None)
@@ -205,6 +221,7 @@ MESSAGES = [
     paxos.Accept("epoch/2", paxos.Ballot(2**64 - 1, "\u00e9"), b"x" * 1000),
     paxos.Accepted("vote/1/3", paxos.Ballot(9, "m2")),
     paxos.Refused("vote/1/3", paxos.Ballot(9, "m2"), paxos.Ballot(10, "m3")),
+    paxos.Chosen("vote/1/outcome", paxos.Ballot(4, "m1"), b"commit:0:0:0"),
 ]
 
 
@@ -220,7 +237,7 @@ def test_every_message_crosses_the_wire_unchanged_and_any_cut_of_it_is_refused(m
 
 
 @pytest.mark.parametrize("raw, said", [
-    (b"\x09\x00\x01k" + bytes(9), "message kind 9; valid: 1-5"),
+    (b"\x09\x00\x01k" + bytes(9), "message kind 9; valid: 1-6"),
     (b"\x01\x01\x01" + b"k" * 257 + bytes(9), "a key of 257 bytes; at most 256"),
     (b"\x01\x00\x01\xff" + bytes(9), "a key that is not UTF-8"),
     (b"\x03\x00\x01k" + bytes(9) + b"\x00\x10\x00\x01", "a value of 1048577 bytes; at most 1048576"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import random
 import threading
+import time
 
 import pytest
 
@@ -104,3 +105,16 @@ def test_two_of_five_gone_leave_a_majority_and_three_gone_none(members):
     net.cut |= {frozenset(("m2", b)) for b in MEMBERS if b != "m2"}
     with pytest.raises(CollectiveTimeoutError, match=r"must answer and [12] did \((m3, )?m4\)"):
         regs["m4"].decide("k2", b"v", MEMBERS, 1.0)
+
+
+def test_members_learn_a_decision_as_it_is_made_and_answer_from_it_with_no_round(members):
+    net, regs = members()
+    assert regs["m2"].decide("vote/1/0/2", b"done", MEMBERS, 10.0) == b"done"
+    deadline = time.monotonic() + 10
+    while any(regs[m].learned("vote/1/0/2") is None for m in MEMBERS) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert {m: regs[m].learned("vote/1/0/2") for m in MEMBERS} == dict.fromkeys(MEMBERS, b"done")
+    net.cut = {frozenset(("m0", b)) for b in MEMBERS if b != "m0"}  # m0 alone: a round could not end
+    assert regs["m0"].decide("vote/1/0/2", b"dead", MEMBERS, 1.0) == b"done"
+    regs["m0"].forget("vote/1/")
+    assert regs["m0"].learned("vote/1/0/2") is None

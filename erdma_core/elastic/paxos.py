@@ -17,7 +17,12 @@ value)``.
   Accepted decides. Enough Refused that no majority is left, or no majority by ``retry_s``, starts again
   with a higher ballot after a random back-off (dueling proposers). A read that finds nothing accepted in
   a majority of Promises ends ``EMPTY``: nothing is decided yet.
-- ``Node``: one member's acceptor and proposals, messages in and out as bytes, its own handled at once.
+- ``Chosen``: a proposal that decided tells every acceptor the value (``Node.learned``), so that members
+  learn a decision as it is made instead of reading it (a read is a round with a higher ballot, which would
+  interrupt a proposal in flight). A learned value is a hint that only saves a read: a member that missed
+  the message reads, and finds the same value.
+- ``Node``: one member's acceptor, proposals and learned values, messages in and out as bytes, its own
+  handled at once.
 - ``encode`` / ``decode``: the messages on the wire (``decode`` refuses malformed input with ProtocolError).
 """
 
@@ -84,7 +89,14 @@ class Refused:
     promised: Ballot  # what the acceptor promised instead
 
 
-Message = Prepare | Promise | Accept | Accepted | Refused
+@dataclass(frozen=True)
+class Chosen:
+    key: str
+    ballot: Ballot  # the ballot a majority accepted
+    value: bytes
+
+
+Message = Prepare | Promise | Accept | Accepted | Refused | Chosen
 
 
 class Acceptor:
@@ -178,7 +190,7 @@ class Proposal:
         """An acceptor's answer (``sender``: the member it came from, as the connection proved). Answers
         from non-acceptors, to other keys or ballots, or after the outcome are ignored."""
         if (self.outcome is not None or sender not in self.acceptors or msg.key != self.key
-                or not isinstance(msg, Promise | Accepted | Refused) or msg.ballot != self.ballot):
+                or isinstance(msg, Prepare | Accept | Chosen) or msg.ballot != self.ballot):
             return []
         if isinstance(msg, Refused):
             self._highest = max(self._highest, msg.promised)
@@ -196,6 +208,7 @@ class Proposal:
             self._accepted.add(sender)
             if len(self._accepted) >= self.quorum:
                 self.outcome = self._proposed
+                return [(a, Chosen(self.key, self.ballot, self._proposed)) for a in sorted(self.acceptors)]
         return []
 
     def _phase_two(self, now: float) -> list[tuple[str, Message]]:
@@ -228,6 +241,7 @@ class Node:
         self.me, self.retry_s, self._rng = me, retry_s, rng
         self.acceptor = Acceptor()
         self._proposals: dict[str, Proposal] = {}
+        self._learned: dict[str, bytes] = {}
 
     def propose(self, key: str, value: bytes | None, acceptors: Sequence[str], now: float) -> list[tuple[str, bytes]]:
         """Decide ``key`` among ``acceptors`` with ``value`` (None: learn what was decided); the messages to
@@ -244,11 +258,22 @@ class Node:
     def proposal(self, key: str) -> Proposal | None:
         return self._proposals.get(key)
 
+    def learned(self, key: str) -> bytes | None:
+        """The value decided for ``key`` as this member learned it (its own proposal's outcome, or a Chosen
+        from another's), without a round; None when not learned (decided or not)."""
+        p = self._proposals.get(key)
+        if p is not None and isinstance(p.outcome, bytes):
+            return p.outcome
+        return self._learned.get(key)
+
     def receive(self, sender: str, data: bytes, now: float) -> list[tuple[str, bytes]]:
         """Bytes from member ``sender``: a request to this acceptor (answered) or an answer to one of this
         member's proposals. ProtocolError for bytes that are no message (the caller drops that connection);
         an acceptor that is full answers nothing."""
         msg = decode(data)
+        if isinstance(msg, Chosen):
+            self._learn(msg)
+            return []
         if isinstance(msg, Prepare | Accept):
             try:
                 return [(sender, encode(self.acceptor.handle(msg)))]
@@ -274,10 +299,16 @@ class Node:
         self._proposals.pop(key, None)
 
     def forget(self, prefix: str) -> None:
-        """Drop every key starting with ``prefix``: acceptor state and proposals (an epoch done with)."""
+        """Drop every key starting with ``prefix``: acceptor state, proposals and learned values (an epoch
+        done with)."""
         self.acceptor.forget(prefix)
-        for key in [k for k in self._proposals if k.startswith(prefix)]:
-            del self._proposals[key]
+        for table in (self._proposals, self._learned):
+            for key in [k for k in table if k.startswith(prefix)]:
+                del table[key]
+
+    def _learn(self, msg: Chosen) -> None:
+        if msg.key in self._learned or len(self._learned) < MAX_KEYS:  # (bounded like the acceptor's keys)
+            self._learned[msg.key] = msg.value
 
     def _route(self, out: list[tuple[str, Message]], now: float) -> list[tuple[str, bytes]]:
         """Messages to this member itself are handled here at once; the rest are encoded for the wire."""
@@ -287,6 +318,8 @@ class Node:
             to, msg = queue.pop(0)
             if to != self.me:
                 wire.append((to, encode(msg)))
+            elif isinstance(msg, Chosen):
+                self._learn(msg)
             elif isinstance(msg, Prepare | Accept):
                 try:
                     queue.append((self.me, self.acceptor.handle(msg)))
@@ -299,8 +332,9 @@ class Node:
 
 # ---- the wire ------------------------------------------------------------------------------------------------
 # one message: kind (u8), key (u16 length + UTF-8), ballot (u64 round, u8 length + proposer id), then by kind:
-# Promise: accepted ballot, has-value (u8), value (u32 length + bytes); Accept: value; Refused: promised ballot
-_KINDS: dict[type, int] = {Prepare: 1, Promise: 2, Accept: 3, Accepted: 4, Refused: 5}
+# Promise: accepted ballot, has-value (u8), value (u32 length + bytes); Accept and Chosen: value; Refused:
+# promised ballot
+_KINDS: dict[type, int] = {Prepare: 1, Promise: 2, Accept: 3, Accepted: 4, Refused: 5, Chosen: 6}
 
 
 def _ballot(b: Ballot) -> bytes:
@@ -317,7 +351,7 @@ def encode(msg: Message) -> bytes:
     out = struct.pack("!BH", _KINDS[type(msg)], len(key)) + key + _ballot(msg.ballot)
     if isinstance(msg, Promise):
         out += _ballot(msg.accepted) + (b"\0" if msg.value is None else b"\1" + _value(msg.value))
-    elif isinstance(msg, Accept):
+    elif isinstance(msg, Accept | Chosen):
         out += _value(msg.value)
     elif isinstance(msg, Refused):
         out += _ballot(msg.promised)
@@ -376,8 +410,10 @@ def decode(data: bytes) -> Message:
         msg = Accepted(key, ballot)
     elif kind == 5:
         msg = Refused(key, ballot, r.ballot())
+    elif kind == 6:
+        msg = Chosen(key, ballot, r.value())
     else:
-        raise ProtocolError(f"paxos: message kind {kind}; valid: 1-5")
+        raise ProtocolError(f"paxos: message kind {kind}; valid: 1-6")
     if r.at != len(data):
         raise ProtocolError(f"paxos: {len(data) - r.at} bytes after a message")
     return msg

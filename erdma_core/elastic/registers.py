@@ -44,7 +44,11 @@ class Registers:
         self._thread.start()
 
     def decide(self, key: str, value: bytes, acceptors: Sequence[str], timeout: float) -> bytes:
-        """The value decided for ``key``: ``value`` if this proposal wins, else the one decided before it."""
+        """The value decided for ``key``: ``value`` if this proposal wins, else the one decided before it
+        (without a round when this member learned it already)."""
+        known = self.learned(key)
+        if known is not None:
+            return known
         out = self._settle(key, value, acceptors, timeout)
         assert isinstance(out, bytes)  # a proposal with a value never ends EMPTY
         return out
@@ -53,6 +57,12 @@ class Registers:
         """The value decided for ``key``, or None when a majority says nothing is decided yet."""
         out = self._settle(key, None, acceptors, timeout)
         return out if isinstance(out, bytes) else None
+
+    def learned(self, key: str) -> bytes | None:
+        """The value decided for ``key`` if this member has learned it (``paxos.Chosen``), with no message sent;
+        None otherwise (``read`` to find out)."""
+        with self._cond:
+            return self._node.learned(key)
 
     def forget(self, prefix: str) -> None:
         with self._cond:
