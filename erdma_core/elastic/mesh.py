@@ -217,6 +217,7 @@ class Mesh:
 
     def _adopt(self, peer: str, sock: socket.socket, session: mesh_wire._Session, dialled: bool) -> _Conn:
         sock.settimeout(SEND_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small messages, each awaited: no Nagle
         conn = _Conn(sock, session)
         with self._lock:
             self._conns.add(conn)

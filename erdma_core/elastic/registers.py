@@ -64,6 +64,17 @@ class Registers:
         with self._cond:
             return self._node.learned(key)
 
+    def wait_learned(self, key: str, timeout: float) -> bytes | None:
+        """``learned(key)``, waiting up to ``timeout`` seconds for a Chosen to bring it (no message sent)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (value := self._node.learned(key)) is None and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, IDLE_S))
+            return value
+
     def forget(self, prefix: str) -> None:
         with self._cond:
             self._node.forget(prefix)
