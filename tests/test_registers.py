@@ -118,3 +118,40 @@ def test_members_learn_a_decision_as_it_is_made_and_answer_from_it_with_no_round
     assert regs["m0"].decide("vote/1/0/2", b"dead", MEMBERS, 1.0) == b"done"
     regs["m0"].forget("vote/1/")
     assert regs["m0"].learned("vote/1/0/2") is None
+
+
+def test_each_epoch_is_decided_by_the_one_before_so_a_minority_never_forms_one_and_a_late_member_learns_it(members):
+    from erdma_core.elastic import quorums
+    from erdma_core.elastic.membership import Member, Record
+
+    net, regs = members()
+    records: dict[int, Record] = {}
+
+    def record(epoch: int, ids: tuple[str, ...]) -> bytes:
+        return Record(epoch, tuple(Member(m, m, True) for m in ids), 0).encode()
+
+    def propose(by: str, epoch: int, ids: tuple[str, ...], timeout: float = 10.0) -> Record:
+        key = f"epoch/{epoch}"
+        who = quorums.acceptors(key, records.get)
+        assert who is not None
+        got = Record.decode(regs[by].decide(key, record(epoch, ids), who, timeout))
+        records[epoch] = got
+        return got
+
+    assert quorums.acceptors("epoch/1", records.get) is None  # the creator's: nobody decides it
+    records[1] = Record.decode(record(1, ("m0", "m1", "m2")))
+    assert quorums.acceptors("vote/1/0/outcome", records.get) == ("m0", "m1", "m2")
+    assert quorums.acceptors("epoch/3", records.get) is None  # epoch 2 not known here yet
+    assert propose("m1", 2, ("m0", "m1", "m2", "m3")).members[3].id == "m3"
+    net.cut = {frozenset(("m0", b)) for b in MEMBERS if b != "m0"}
+    with pytest.raises(CollectiveTimeoutError, match=r"'epoch/3' was not decided within 1.0s: 3 of its 4 acceptors"):
+        propose("m0", 3, ("m0",), timeout=1.0)  # 1 of epoch 2's 4 members: it pauses
+    assert [m.id for m in propose("m2", 3, ("m1", "m2", "m3", "m4")).members] == ["m1", "m2", "m3", "m4"]
+    net.cut.clear()
+    assert [m.id for m in propose("m0", 3, ("m0", "m1")).members] == ["m1", "m2", "m3", "m4"]  # learns the majority's
+    net.cut = {frozenset((a, b)) for a in ("m1", "m2") for b in ("m3", "m4")}  # epoch 3 split in halves
+    for by, ids in (("m1", ("m1", "m2")), ("m3", ("m3", "m4"))):
+        with pytest.raises(CollectiveTimeoutError, match="'epoch/4' was not decided"):
+            propose(by, 4, ids, timeout=1.0)
+    net.cut.clear()
+    assert propose("m4", 4, ("m3", "m4")).epoch == 4

@@ -252,8 +252,12 @@ class Mesh:
                 sock, _ = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                return
+            except OSError as exc:  # closed; or out of descriptors, an aborted connection: try again shortly
+                if self._closed.is_set():
+                    return
+                log.warning("elastic mesh: accepting a connection failed: %s", exc)
+                self._closed.wait(0.1)
+                continue
             with self._lock:
                 oldest = self._pending.popleft() if len(self._pending) >= MAX_PENDING else None
                 self._pending.append(sock)
