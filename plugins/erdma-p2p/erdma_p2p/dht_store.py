@@ -1,7 +1,8 @@
 """``init_method = "dht://HOST:PORT[,HOST:PORT...]/JOB"``: the job's store is a Kademlia DHT, reached through
 the bootstrap nodes named (``erdma dht serve``), with no rank serving anything and no master.
 
-Every rank runs a client node (``dht.DhtNode``) and keeps its keys in the DHT as records signed and
+Every rank runs a client node (``dht.DhtNode``; a server node with ``serve``: it then routes and stores for
+the others, so the job's records outlive its bootstrap nodes) and keeps its keys in the DHT as records signed and
 encrypted with keys derived from ``security.secret`` and the job name (``records.JobKeys``): DHT nodes store
 only records signed for the key they are stored under, readers ignore records of other jobs and expired
 ones, and of several copies the highest version wins.
@@ -61,7 +62,10 @@ class DhtStore:
         self.rank: int | None = None  # this process's rank, given or claimed
         self._token = os.urandom(8).hex()  # names this process's shares of add() counters
         self._added: dict[str, int] = {}  # what this process added to each counter
-        self.node = DhtNode(server=False, rpc_timeout=self.rpc_timeout)
+        serve = bool(section.get("serve", False))  # a serving rank holds the job's records beside the bootstrap nodes
+        self.node = DhtNode(server=serve, rpc_timeout=self.rpc_timeout, ttl=self.ttl,
+                            max_records=int(section.get("max_records", 4096)),
+                            per_source=int(section.get("per_source", 512)))
         try:
             self.node.start(section["bind_address"], section["port"], bootstrap, timeout)
         except (OSError, TimeoutError) as exc:

@@ -60,6 +60,13 @@ DHT_OPTIONS = {
                   minimum=10.0, maximum=30 * 86400.0),
     "poll_max": Option(float, 0.5, "longest pause between two reads of a key that has not appeared",
                        minimum=0.01, maximum=60.0),
+    "serve": Option(bool, False, "this rank's node also routes and stores for the others, as an erdma dht serve "
+                    "node does (for a rank at an address the others reach, a port open to UDP): the job's records then "
+                    "live on its ranks too, and the job goes on through them when every bootstrap node is gone"),
+    "max_records": Option(int, 4096, "records a serving rank keeps in all (serve = true; 64 KiB at most each): past "
+                          "it the oldest of the sending address holding the most goes", minimum=16, maximum=1_000_000),
+    "per_source": Option(int, 512, "records a serving rank keeps from one sending address (serve = true): past it "
+                         "that address's oldest goes", minimum=1, maximum=1_000_000),
 }
 
 

@@ -151,6 +151,30 @@ def test_stores_of_one_job_meet_and_other_jobs_and_secrets_see_nothing(servers):
             s.close()
 
 
+@pytest.mark.parametrize("serve", [True, False])
+def test_ranks_that_serve_keep_the_jobs_records_when_every_bootstrap_node_is_gone(serve):
+    boot = DhtNode(server=True, rpc_timeout=0.5)
+    addr = boot.start("127.0.0.1", 0, [], 5.0)
+    section = {**SECTION, "serve": serve, "max_records": 64, "per_source": 32}
+    stores = [DhtStore([addr], "job", b"secret", timeout=5.0, section=section) for _ in range(3)]
+    try:
+        stores[0].set("before", b"1")
+        assert stores[1].add("joined", 1) == 1
+        boot.stop()
+        if not serve:  # client nodes hold nothing: with the bootstrap node gone the records are gone
+            with pytest.raises(CollectiveTimeoutError, match="'before' did not appear"):
+                stores[2].get("before", 2.0)
+            return
+        assert stores[2].get("before", 10.0) == b"1"
+        stores[1].set("after", b"2")
+        assert stores[0].get("after", 10.0) == b"2"
+        assert stores[2].add("joined", 1) == 2 and stores[0].add("joined", 0) == 2
+    finally:
+        for s in stores:
+            s.close()
+        boot.stop()
+
+
 def test_a_share_of_a_counter_lost_to_a_racing_write_comes_back(servers):
     """Two processes that both claim rank 1 add 1 at once; the later write drops the other's share. The
     other's next add (the core's duplicate check adds 0) writes it back, and both then count 2."""
