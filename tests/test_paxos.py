@@ -143,6 +143,29 @@ def test_members_learn_the_decided_value_without_a_read_and_never_another(seed):
         assert net.nodes[m].learned("epoch/3") is None
 
 
+@pytest.mark.parametrize("retire", [False, True])
+def test_a_forgotten_key_is_decided_anew_unless_retired_first_and_then_its_proposals_end_stale(retire):
+    retired: set[str] = set()
+    net = Net(7)
+    for i, m in enumerate(MEMBERS):
+        net.nodes[m] = paxos.Node(m, retry_s=0.2, rng=random.Random(i),
+                                  retired=lambda key: any(key.startswith(p) for p in retired))
+    first = net.propose("m0", "vote/1/0/3", b"dead")
+    net.run(5.0)
+    assert first.outcome == b"dead"
+    if retire:
+        retired.add("vote/1/")
+    for n in net.nodes.values():
+        n.forget("vote/1/")
+    zombie = net.propose("m3", "vote/1/0/3", b"done")  # the member voted dead, come back late
+    net.run(10.0)
+    if retire:  # refused by every acceptor, which keeps nothing for it
+        assert zombie.outcome is paxos.STALE and repr(zombie.outcome) == "STALE"
+        assert all(n.acceptor.keys() == 0 for n in net.nodes.values())
+    else:  # what retiring is for: forgotten alone, the key took the late member's other value
+        assert zombie.outcome == b"done"
+
+
 def test_a_read_finds_nothing_before_a_decision_and_the_value_after():
     net = Net(4)
     before = net.propose("r1", "k", None)

@@ -155,3 +155,24 @@ def test_each_epoch_is_decided_by_the_one_before_so_a_minority_never_forms_one_a
             propose(by, 4, ids, timeout=1.0)
     net.cut.clear()
     assert propose("m4", 4, ("m3", "m4")).epoch == 4
+
+
+def test_a_member_behind_the_others_is_told_its_key_is_retired_and_decides_nothing():
+    from erdma_core.elastic.registers import RetiredError
+
+    net = Mailboxes()
+    retired: set[str] = set()
+    regs = {m: Registers(m, net.of(m), retry_s=0.1, rng=random.Random(i),
+                         retired=lambda key: any(key.startswith(p) for p in retired)) for i, m in enumerate(MEMBERS)}
+    try:
+        assert regs["m0"].decide("vote/2/5/1", b"dead", MEMBERS, 10.0) == b"dead"
+        retired.add("vote/2/")
+        for r in regs.values():
+            r.forget("vote/2/")
+        with pytest.raises(RetiredError, match="'vote/2/5/1' belongs to a step or epoch the members are done with"):
+            regs["m1"].decide("vote/2/5/1", b"done", MEMBERS, 10.0)
+        with pytest.raises(RetiredError):
+            regs["m1"].read("vote/2/5/outcome", MEMBERS, 10.0)
+    finally:
+        for r in regs.values():
+            r.close()

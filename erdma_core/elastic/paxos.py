@@ -17,6 +17,10 @@ value)``.
   Accepted decides. Enough Refused that no majority is left, or no majority by ``retry_s``, starts again
   with a higher ballot after a random back-off (dueling proposers). A read that finds nothing accepted in
   a majority of Promises ends ``EMPTY``: nothing is decided yet.
+- Retiring keys: an acceptor's state for a key cannot just be dropped (a member that fell behind would then
+  decide the key anew, maybe otherwise). The caller gives each acceptor ``retired(key)``, true for the keys of
+  steps and epochs the members are done with, and only then ``forget``s them: a retired key is refused with
+  ``RETIRED`` in place of a promise, and a proposal refused so ends ``STALE``, deciding nothing.
 - ``Chosen``: a proposal that decided tells every acceptor the value (``Node.learned``), so that members
   learn a decision as it is made instead of reading it (a read is a round with a higher ballot, which would
   interrupt a proposal in flight). A learned value is a hint that only saves a read: a member that missed
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ProtocolError
@@ -51,6 +55,7 @@ class Ballot:
 
 
 NONE = Ballot(0, "")
+RETIRED = Ballot(2**64 - 1, "")  # what an acceptor says it promised for a retired key: above every ballot
 
 
 @dataclass(frozen=True)
@@ -100,15 +105,19 @@ Message = Prepare | Promise | Accept | Accepted | Refused | Chosen
 
 
 class Acceptor:
-    """One member's side of every register it is an acceptor of."""
+    """One member's side of every register it is an acceptor of. ``retired(key)``: whether ``key`` belongs to
+    what the members are done with (refused from then on, whatever this acceptor held for it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, retired: Callable[[str], bool] = lambda key: False) -> None:
         self._promised: dict[str, Ballot] = {}
         self._accepted: dict[str, tuple[Ballot, bytes]] = {}
+        self._retired = retired
 
     def handle(self, msg: Prepare | Accept) -> Promise | Accepted | Refused:
         """The answer to a member's Prepare or Accept (the caller sends it back to that member only)."""
         key = msg.key
+        if self._retired(key):
+            return Refused(key, msg.ballot, RETIRED)
         promised = self._promised.get(key, NONE)
         if msg.ballot < promised:  # (a Prepare at the promised ballot, sent twice, is answered twice)
             return Refused(key, msg.ballot, promised)
@@ -123,7 +132,8 @@ class Acceptor:
         return Accepted(key, msg.ballot)
 
     def forget(self, prefix: str) -> None:
-        """Drop every key starting with ``prefix`` (an epoch the members are done with)."""
+        """Drop every key starting with ``prefix`` (an epoch the members are done with; ``retired`` must
+        say so for each of them first, or a member that fell behind could decide one of them anew)."""
         for table in (self._promised, self._accepted):
             for key in [k for k in table if k.startswith(prefix)]:
                 del table[key]
@@ -133,11 +143,17 @@ class Acceptor:
 
 
 class Empty:
+    """An outcome with no value."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
     def __repr__(self) -> str:
-        return "EMPTY"
+        return self.name
 
 
-EMPTY = Empty()  # a read's outcome when nothing is decided yet
+EMPTY = Empty("EMPTY")  # a read's outcome when nothing is decided yet
+STALE = Empty("STALE")  # the outcome of a proposal for a retired key: nothing decided, and nothing can be
 
 
 class Proposal:
@@ -193,6 +209,9 @@ class Proposal:
                 or isinstance(msg, Prepare | Accept | Chosen) or msg.ballot != self.ballot):
             return []
         if isinstance(msg, Refused):
+            if msg.promised == RETIRED:
+                self.outcome = STALE
+                return []
             self._highest = max(self._highest, msg.promised)
             self._refused.add(sender)
             if self._phase and len(self._refused) > len(self.acceptors) - self.quorum:
@@ -237,9 +256,10 @@ class Node:
     adapter moves over the members' authenticated connections). ``sender`` is always who the connection
     proved the bytes came from. One proposal per key at a time; its outcome stays until ``forget``."""
 
-    def __init__(self, me: str, *, retry_s: float, rng: random.Random) -> None:
+    def __init__(self, me: str, *, retry_s: float, rng: random.Random,
+                 retired: Callable[[str], bool] = lambda key: False) -> None:
         self.me, self.retry_s, self._rng = me, retry_s, rng
-        self.acceptor = Acceptor()
+        self.acceptor = Acceptor(retired)
         self._proposals: dict[str, Proposal] = {}
         self._learned: dict[str, bytes] = {}
 

@@ -14,14 +14,19 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..errors import CollectiveTimeoutError, ProtocolError
+from ..errors import CollectiveTimeoutError, ErdmaError, ProtocolError
 from . import paxos
 
 log = logging.getLogger("erdma.elastic")
 IDLE_S = 0.05  # how long the thread waits for a message when no timer is due sooner
+
+
+class RetiredError(ErdmaError):
+    """The key belongs to a step or epoch the members are done with (``paxos.RETIRED``): this member fell behind
+    and learns where the job is from its latest records, not from this key."""
 
 
 class Mailbox(Protocol):
@@ -35,9 +40,11 @@ class Mailbox(Protocol):
 
 
 class Registers:
-    def __init__(self, me: str, mailbox: Mailbox, *, retry_s: float = 0.2, rng: random.Random | None = None) -> None:
+    def __init__(self, me: str, mailbox: Mailbox, *, retry_s: float = 0.2, rng: random.Random | None = None,
+                 retired: Callable[[str], bool] = lambda key: False) -> None:
+        """``retired``: as ``paxos.Acceptor``'s (keys refused from now on; only those may be ``forget``-ed)."""
         self.me, self._mailbox = me, mailbox
-        self._node = paxos.Node(me, retry_s=retry_s, rng=rng or random.Random())
+        self._node = paxos.Node(me, retry_s=retry_s, rng=rng or random.Random(), retired=retired)
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"erdma-registers-{me}", daemon=True)
@@ -108,6 +115,10 @@ class Registers:
                         f"({', '.join(heard) or 'none'}); this member is cut off from a majority of them",
                         op="membership")
                 self._cond.wait(min(left, IDLE_S))
+        if outcome is paxos.STALE:
+            self._node.forget_proposal(key)
+            raise RetiredError(f"elastic: {key!r} belongs to a step or epoch the members are done with: this "
+                               "member fell behind them")
         return outcome
 
     def _send(self, out: list[tuple[str, bytes]]) -> None:
