@@ -176,3 +176,10 @@ def test_a_member_behind_the_others_is_told_its_key_is_retired_and_decides_nothi
     finally:
         for r in regs.values():
             r.close()
+
+
+def test_a_decision_after_a_read_of_the_same_key_decides(members):
+    _, regs = members()
+    assert regs["m0"].read("vote/4/0/outcome", MEMBERS, 10.0) is None
+    assert regs["m0"].decide("vote/4/0/outcome", b"commit", MEMBERS, 10.0) == b"commit"
+    assert regs["m0"].read("vote/4/0/outcome", MEMBERS, 10.0) == b"commit"

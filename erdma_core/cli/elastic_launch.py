@@ -75,9 +75,10 @@ def run(nprocs: int, cmd: Sequence[str], *, config: str | None, join: str | None
             raise ConfigError("erdma run --join: give the job's secret (--secret-file, as `erdma run --elastic` "
                               "printed it, or ERDMA_SECRET)")
     if "://" in where:
-        if not where.startswith("etcd://"):
+        if not where.startswith(("etcd://", "dht://")):
             raise ConfigError(f"erdma run: --join {where!r}: a store URL is etcd://HOST:PORT[,HOST:PORT...]/PREFIX "
-                              "(or give HOST:PORT of a store `erdma run --elastic` serves)")
+                              "or dht://HOST:PORT[,HOST:PORT...]/JOB (or give HOST:PORT of a store `erdma run "
+                              "--elastic` serves)")
         env |= {"ERDMA_DISCOVERY_INIT_METHOD": where, "ERDMA_SECRET": secret}
     else:
         addr, _, p = where.rpartition(":")
@@ -130,9 +131,12 @@ def _replicated(url: str, secret: str, config: str | None, nprocs: int) -> str:
     from ..api.join import load_config
     from ..elastic import open_store
 
+    if url.startswith("dht://"):
+        return _founded(url, secret, config, nprocs)
     if not url.startswith("etcd://"):
         raise ConfigError(f"erdma run: --store {url!r}: valid: etcd://HOST:PORT[,HOST:PORT...]/PREFIX (an etcd "
-                          "cluster; without --store this process serves the job's store)")
+                          "cluster), dht://HOST:PORT[,HOST:PORT...]/JOB (a DHT, erdma-p2p: no store at all); "
+                          "without --store this process serves the job's store")
     where = f"{url.rstrip('/')}/{secrets.token_hex(6)}"
     secret_key: dict[str, Any] = {"security.secret": secret}
     conf = load_config(config, **secret_key)
@@ -141,6 +145,31 @@ def _replicated(url: str, secret: str, config: str | None, nprocs: int) -> str:
         _start_at(store, conf["elastic.job"], nprocs)
     finally:
         store.close()
+    return where
+
+
+def _founded(url: str, secret: str, config: str | None, nprocs: int) -> str:
+    """``url`` with a new job name (``JOB-<hex>``), whose first epoch this process writes as its creator
+    (``elastic.founding``) on a thread, once ``nprocs`` peers drew tickets; the records stay in the DHT after
+    this process."""
+    from ..api.join import load_config
+    from ..elastic import open_bulletin
+    from ..elastic.founding import found
+
+    where = f"{url.rstrip('/')}-{secrets.token_hex(6)}"
+    secret_key: dict[str, Any] = {"security.secret": secret}
+    conf = load_config(config, **secret_key)
+    bulletin = open_bulletin(where, conf)
+
+    def creator() -> None:
+        try:
+            found(bulletin, conf["elastic.job"], nprocs, conf["elastic.join_timeout"])
+        except Exception as exc:  # (said; the peers then time out waiting to be admitted, saying so too)
+            sys.stderr.write(f"erdma run: the job's first epoch was not written: {exc}\n")
+        finally:
+            getattr(bulletin, "detach", bulletin.close)()
+
+    threading.Thread(target=creator, name="erdma-elastic-creator", daemon=True).start()
     return where
 
 

@@ -178,7 +178,9 @@ def add_core_commands(sub: Any) -> None:
                      "as `erdma run --elastic --store` printed it)")
     run.add_argument("--store", metavar="URL", default=None, help="--elastic: keep the job's membership on this "
                      "etcd cluster (etcd://HOST:PORT[,HOST:PORT...]/PREFIX; the job's keys go under PREFIX/<a new "
-                     "job id>) instead of serving a store here: the job goes on without this process")
+                     "job id>), or with no store at all, the members deciding among themselves and the DHT "
+                     "carrying their records (dht://HOST:PORT[,HOST:PORT...]/JOB, erdma-p2p; the job is named "
+                     "JOB-<hex>), instead of serving a store here: the job goes on without this process")
     run.add_argument("--host", default=None, help="--elastic: address to serve the store on (default "
                      "127.0.0.1; 0.0.0.0: every interface, for peers on other machines)")
     run.add_argument("--port", type=int, default=None, help="--elastic: port of the store (0: a free one)")

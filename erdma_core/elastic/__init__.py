@@ -26,8 +26,37 @@ from ..discovery import env_store, etcd_store, file_store, tcp_store
 from ..errors import ConfigError
 from .group import ElasticGroup
 from .membership import CasStore, ExcludedError, JobFinishedError
+from .peer_store import PeerStore
 
-__all__ = ["ElasticGroup", "ExcludedError", "JobFinishedError", "join", "open_store"]
+__all__ = ["ElasticGroup", "ExcludedError", "JobFinishedError", "join", "open_bulletin", "open_store"]
+
+
+def open_bulletin(url: str, conf: Any) -> Any:
+    """A client of the DHT at ``url`` (``dht://``, the p2p plugin's discovery) as an elastic job's bulletin."""
+    from ..plugins.manager import components, instantiate
+
+    comps = components()
+    if "dht" not in comps.names("discovery"):
+        raise ConfigError(f"config key 'discovery.init_method': {url!r} needs the dht discovery of erdma-p2p "
+                          "(pip install erdma-p2p)")
+    return instantiate(comps.get("discovery", "dht"), url, -1, 0, conf["timeouts.connect"], conf)
+
+
+def open_peer_store(url: str, conf: Any) -> PeerStore:
+    """A store with no server for ``dht://``: the p2p plugin's DHT as the bulletin, the members deciding among
+    themselves over their mesh (``peer_store``)."""
+    from ..transport import addresses
+
+    bulletin = open_bulletin(url, conf)
+    try:
+        towards = urlparse(url).netloc.split(",")[0].rsplit(":", 1)[0]
+        host, advertised = addresses.choose(conf["transport.tcp.bind_address"], conf["transport.tcp.interface"],
+                                            towards)
+        return PeerStore(bulletin, conf["security.secret"].encode(), conf["elastic.job"], host=host,
+                         advertise=advertised)
+    except BaseException:
+        bulletin.close()
+        raise
 
 
 def open_store(url: str, conf: Any) -> CasStore:
@@ -38,7 +67,8 @@ def open_store(url: str, conf: Any) -> CasStore:
     method = methods.get(urlparse(url).scheme)
     if method is None:
         raise ConfigError(f"config key 'discovery.init_method': {url!r} cannot hold an elastic job's membership; "
-                          "valid: env://, tcp://HOST:PORT, file:///PATH, etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+                          "valid: env://, tcp://HOST:PORT, file:///PATH, etcd://HOST:PORT[,HOST:PORT...]/PREFIX, "
+                          "dht://HOST:PORT[,HOST:PORT...]/JOB (erdma-p2p)")
     return method(url, -1, 0, conf["timeouts.connect"], conf)  # type: ignore[return-value]  # -1: not the server
 
 
@@ -51,11 +81,32 @@ def join(state: Mapping[str, Any], config: Any = None, *, announce: bool = True)
     if 0 < conf["elastic.liveness_timeout"] < 0.5:
         raise ConfigError(f"config key 'elastic.liveness_timeout': {conf['elastic.liveness_timeout']!r} would have "
                           "every member write to the store more than 8 times a second; valid: 0 (off) or at least 0.5")
-    store = open_store(conf["discovery.init_method"], conf)
-    beats = open_store(conf["discovery.init_method"], conf) if conf["elastic.liveness_timeout"] > 0 else None
     url = conf["discovery.init_method"]
+    if urlparse(url).scheme == "dht":
+        peers = open_peer_store(url, conf)
+        group = ElasticGroup(peers, conf, conf["elastic.job"], state, min_peers=conf["elastic.min_peers"],
+                             join_timeout=conf["elastic.join_timeout"], announce=announce,
+                             beats=peers.signs() if conf["elastic.liveness_timeout"] > 0 else None,  # type: ignore[arg-type]
+                             clients=lambda: _Unclosed(peers))
+        group.sync()
+        return group
+    store = open_store(url, conf)
+    beats = open_store(url, conf) if conf["elastic.liveness_timeout"] > 0 else None
     group = ElasticGroup(store, conf, conf["elastic.job"], state, min_peers=conf["elastic.min_peers"],
                          join_timeout=conf["elastic.join_timeout"], announce=announce, beats=beats,
                          clients=lambda: open_store(url, conf))
     group.sync()
     return group
+
+
+class _Unclosed:
+    """The peer store as a path check's client (``admission``): its ``close`` leaves the store open."""
+
+    def __init__(self, store: PeerStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def close(self) -> None:
+        pass

@@ -52,8 +52,10 @@ from .membership import (
     Outcome,
     Record,
     finished_step,
+    founders,
     job_min_peers,
     need_compare_set,
+    newcomers,
     propose,
 )
 from .prefix import PrefixStore
@@ -80,7 +82,7 @@ class ElasticGroup:
             shared.view(state[name])  # refuses what it cannot share
         self.store, self.conf, self.state = store, conf, dict(state)
         self.keys = Keys(job)
-        self.id = secrets.token_hex(8)
+        self.id = getattr(store, "member_id", None) or secrets.token_hex(8)  # (a store of the peers' own names it)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.step = 0  # the caller's outer step; travels with the state and is part of its hash
         self.min_peers, self.join_timeout, self.announce = min_peers, join_timeout, announce
@@ -444,14 +446,7 @@ class ElasticGroup:
             self._recover(outcome, error)
 
     def _newcomers(self, first_after: int, upto: int) -> tuple[Member, ...]:
-        found = []
-        for t in range(first_after + 1, upto + 1):
-            try:
-                pid, name = self.store.get(self.keys("ticket", t), 5.0).decode().split(" ", 1)
-            except CollectiveTimeoutError:
-                continue  # drew a ticket and went before saying who it is
-            found.append(Member(pid, name, False))
-        return tuple(found)
+        return newcomers(self.store, self.keys, first_after, upto)
 
     # ---- newcomers ---------------------------------------------------------------------------------------
     def _join(self) -> None:
@@ -466,11 +461,11 @@ class ElasticGroup:
                 self._check_paths(deadline)
             ticket = self.store.add(self.keys("tickets"), 1)
             self.store.set(self.keys("ticket", ticket), f"{self.id} {self.name}".encode())
-            if ticket == self.min_peers:  # founds the job: the peers that drew tickets so far
+            if ticket == self.min_peers and getattr(self.store, "founds", True):  # founds the job: the peers
+                # that drew tickets so far (on a store with no server its creator does: ``founding``)
                 drawn = self.store.add(self.keys("tickets"), 0)
-                first = self._newcomers(0, drawn)
-                founders = (Member(first[0].id, first[0].name, True), *first[1:])
-                self._admit_tickets(0, propose(self.store, self.keys, 1, founders, drawn))
+                self._admit_tickets(0, propose(self.store, self.keys, 1, founders(self.store, self.keys, drawn),
+                                               drawn))
             epoch = self._wait(ticket, deadline)
             record = Record.decode(self.store.get(self.keys("epoch", epoch), 5.0))
             if record.index(self.id) is None:

@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import CollectiveTimeoutError, ConfigError, ErdmaError
 
@@ -132,6 +132,26 @@ def job_min_peers(store: CasStore, keys: Keys, mine: int, given: bool) -> int:
     return job
 
 
+def newcomers(store: Any, keys: Keys, first_after: int, upto: int) -> tuple[Member, ...]:
+    """The peers that drew tickets ``first_after+1..upto`` and said who they are (a ticket whose peer went
+    before saying so is skipped)."""
+    found = []
+    for t in range(first_after + 1, upto + 1):
+        try:
+            pid, name = store.get(keys("ticket", t), 5.0).decode().split(" ", 1)
+        except CollectiveTimeoutError:
+            continue
+        found.append(Member(pid, name, False))
+    return tuple(found)
+
+
+def founders(store: Any, keys: Keys, drawn: int) -> tuple[Member, ...]:
+    """The job's first members: the peers of tickets 1..``drawn``, the first holding the state it gives the
+    others."""
+    first = newcomers(store, keys, 0, drawn)
+    return (Member(first[0].id, first[0].name, True), *first[1:]) if first else ()
+
+
 def propose(store: CasStore, keys: Keys, epoch: int, members: tuple[Member, ...], admitted: int) -> Record:
     """Write the record of ``epoch`` unless someone did first; the epoch's record either way. It counts the
     path checks asked for before it was written, so each of its members answers every one asked later."""
@@ -194,7 +214,8 @@ class Ballot:
             self._settle(b"abort")
         elif self.store.add(self._key("count"), 1) == self.size:
             self._commit()
-        scan = time.monotonic() + SCAN_S
+        scan_s = getattr(self.store, "scan_s", SCAN_S)  # (a store whose reads of votes are local looks sooner)
+        scan = time.monotonic() + scan_s
         while True:
             try:
                 out = self.store.get(self._key("outcome"), POLL_S)
@@ -204,7 +225,7 @@ class Ballot:
             now = time.monotonic()
             gone = lost()
             if gone or now > scan or now > deadline:
-                scan = now + SCAN_S
+                scan = now + scan_s
                 self._look(gone, now > deadline)
         if out.startswith(b"commit:"):
             tickets, moved, probes = (int(x) for x in out[7:].split(b":"))

@@ -131,11 +131,12 @@ class Acceptor:
         self._accepted[key] = (msg.ballot, msg.value)
         return Accepted(key, msg.ballot)
 
-    def forget(self, prefix: str) -> None:
-        """Drop every key starting with ``prefix`` (an epoch the members are done with; ``retired`` must
-        say so for each of them first, or a member that fell behind could decide one of them anew)."""
+    def forget(self, prefix: str, exact: bool = False) -> None:
+        """Drop every key starting with ``prefix`` (only ``prefix`` itself with ``exact``): an epoch the members
+        are done with; ``retired`` must say so for each of them first, or a member that fell behind could
+        decide one of them anew."""
         for table in (self._promised, self._accepted):
-            for key in [k for k in table if k.startswith(prefix)]:
+            for key in [k for k in table if k == prefix or (not exact and k.startswith(prefix))]:
                 del table[key]
 
     def keys(self) -> int:
@@ -318,12 +319,12 @@ class Node:
         """Drop this member's proposal for ``key`` (a read done with: the next read is a new round)."""
         self._proposals.pop(key, None)
 
-    def forget(self, prefix: str) -> None:
-        """Drop every key starting with ``prefix``: acceptor state, proposals and learned values (an epoch
-        done with)."""
-        self.acceptor.forget(prefix)
+    def forget(self, prefix: str, exact: bool = False) -> None:
+        """Drop every key starting with ``prefix`` (only ``prefix`` with ``exact``): acceptor state, proposals
+        and learned values (an epoch done with)."""
+        self.acceptor.forget(prefix, exact)
         for table in (self._proposals, self._learned):
-            for key in [k for k in table if k.startswith(prefix)]:
+            for key in [k for k in table if k == prefix or (not exact and k.startswith(prefix))]:
                 del table[key]
 
     def _learn(self, msg: Chosen) -> None:

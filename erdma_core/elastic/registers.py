@@ -82,9 +82,9 @@ class Registers:
                 self._cond.wait(min(left, IDLE_S))
             return value
 
-    def forget(self, prefix: str) -> None:
+    def forget(self, prefix: str, exact: bool = False) -> None:
         with self._cond:
-            self._node.forget(prefix)
+            self._node.forget(prefix, exact)
 
     def close(self) -> None:
         with self._cond:
@@ -96,10 +96,9 @@ class Registers:
                 ) -> bytes | paxos.Empty:
         deadline = time.monotonic() + timeout
         with self._cond:
-            if value is None:  # a read is a new round each time: drop the last read's outcome
-                p = self._node.proposal(key)
-                if p is not None and p.value is None:
-                    self._node.forget_proposal(key)
+            p = self._node.proposal(key)
+            if p is not None and p.value is None:  # a read is a new round each time, and a decision takes
+                self._node.forget_proposal(key)  # the place of a read (which would end EMPTY for it)
             out = self._node.propose(key, value, acceptors, time.monotonic())
         self._send(out)
         with self._cond:

@@ -166,6 +166,11 @@ class _Protocol(KademliaProtocol):
             self.router.remove_contact(node)
         return result
 
+    def forgive(self, addrs: list[tuple[str, int]]) -> None:
+        """Ask ``addrs`` again from now on, though they did not answer lately."""
+        for addr in addrs:
+            self._dead.pop(addr, None)
+
     async def at(self, addr: tuple[str, int], call: Callable[[], Awaitable[Any]]) -> Any:
         """``call()`` (an RPC to ``addr``), unless ``addr`` did not answer lately: then ``(False, None)``."""
         now = asyncio.get_running_loop().time()
@@ -208,6 +213,7 @@ class DhtNode:
         self.server.protocol_class = proto
         self.rpc_timeout = rpc_timeout
         self.bootstrap: list[tuple[str, int]] = []  # asked on every read and write besides the nearest
+        self._seen: dict[tuple[str, int], None] = {}  # server nodes met so far (oldest first, at most ksize * 8)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="erdma-dht", daemon=True)
         self._thread.start()
@@ -238,6 +244,14 @@ class DhtNode:
             raise ConnectionError("no DHT bootstrap node answered: " + ", ".join(f"{h}:{p}" for h, p in bootstrap))
         return addr
 
+    def known(self) -> list[tuple[str, int]]:
+        """The server nodes this node has met (its routing table's and those it asks again when that empties)."""
+        try:
+            table = self.neighbours()
+        except TimeoutError:
+            table = []
+        return list(dict.fromkeys([*table, *self._seen]))
+
     def neighbours(self) -> list[tuple[str, int]]:
         """The nodes in this node's routing table."""
 
@@ -247,8 +261,25 @@ class DhtNode:
         return list(self.run(go(), self.rpc_timeout))
 
     async def _nearest(self, dkey: bytes) -> list[Node]:
+        """The k nodes nearest ``dkey`` that answered. When none did (every node this one knew missed an answer
+        lately, as happens on a busy host, or left), it asks the server nodes it has met again, dead or not,
+        before it gives up: once the bootstrap nodes are gone, the job's serving ranks find each other that way."""
         node = Node(dkey)
+        found = await self._crawl(node)
+        if not found and self._seen:
+            self.server.protocol.forgive(list(self._seen))
+            await self.server.bootstrap(list(self._seen))
+            found = await self._crawl(node)
+        for n in found:
+            self._seen[(n.ip, n.port)] = None
+        while len(self._seen) > 8 * self.server.ksize:
+            del self._seen[next(iter(self._seen))]
+        return found
+
+    async def _crawl(self, node: Node) -> list[Node]:
         near = self.server.protocol.router.find_neighbors(node)
+        for n in near:
+            self._seen[(n.ip, n.port)] = None
         if not near:
             return []
         return list(await NodeSpiderCrawl(self.server.protocol, node, near, self.server.ksize,
@@ -259,24 +290,29 @@ class DhtNode:
         return list(dict.fromkeys([(n.ip, n.port) for n in nodes] + self.bootstrap))
 
     def put(self, dkey: bytes, blob: bytes, timeout: float) -> int:
-        """Store ``blob`` under ``dkey`` on the k nearest nodes and the bootstrap nodes; how many took it."""
+        """Store ``blob`` under ``dkey`` on the k nearest nodes and the bootstrap nodes, and on this node when
+        it serves (a serving rank holds what it writes, for the others and for itself, also when it is the last
+        node left); how many took it."""
 
         async def go() -> int:
             me, proto = self.server.node.id, self.server.protocol
             asked = self._asked(await self._nearest(dkey))
             got = await asyncio.gather(*(proto.at(a, lambda a=a: proto.store(a, me, dkey, blob)) for a in asked))
-            return sum(1 for ok, answer in got if ok and answer is True)
+            here = proto.stores and self.server.storage.put(dkey, blob, "local")
+            return sum(1 for ok, answer in got if ok and answer is True) + int(bool(here))
 
         return int(self.run(go(), timeout))
 
     def fetch(self, dkey: bytes, timeout: float) -> list[bytes]:
-        """Every value the k nearest nodes and the bootstrap nodes hold for ``dkey``."""
+        """Every value the k nearest nodes and the bootstrap nodes hold for ``dkey`` (and this node, serving)."""
 
         async def go() -> list[bytes]:
             me, proto = self.server.node.id, self.server.protocol
             asked = self._asked(await self._nearest(dkey))
             got = await asyncio.gather(*(proto.at(a, lambda a=a: proto.find_value(a, me, dkey)) for a in asked))
-            return [a["value"] for ok, a in got if ok and isinstance(a, dict) and isinstance(a.get("value"), bytes)]
+            here = self.server.storage.get(dkey) if proto.stores else None
+            return [a["value"] for ok, a in got if ok and isinstance(a, dict) and isinstance(a.get("value"), bytes)] \
+                + ([here] if isinstance(here, bytes) else [])
 
         return list(self.run(go(), timeout))
 

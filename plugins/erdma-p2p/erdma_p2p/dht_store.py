@@ -93,8 +93,9 @@ class DhtStore:
             if took:
                 break
         if not took:
+            known = ", ".join(f"{h}:{p}" for h, p in self.node.known()) or "none"
             raise ErdmaError(f"discovery: no DHT node stored key {key!r} of job {self.job!r} in {WRITE_TRIES} "
-                             "tries (are the bootstrap nodes up?)")
+                             f"tries (are the bootstrap nodes up? nodes this one knows: {known})")
         self._mine[key] = (version, value)
         return version
 
@@ -138,7 +139,16 @@ class DhtStore:
         return found is not None and found.value == token
 
     def set(self, key: str, value: bytes) -> None:
-        self._write(key, value)
+        """Write ``key``. A write the nodes refuse because another process wrote the key with a newer version
+        meanwhile (two peers saying the same, such as that the job finished) lost a race it may lose: the
+        newer value stands, as if this one had been written first."""
+        try:
+            self._write(key, value)
+        except ErdmaError:
+            found = self._read(key)
+            if found is None or (found.value == value and found.version == self._mine.get(key, (0, b""))[0]):
+                raise
+            self._mine[key] = (found.version, found.value)  # (deleted at close like a key of its own)
 
     def get(self, key: str, timeout: float) -> bytes:
         deadline = time.monotonic() + timeout
@@ -182,6 +192,12 @@ class DhtStore:
             time.sleep(random.uniform(0.0, 0.02 * (attempt + 1)))  # racing writers spread out
         raise ErdmaError(f"discovery: counter {key!r} of job {self.job!r} was overwritten by racing writes "
                          f"{ADD_TRIES} times in a row")
+
+    def detach(self) -> None:
+        """Leave the DHT, keeping the keys this rank wrote (they expire after ``ttl``): for an elastic job's
+        records, which the job goes on reading after this peer (or its creator) is gone."""
+        self._mine.clear()
+        self.node.stop()
 
     def close(self) -> None:
         for key in [k for k in self._mine if not k.startswith(FAILED_PREFIX)]:  # (why this rank gave up: kept)

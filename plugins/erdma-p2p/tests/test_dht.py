@@ -175,6 +175,18 @@ def test_ranks_that_serve_keep_the_jobs_records_when_every_bootstrap_node_is_gon
         boot.stop()
 
 
+def test_a_set_that_lost_to_a_newer_write_of_another_process_lets_it_stand(servers):
+    a, b = (DhtStore(_addrs(servers), "race-set", b"secret", timeout=5.0, section=SECTION) for _ in range(2))
+    try:
+        b._mine["finished"] = (time.time_ns() + 10**12, b"")  # b's clock is ahead: its write is newer
+        b.set("finished", b"40")
+        a.set("finished", b"41")  # every node refuses it: b's version is newer
+        assert a.get("finished", 5.0) == b"40" and b.get("finished", 5.0) == b"40"
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_share_of_a_counter_lost_to_a_racing_write_comes_back(servers):
     """Two processes that both claim rank 1 add 1 at once; the later write drops the other's share. The
     other's next add (the core's duplicate check adds 0) writes it back, and both then count 2."""

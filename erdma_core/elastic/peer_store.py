@@ -1,0 +1,289 @@
+"""An elastic job's store with no server: what membership decides is decided by the members themselves, over
+their mesh; everything else goes on a bulletin (the DHT) that nobody needs to trust.
+
+``PeerStore`` is the ``CasStore`` an ``ElasticGroup`` uses for ``dht://``. It routes each key by what it is:
+
+- An epoch's record (``epoch/<e>``, e > 1) and a step's votes and outcome (``vote/<e>/<s>/...``) are write-once
+  registers (``registers``) whose acceptors are one epoch's members (``quorums``): the record by the members of
+  the epoch before, the votes by the epoch's own. A record, once decided, is also put on the bulletin, where
+  newcomers and members that fell behind read it; nobody can put another there (the bulletin's records are
+  signed with the job's secret, and the key is write-once), so a DHT node can withhold a record but never
+  change one. A decision that no majority answers is tried again, saying once every ``PAUSE_SAY_S`` that this
+  member is paused: the side of a partition without a majority of the epoch waits, it never goes on alone.
+  A vote's counter (``vote/.../count``) is the number of ``done`` votes this member has learned.
+- The first epoch's record is written on the bulletin by the job's creator (``founding.found``), not by a peer
+  (``founds = False``): there is no epoch before it to decide it.
+- Everything else (newcomers' tickets and names, the admissions the records imply, the epochs' ProcessGroup
+  set-ups, path checks, ``finished``) is on the bulletin; a newcomer waiting for its admission adds 0 to the
+  ticket count each time it looks, so that its share, if a racing draw dropped it, comes back.
+  ``compare_set`` there is "the value there, else this one": a race can only make a newcomer draw again (its
+  ticket is not in the record it reads), since what is admitted is decided in the records.
+
+Keys of the steps and epochs every member is done with are retired (``paxos.RETIRED``) and forgotten: a member
+whose vote in step ``s`` of epoch ``e`` is decided knows that every member finished step ``s - 2`` of ``e``
+and, from ``s = 1``, every epoch before ``e``. A proposal for a retired key raises ExcludedError (this member
+fell behind and joins again).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from typing import Any
+
+from ..errors import CollectiveTimeoutError, ErdmaError
+from . import quorums
+from .liveness import MeshSigns
+from .membership import DONE, ExcludedError, JobFinishedError, Keys, Record, finished_step
+from .mesh import Mesh
+from .registers import Registers, RetiredError
+
+log = logging.getLogger("erdma.elastic")
+DECIDE_S = 5.0  # one try at a decision before this member says it is paused and tries again
+PAUSE_SAY_S = 10.0
+READ_S = 1.0  # a register not learned is read (a round) at most this often while a member waits for it
+SIGNS = 1  # the mesh channel of the members' signs of life (0: the registers')
+
+
+class PeerStore:
+    founds = False  # the first epoch is the creator's (``founding``)
+    scan_s = 0.1  # how often a waiting ballot looks at every vote: the votes it has learned, read here
+
+    def __init__(self, bulletin: Any, secret: bytes, job: str, *, host: str, advertise: str) -> None:
+        self.member_id = secrets.token_hex(8)
+        self.keys = Keys(job)
+        self._bulletin = bulletin
+        self._records: dict[int, Record] = {}
+        self._where_cache: dict[str, tuple[str, int]] = {}
+        self._read_at: dict[str, float] = {}
+        self._at = (0, -1)  # the latest (epoch, step) in which this member's own vote is decided
+        self._held: set[tuple[int, int]] = set()  # (epoch, step) of the vote keys this member has touched
+        self._held_records: set[int] = set()  # epochs whose record keys it has touched
+        self._lock = threading.Lock()
+        self._said = 0.0
+        self.mesh = Mesh(secret, job, self.member_id, self._where, host=host)
+        self._regs = Registers(self.member_id, self.mesh.channel(0), retired=self._retired)
+        bulletin.set(self.keys("mesh", self.member_id), f"{advertise} {self.mesh.address[1]}".encode())
+
+    # ---- CasStore ------------------------------------------------------------------------------------------
+    def set(self, key: str, value: bytes) -> None:
+        if self._decided_kind(key):
+            raise ErdmaError(f"elastic: {key!r} is decided by the members, never set")
+        self._bulletin.set(key, value)
+
+    def get(self, key: str, timeout: float) -> bytes:
+        kind = self._decided_kind(key)
+        if kind is None:
+            rest = self._rest(key) or ""
+            if rest.startswith("admit/"):  # a newcomer waiting: its share of the ticket count, which a racing
+                self._bulletin.add(self.keys("tickets"), 0)  # draw may have dropped, comes back (``DhtStore.add``)
+            value = bytes(self._bulletin.get(key, timeout))
+            if key == self.keys("epoch", quorums.FIRST):  # the creator's: known here from now on
+                with self._lock:
+                    self._records.setdefault(quorums.FIRST, Record.decode(value))
+            return value
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self._known(key, kind, min(READ_S, max(0.0, deadline - time.monotonic())))
+            if got is not None:
+                return got
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeoutError(f"elastic: {key!r} not decided within {timeout:.1f}s", op="membership")
+
+    def add(self, key: str, amount: int) -> int:
+        rest = self._rest(key)
+        if rest is not None and rest.startswith("vote/") and rest.endswith("/count"):
+            epoch = int(rest.split("/")[1])
+            record = self._records.get(epoch)
+            size = len(record.members) if record else 0
+            prefix = key[:-len("count")]
+            return sum(self._regs.learned(f"{prefix}{m}") == DONE for m in range(size))
+        return int(self._bulletin.add(key, amount))
+
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        kind = self._decided_kind(key)
+        if kind is None:
+            try:
+                return bytes(self._bulletin.get(key, 0.0))
+            except CollectiveTimeoutError:
+                self._bulletin.set(key, desired)
+                return desired
+        if expected != b"":
+            raise ErdmaError(f"elastic: {key!r} is write-once: compare_set only from empty (given {expected!r})")
+        value = self._decide(key, desired)
+        self._learned(key, kind, value)
+        return value
+
+    def close(self) -> None:
+        """Leave: the registers and the mesh stop; the bulletin's records stay for the others (``detach``, where
+        the bulletin has it: a DHT client's ``close`` would delete the keys it wrote, the job's records
+        among them)."""
+        self._regs.close()
+        self.mesh.close()
+        getattr(self._bulletin, "detach", self._bulletin.close)()
+
+    # ---- for the group -------------------------------------------------------------------------------------
+    def signs(self) -> MeshSigns:
+        """The members' signs of life over the mesh (``Liveness``'s store), sent to the latest epoch's members."""
+        return MeshSigns(self.mesh.channel(SIGNS), self._members)
+
+    def _members(self) -> tuple[str, ...]:
+        with self._lock:
+            latest = max(self._records, default=None)
+            return tuple(m.id for m in self._records[latest].members) if latest is not None else ()
+
+    # ---- routing -------------------------------------------------------------------------------------------
+    def _rest(self, key: str) -> str | None:
+        return key[len(self.keys.base):] if key.startswith(self.keys.base) else None
+
+    def _decided_kind(self, key: str) -> str | None:
+        """"epoch" or "vote" for the keys the members decide (the first epoch's record is the creator's)."""
+        rest = self._rest(key)
+        if rest is None:
+            return None
+        parts = rest.split("/")
+        if parts[0] == "epoch" and len(parts) == 2 and parts[1].isdigit() and int(parts[1]) > quorums.FIRST:
+            return "epoch"
+        if parts[0] == "vote" and len(parts) == 4 and parts[3] != "count":
+            return "vote"
+        return None
+
+    def _record(self, epoch: int) -> Record | None:
+        """Epoch ``epoch``'s record: known here, else from the bulletin (where only decided records are put)."""
+        record = self._records.get(epoch)
+        if record is None:
+            try:
+                record = Record.decode(self._bulletin.get(self.keys("epoch", epoch), 0.0))
+            except CollectiveTimeoutError:
+                return None
+            with self._lock:
+                self._records[epoch] = record
+        return record
+
+    def _acceptors(self, key: str) -> tuple[str, ...] | None:
+        rest = self._rest(key)
+        return None if rest is None else quorums.acceptors(rest, self._record)
+
+    def _where(self, member: str) -> tuple[str, int] | None:
+        if member not in self._where_cache:
+            try:
+                host, port = self._bulletin.get(self.keys("mesh", member), 0.0).decode().split()
+            except (CollectiveTimeoutError, ValueError):
+                return None
+            self._where_cache[member] = (host, int(port))
+        return self._where_cache[member]
+
+    # ---- deciding ------------------------------------------------------------------------------------------
+    def _decide(self, key: str, value: bytes) -> bytes:
+        started = time.monotonic()
+        while True:
+            acceptors = self._acceptors(key)
+            try:
+                if acceptors is None:
+                    raise CollectiveTimeoutError(f"elastic: the record that says who decides {key!r} is not known "
+                                                 "here yet", op="membership")
+                return self._regs.decide(key, value, acceptors, DECIDE_S)
+            except RetiredError as exc:
+                raise ExcludedError(str(exc)) from None
+            except CollectiveTimeoutError as exc:
+                implied = self._implied(key)
+                if implied is not None:
+                    return implied
+                if finished_step(self, self.keys) is not None:
+                    raise JobFinishedError(f"elastic: job {self.keys.job!r} finished while {self.member_id} waited "
+                                           f"for {key!r} ({exc})") from None
+                self._paused(key, exc, started)
+
+    def _implied(self, key: str) -> bytes | None:
+        """A member's vote that the step's outcome, learned, implies: a commit is written only once every vote
+        is done (a member whose own proposal did not hear the answers, the others gone since, learns it so)."""
+        rest = self._rest(key) or ""
+        parts = rest.split("/")
+        if parts[0] != "vote" or not parts[-1].isdigit():
+            return None
+        outcome = self._regs.learned(key.rsplit("/", 1)[0] + "/outcome")
+        return DONE if outcome is not None and outcome.startswith(b"commit:") else None
+
+    def _paused(self, key: str, exc: Exception, since: float) -> None:
+        now = time.monotonic()
+        if now - self._said >= PAUSE_SAY_S:
+            self._said = now
+            log.warning("elastic: %s paused for %.0fs on %s: %s", self.member_id, now - since, key, exc)
+
+    def _known(self, key: str, kind: str, wait: float) -> bytes | None:
+        """The value decided for ``key`` if this member knows it or can find it within about ``wait`` seconds:
+        learned, on the bulletin (a record), or read (a round, at most every ``READ_S``)."""
+        if kind == "epoch":
+            epoch = int(key.rsplit("/", 1)[1])
+            record = self._record(epoch)
+            if record is not None:
+                return record.encode()
+        value = self._regs.wait_learned(key, wait)
+        if value is not None:
+            return value
+        now = time.monotonic()
+        acceptors = self._acceptors(key)
+        if acceptors is None or now - self._read_at.get(key, 0.0) < READ_S:
+            return None
+        self._read_at[key] = now
+        try:
+            value = self._regs.read(key, acceptors, DECIDE_S)
+        except RetiredError as exc:
+            raise ExcludedError(str(exc)) from None
+        except CollectiveTimeoutError as exc:
+            self._paused(key, exc, now)
+            return None
+        if value is not None:
+            self._learned(key, kind, value)
+        return value
+
+    def _learned(self, key: str, kind: str, value: bytes) -> None:
+        rest = self._rest(key)
+        assert rest is not None
+        parts = rest.split("/")
+        if kind == "epoch":
+            record = Record.decode(value)
+            with self._lock:
+                self._records[record.epoch] = record
+                self._held_records.add(record.epoch)
+            self._bulletin.set(key, value)  # for newcomers and members that fell behind
+            return
+        epoch, step = int(parts[1]), int(parts[2])
+        with self._lock:
+            self._held.add((epoch, step))
+        if parts[3].isdigit() and self._records.get(epoch) is not None \
+                and self._records[epoch].index(self.member_id) == int(parts[3]):
+            self._advance(epoch, step)
+
+    def _advance(self, epoch: int, step: int) -> None:
+        """This member's own vote in ``step`` of ``epoch`` is decided: retire and forget what every member
+        is done with (the steps and epoch records this member has held keys of)."""
+        with self._lock:
+            self._at = max(self._at, (epoch, step))
+            e, s = self._at
+            done = {(pe, ps) for pe, ps in self._held if (pe < e and s >= 1) or (pe == e and ps <= s - 2)}
+            self._held -= done
+            records = [r for r in self._held_records if r < e and s >= 1]
+            self._held_records -= set(records)
+        for pe, ps in done:
+            self._regs.forget(self.keys("vote", pe, ps) + "/")
+        for r in records:
+            self._regs.forget(self.keys("epoch", r), exact=True)
+
+    def _retired(self, key: str) -> bool:
+        rest = self._rest(key)
+        if rest is None:
+            return False
+        parts = rest.split("/")
+        e, s = self._at
+        try:
+            if parts[0] == "vote" and len(parts) == 4:
+                epoch, step = int(parts[1]), int(parts[2])
+                return (epoch < e and s >= 1) or (epoch == e and step <= s - 2)
+            if parts[0] == "epoch" and len(parts) == 2:
+                return int(parts[1]) < e and s >= 1
+        except ValueError:
+            return False
+        return False
