@@ -45,6 +45,7 @@ DECIDE_S = 5.0  # one try at a decision before this member says it is paused and
 PAUSE_SAY_S = 10.0
 READ_S = 1.0  # a register not learned is read (a round) at most this often while a member waits for it
 SIGNS = 1  # the mesh channel of the members' signs of life (0: the registers')
+SIGNS_EPOCHS = 3
 
 
 class PeerStore:
@@ -126,13 +127,15 @@ class PeerStore:
 
     # ---- for the group -------------------------------------------------------------------------------------
     def signs(self) -> MeshSigns:
-        """The members' signs of life over the mesh (``Liveness``'s store), sent to the latest epoch's members."""
+        """The members' signs of life over the mesh (``Liveness``'s store), sent to the members of the latest
+        ``SIGNS_EPOCHS`` epochs known here: a member counted out, which still watches the epoch it was in until
+        it finds out, goes on hearing the others meanwhile, as it would through a store."""
         return MeshSigns(self.mesh.channel(SIGNS), self._members)
 
     def _members(self) -> tuple[str, ...]:
         with self._lock:
-            latest = max(self._records, default=None)
-            return tuple(m.id for m in self._records[latest].members) if latest is not None else ()
+            recent = sorted(self._records)[-SIGNS_EPOCHS:]
+            return tuple(dict.fromkeys(m.id for e in recent for m in self._records[e].members))
 
     # ---- routing -------------------------------------------------------------------------------------------
     def _rest(self, key: str) -> str | None:

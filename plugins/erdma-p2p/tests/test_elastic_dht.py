@@ -15,7 +15,7 @@ from erdma_p2p.dht import DhtNode
 from erdma_p2p.dht_store import DhtStore
 
 from erdma_core.elastic.founding import found
-from erdma_core.testing.elastic import ElasticJob, Peer, python, steps, until
+from erdma_core.testing.elastic import ElasticJob, Peer, python, steps, stopped_peer_counted_out, until
 
 PEER = ("-m", "erdma_core.testing.elastic_peer")
 STEP = re.compile(r"step (\d+) n (\d+) .* hash (\w+) ")
@@ -76,3 +76,25 @@ def test_a_job_on_the_dht_alone_survives_its_first_member_admits_a_newcomer_and_
     hashes = _hashes(a, b, c, d)
     assert all(len(h) == 1 for h in hashes.values()), hashes
     assert len(hashes) >= 12
+
+
+def test_a_stopped_member_is_counted_out_over_the_mesh_and_rejoins_when_it_runs_again(tmp_path: Path) -> None:
+    """SIGSTOP to one of three (its signs of life over the mesh stop): the other two step without it within
+    twice the liveness timeout; continued, it rejoins as a newcomer; every step's hash one on all."""
+    boot = DhtNode(server=True, rpc_timeout=1.0)
+    addr = boot.start("127.0.0.1", 0, [], 5.0)
+    creator = DhtStore([addr], "elastic-dht-stop", SECRET.encode(), timeout=5.0, section=SECTION)
+    try:
+        with ElasticJob(python(*PEER), tmp_path, min_peers=3, store_url=f"dht://127.0.0.1:{addr[1]}/elastic-dht-stop",
+                        secret=SECRET, env={**ENV, "STOP_FILE": str(tmp_path / "stop")}) as job:
+            maker = threading.Thread(target=found, args=(creator, "default", 3, 120.0))
+            maker.start()
+            took = stopped_peer_counted_out(job)
+            maker.join(10)
+            assert took < 2 * 3.0 + 3.0, took  # twice the liveness timeout and a step
+            peers = tuple(job.peers)
+    finally:
+        creator.detach()
+        boot.stop()
+    hashes = _hashes(*peers)
+    assert all(len(h) == 1 for h in hashes.values()), hashes
