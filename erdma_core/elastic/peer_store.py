@@ -46,6 +46,7 @@ PAUSE_SAY_S = 10.0
 READ_S = 1.0  # a register not learned is read (a round) at most this often while a member waits for it
 SIGNS = 1  # the mesh channel of the members' signs of life (0: the registers')
 SIGNS_EPOCHS = 3
+KEEP_EPOCHS = 8  # records kept here before the current epoch (their members' links with them)
 
 
 class PeerStore:
@@ -274,6 +275,25 @@ class PeerStore:
             self._regs.forget(self.keys("vote", pe, ps) + "/")
         for r in records:
             self._regs.forget(self.keys("epoch", r), exact=True)
+        if done or records:
+            self._give_back(e)
+
+    def _give_back(self, epoch: int) -> None:
+        """What this member holds for members and keys it is done with goes: the records of epochs before the
+        last ``KEEP_EPOCHS`` (up to ``epoch``), the links to members none of the kept records names (their
+        threads and connections), and the times of reads of forgotten keys."""
+        with self._lock:
+            for e in [e for e in self._records if e < epoch - KEEP_EPOCHS]:
+                del self._records[e]
+            named = {m.id for r in self._records.values() for m in r.members}
+            gone = [m for m in self._where_cache if m not in named]
+            for m in gone:
+                del self._where_cache[m]
+            held = {self.keys("vote", pe, ps) + "/" for pe, ps in self._held}
+            for key in [k for k in self._read_at if k.rsplit("/", 1)[0] + "/" not in held]:
+                del self._read_at[key]
+        for m in gone:
+            self.mesh.forget(m)
 
     def _retired(self, key: str) -> bool:
         rest = self._rest(key)

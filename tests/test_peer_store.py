@@ -1,0 +1,80 @@
+"""``elastic.peer_store`` without a DHT: three members' stores over their real mesh on loopback and an
+in-memory bulletin, driven through the calls an elastic group makes. Decisions agree, the vote counter
+counts learned votes, and over many epochs what a member holds stays bounded: old records, the keys of
+finished steps and the links to members that left are given back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from erdma_core.elastic import peer_store
+from erdma_core.elastic.membership import DONE, Keys, Member, Record
+from erdma_core.errors import CollectiveTimeoutError
+
+
+class Bulletin:
+    """set/get/add in memory (a DHT's calls, without the DHT)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+
+    def set(self, key: str, value: bytes) -> None:
+        with self.cond:
+            self.data[key] = value
+            self.cond.notify_all()
+
+    def get(self, key: str, timeout: float) -> bytes:
+        with self.cond:
+            if not self.cond.wait_for(lambda: key in self.data, timeout):
+                raise CollectiveTimeoutError(f"{key!r} not there")
+            return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        with self.cond:
+            n = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(n).encode()
+            return n
+
+    def close(self) -> None:
+        pass
+
+
+def test_members_decide_through_many_epochs_and_give_back_what_they_are_done_with():
+    bulletin = Bulletin()
+    stores = [peer_store.PeerStore(bulletin, b"s" * 32, "job", host="127.0.0.1", advertise="127.0.0.1")
+              for _ in range(4)]
+    keys = Keys("job")
+    ids = [s.member_id for s in stores]
+    try:
+        first = Record(1, tuple(Member(i, i, True) for i in ids[:3]), 3)
+        bulletin.set(keys("epoch", 1), first.encode())
+        assert Record.decode(stores[0].get(keys("epoch", 1), 1.0)) == first
+        members = ids[:3]
+        for epoch in range(1, 16):
+            record = Record.decode(stores[0].get(keys("epoch", epoch), 10.0))
+            assert [m.id for m in record.members] == members
+            live = [s for s in stores if s.member_id in members]
+            for step in range(3):
+                for index, s in enumerate(live):
+                    assert s.compare_set(keys("vote", epoch, step, index), b"", DONE) == DONE
+                for s in live:
+                    deadline = time.monotonic() + 10
+                    while s.add(keys("vote", epoch, step, "count"), 1) < len(live):  # (learned votes)
+                        assert time.monotonic() < deadline
+                        time.sleep(0.01)
+                outcome = {s.compare_set(keys("vote", epoch, step, "outcome"), b"", b"commit:0:0:0") for s in live}
+                assert outcome == {b"commit:0:0:0"}
+            members = ids[:4] if epoch == 2 else ids[:3] if epoch == 5 else members  # m3 comes, goes
+            nxt = Record(epoch + 1, tuple(Member(i, i, True) for i in members), 3)
+            got = {s.compare_set(keys("epoch", epoch + 1), b"", nxt.encode()) for s in live}
+            assert got == {nxt.encode()}
+        held = stores[0]
+        assert len(held._records) <= peer_store.KEEP_EPOCHS + 2, sorted(held._records)
+        assert held._regs._node.acceptor.keys() < 40  # the last steps' keys, not 15 epochs' worth
+        assert ids[3] not in held._where_cache and ids[3] not in held.mesh._links  # left at epoch 6
+        assert bulletin.data[keys("epoch", 16)] == nxt.encode()  # decided records are put on the bulletin
+    finally:
+        for s in stores:
+            s.close()
