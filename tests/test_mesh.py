@@ -179,7 +179,7 @@ def test_strangers_holding_silent_connections_do_not_keep_a_member_out(job):
         assert job.meshes["m1"].refused == 10  # the oldest, closed as more came
         # m1 must answer (2 of 2) well within the strangers' HANDSHAKE_S: m0's handshake closes the oldest
         assert job.regs["m0"].decide("epoch/7", b"x", ["m0", "m1"], mesh.HANDSHAKE_S / 2) == b"x"
-        junk = socket.create_connection(job.addresses["m1"])
+        junk = socket.create_connection(job.addresses["m1"], timeout=10)
         junk.sendall(b"GET / HTTP/1.1\r\n\r\n")
         assert junk.recv(10) == b""  # not a hello: closed
         junk.close()
@@ -204,15 +204,15 @@ def test_signs_of_life_over_the_mesh_count_out_the_member_that_stopped_and_nobod
     boxes = {m: mesh.Mesh(SECRET, "job", m, job.addresses.get) for m in MEMBERS}
     for m, box in boxes.items():
         job.addresses[m] = box.address
-    signs = {m: Liveness(MeshSigns(boxes[m].channel(1), lambda: tuple(MEMBERS)), Keys("job"), m, 1.0)  # type: ignore[arg-type]
+    signs = {m: Liveness(MeshSigns(boxes[m].channel(1), lambda: tuple(MEMBERS)), Keys("job"), m, 3.0)  # type: ignore[arg-type]
              for m in MEMBERS}
     try:
         for m in MEMBERS:
             signs[m].watch(tuple(MEMBERS), lambda: None)
-        time.sleep(2.5)  # 2.5 timeouts: every member heard from every other
+        time.sleep(4.0)  # past one timeout (3 s, four beats each): a member not heard from would have lapsed
         assert all(not signs[m].lapsed() for m in MEMBERS)
         signs["m2"].close()  # its beats stop (as a SIGSTOP would stop them); its mesh stays up
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(signs[m].lapsed() for m in ("m0", "m1")):
             time.sleep(0.05)
         assert signs["m0"].lapsed() == {"m2"} and signs["m1"].lapsed() == {"m2"}

@@ -59,7 +59,7 @@ class _Link:
 
 
 class _Conn:
-    def __init__(self, sock: socket.socket, session: mesh_wire._Session) -> None:
+    def __init__(self, sock: socket.socket, session: mesh_wire.Session) -> None:
         self.sock, self.session = sock, session
         self.dead = False
 
@@ -144,11 +144,16 @@ class Mesh:
         self._closed.set()
         self._listener.close()
         with self._lock:
-            links, conns = list(self._links.values()), list(self._conns)
+            links, conns, pending = list(self._links.values()), list(self._conns), list(self._pending)
         for link in links:
             link.wake.set()
         for conn in conns:
             conn.drop()
+        for sock in pending:  # strangers in their handshake: their greeting threads end at once
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         for t in self._threads + [link.thread for link in links if link.thread is not None]:
             if t is not threading.current_thread():
                 t.join(IDLE_S + 1.0)
@@ -215,7 +220,7 @@ class Mesh:
         link.retry_s = RETRY_S
         return conn
 
-    def _adopt(self, peer: str, sock: socket.socket, session: mesh_wire._Session, dialled: bool) -> _Conn:
+    def _adopt(self, peer: str, sock: socket.socket, session: mesh_wire.Session, dialled: bool) -> _Conn:
         sock.settimeout(SEND_S)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small messages, each awaited: no Nagle
         conn = _Conn(sock, session)

@@ -56,7 +56,7 @@ def mesh_key(secret: bytes) -> bytes:
     return auth.derive(secret, b"elastic mesh")
 
 
-class _Session:
+class Session:
     def __init__(self, key: bytes, transcript: bytes, dialler: bool) -> None:
         self._key = hmac.new(key, b"mesh session|" + transcript, hashlib.sha256).digest()
         self._out_label, self._in_label = (b"d>a", b"a>d") if dialler else (b"a>d", b"d>a")
@@ -83,7 +83,7 @@ class _Session:
 class FrameReader:
     """Bytes in, checked payloads out: ``feed(data) -> [payload, ...]``; ProtocolError drops the connection."""
 
-    def __init__(self, session: _Session) -> None:
+    def __init__(self, session: Session) -> None:
         self._session = session
         self._buf = bytearray()
 
@@ -116,7 +116,7 @@ class Dialling:
     def __init__(self, key: bytes, job: str, me: str, peer: str) -> None:
         self.key, self.job, self.me, self.peer = key, job, me, peer
         self.nonce = auth.nonce()
-        self.session: _Session | None = None
+        self.session: Session | None = None
 
     def hello(self) -> bytes:
         return MAGIC + bytes([VERSION]) + self.nonce + _field(self.job) + _field(self.me) + _field(self.peer)
@@ -127,7 +127,7 @@ class Dialling:
         if len(data) != self.CHALLENGE or not auth.check(self.key, b"mesh acceptor", transcript, mac):
             raise AuthenticationError(f"elastic mesh: member {self.peer!r} could not prove it knows the job's "
                                       "secret (another job, or another secret)")
-        self.session = _Session(self.key, transcript, dialler=True)
+        self.session = Session(self.key, transcript, dialler=True)
         return auth.prove(self.key, b"mesh dialler", transcript)
 
 
@@ -141,7 +141,7 @@ class Accepting:
         self.key, self.job, self.me = key, job, me
         self.peer = ""
         self._transcript = b""
-        self.session: _Session | None = None
+        self.session: Session | None = None
 
     @staticmethod
     def hello_size(head: bytes) -> int | None:
@@ -174,4 +174,4 @@ class Accepting:
         if not self._transcript or not auth.check(self.key, b"mesh dialler", self._transcript, mac):
             raise AuthenticationError(f"elastic mesh: a peer calling itself {self.peer!r} could not prove it knows "
                                       "the job's secret")
-        self.session = _Session(self.key, self._transcript, dialler=False)
+        self.session = Session(self.key, self._transcript, dialler=False)

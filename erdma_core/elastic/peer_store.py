@@ -67,7 +67,12 @@ class PeerStore:
         self._said = 0.0
         self.mesh = Mesh(secret, job, self.member_id, self._where, host=host)
         self._regs = Registers(self.member_id, self.mesh.channel(0), retired=self._retired)
-        bulletin.set(self.keys("mesh", self.member_id), f"{advertise} {self.mesh.address[1]}".encode())
+        try:
+            bulletin.set(self.keys("mesh", self.member_id), f"{advertise} {self.mesh.address[1]}".encode())
+        except BaseException:  # (the caller closes the bulletin)
+            self._regs.close()
+            self.mesh.close()
+            raise
 
     # ---- CasStore ------------------------------------------------------------------------------------------
     def set(self, key: str, value: bytes) -> None:

@@ -87,8 +87,9 @@ def erdma_register_discovery(register: Register) -> None:
     ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.sdk.Store`` (set, get with a
     timeout, add, close) that every rank of the job shares. A factory with the attribute ``assigns_ranks = True`` is
     called with ``rank=None`` when the process was given no rank (no ``init(rank=...)``, no ``RANK``): the ranks
-    then agree on theirs through the method, and the store's ``rank`` attribute says this process's. Returns: nothing. Every
-    implementation is called.
+    then agree on theirs through the method, and the store's ``rank`` attribute says this process's. A store
+    whose ``close`` deletes the keys it wrote may offer ``detach()``, leaving them (an elastic job's records).
+    Returns: nothing. Every implementation is called.
     """
 
 
