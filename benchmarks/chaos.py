@@ -1,22 +1,26 @@
 """A chaos soak of elastic membership: the DiLoCo example (``examples/diloco.py``) on 4 to 6 peers whose store is
-a real 3-member etcd cluster, under a stream of random events, then as many outer steps undisturbed (with no
-``--step-time`` sleeps: that run is there for its final loss; ``--no-calm`` skips it).
+a real 3-member etcd cluster (``--store etcd``) or, with ``--store dht``, no store at all: 3 DHT server nodes
+(``erdma dht serve``) bootstrap a ``dht://`` job whose members decide membership among themselves and also serve
+the DHT, and this process, the job's creator, writes its first epoch (``elastic.founding``). The job runs under a
+stream of random events, then as many outer steps undisturbed (with no ``--step-time`` sleeps: that run is there
+for its final loss; ``--no-calm`` skips it).
 
     python -m benchmarks.chaos --events 1200 --one-at-a-time --gap 1 --json chaos.json   # docs/benchmarks.md's run
     python -m benchmarks.chaos --events 300 --json chaos.json                          # events overlapping
+    python -m benchmarks.chaos --store dht --events 300 --one-at-a-time                 # no server
 
-Events, one every ``--gap`` seconds on average (exponential gaps; with ``--one-at-a-time``, each gap drawn only
-once the job recovered from the event before, as below): a member SIGKILLed (while more than 3 members, peers that
+Events, one every ``--gap`` seconds on average (exponential gaps; with ``--one-at-a-time``, each gap drawn only once
+the job recovered from the event before, as below): a member SIGKILLed (while more than 3 members, peers that
 printed outer steps, run), a member SIGSTOPped and sent SIGCONT 1.5 to 3 liveness timeouts later (one at a time,
 while more than 3 members run), a new peer (while fewer than 6 run), the etcd leader or another etcd member
-SIGKILLed and started again 2 to 5 s later (one at a time). It reports hangs (no outer step for ``--hang-s`` while
-peers run), outer steps whose state hash differs between peers, outer steps a peer printed twice or that nobody
-printed, recovery times: from each event to the next outer step completed after it, for a kill or a stop by
-members without that member (the step after one may still be a step it had voted for) or, if it was not
-counted out, after it ran again, for a join by members with the newcomer; their median and p99 by kind against
-the bound the issue sets (the liveness timeout plus two outer steps of a 30-step undisturbed run made first),
-the events never recovered from, and the events alone (no other event in the two liveness timeouts before one
-nor before its recovery ended); and the final loss beside the undisturbed run's.
+SIGKILLed and started again 2 to 5 s later (one at a time; with ``--store dht``: one of the DHT nodes). It reports
+hangs (no outer step for ``--hang-s`` while peers run), outer steps whose state hash differs between peers, outer
+steps a peer printed twice or that nobody printed, recovery times: from each event to the next outer step completed
+after it, for a kill or a stop by members without that member (the step after one may still be a step it had voted
+for) or, if it was not counted out, after it ran again, for a join by members with the newcomer; their median and
+p99 by kind against the bound the issue sets (the liveness timeout plus two outer steps of a 30-step undisturbed run
+made first), the events never recovered from, and the events alone (no other event in the two liveness timeouts
+before one nor before its recovery ended); and the final loss beside the undisturbed run's.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,11 +44,17 @@ from typing import Any
 from erdma_core.testing.elastic import ElasticJob, Peer, python
 from erdma_core.testing.etcd import EtcdCluster, missing
 
+from .dht_nodes import DhtNodes
+
 ROOT = Path(__file__).resolve().parents[1]
 OUTER = re.compile(r"^outer (\d+) epoch (\d+) members (\d+) \[(.*)\] hash (\w+) loss ([\d.]+)")
 FINAL = re.compile(r"^final loss ([\d.]+)")
 RECOVERY_S = 1.5  # seconds a recovery is allowed in the steps --one-at-a-time plans for (300 events at a mean
 # gap of 2 s, overlapping: median 0.53 s)
+SECRET = "elastic-test"
+DHT_SECTION = {"port": 0, "bind_address": "127.0.0.1", "rpc_timeout": 1.0, "poll_max": 0.1}
+DHT_ENV = {"ERDMA_DISCOVERY_DHT_SERVE": "1", "ERDMA_DISCOVERY_DHT_BIND_ADDRESS": "127.0.0.1",
+           "ERDMA_DISCOVERY_DHT_RPC_TIMEOUT": "1.0", "ERDMA_DISCOVERY_DHT_POLL_MAX": "0.1"}
 
 
 def _name(peer: Peer) -> str:
@@ -57,10 +68,11 @@ def _p99(xs: list[float]) -> float:
 
 
 class Soak:
-    def __init__(self, job: ElasticJob, cluster: EtcdCluster | None, rng: random.Random, liveness: float) -> None:
+    def __init__(self, job: ElasticJob, cluster: EtcdCluster | DhtNodes | None, rng: random.Random,
+                 liveness: float) -> None:
         self.job, self.cluster, self.rng, self.liveness = job, cluster, rng, liveness
         self.stopped: tuple[Peer, float] | None = None  # a SIGSTOPped peer and when to continue it
-        self.etcd_down: tuple[int, float] | None = None  # an etcd member killed and when to start it
+        self.etcd_down: tuple[int, float] | None = None  # an etcd member (a DHT node) killed and when to start it
         self.events: list[tuple[float, str, str | None]] = []  # (when, kind, the peer killed, stopped or started)
         self.continued: dict[str, list[float]] = {}  # a stopped member -> when it was sent SIGCONT
         self.started = time.monotonic()
@@ -100,8 +112,10 @@ class Soak:
             kinds.append("stop")
         if len(self.job.live()) < 6:
             kinds += ["join", "join"]
-        if self.cluster is not None and self.etcd_down is None:
+        if isinstance(self.cluster, EtcdCluster) and self.etcd_down is None:
             kinds += ["etcd-leader", "etcd-member"]
+        if isinstance(self.cluster, DhtNodes) and self.etcd_down is None:
+            kinds.append("dht-node")
         if not kinds:  # 6 peers run, none of them a member yet, and an etcd member is down: nothing to do now
             return
         kind = self.rng.choice(kinds)
@@ -115,8 +129,13 @@ class Soak:
             self.stopped = (peer, now + self.rng.uniform(1.5, 3.0) * self.liveness)
         elif kind == "join":
             peer = self.job.start()  # the newcomer: absorbed once the job steps with it
+        elif kind == "dht-node":
+            assert isinstance(self.cluster, DhtNodes)
+            i = self.rng.randrange(len(self.cluster.ports))
+            self.cluster.kill(i)
+            self.etcd_down = (i, now + self.rng.uniform(2.0, 5.0))
         else:
-            assert self.cluster is not None
+            assert isinstance(self.cluster, EtcdCluster)
             lead = self.cluster.leader()
             i = lead if kind == "etcd-leader" else self.rng.choice([k for k in range(3) if k != lead])
             self.cluster.kill(i)
@@ -140,13 +159,30 @@ def _recovered(steps: list[tuple[float, int, str]], at: float, before: int, kind
         absorbed(names) or (back is not None and t > back))), default=None)
 
 
-def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace, outer: int, events: int,
-            rng: random.Random, step_time: float | None = None) -> dict[str, Any]:
-    store = cluster.url(f"chaos-{folder.name}") if cluster is not None else None
+def _founded(nodes: DhtNodes, name: str) -> Any:
+    """The creator of a ``dht://`` job: the first epoch's record, written on a thread once 4 peers drew
+    tickets; returns the bulletin it writes on (closed after the job)."""
+    from erdma_p2p.dht_store import DhtStore
+
+    from erdma_core.elastic.founding import found
+
+    bulletin = DhtStore(nodes.addresses(), name, SECRET.encode(), timeout=10.0, section=DHT_SECTION)
+    threading.Thread(target=found, args=(bulletin, "default", 4, 300.0), daemon=True).start()
+    return bulletin
+
+
+def run_job(folder: Path, cluster: EtcdCluster | DhtNodes | None, args: argparse.Namespace, outer: int,
+            events: int, rng: random.Random, step_time: float | None = None) -> dict[str, Any]:
+    name = f"chaos-{folder.name}"
+    store = cluster.url(name) if cluster is not None else None
     cmd = python(ROOT / "examples" / "diloco.py", "--outer-steps", str(outer), "--inner-steps", "20",
                  "--step-time", str(args.step_time if step_time is None else step_time))
     env = {"ERDMA_ELASTIC_LIVENESS_TIMEOUT": str(args.liveness), "ERDMA_TIMEOUTS_CONNECT": "30"}
-    with ElasticJob(cmd, folder, min_peers=4, store_url=store, env=env) as job:
+    bulletin = None
+    if isinstance(cluster, DhtNodes):  # every peer serves the DHT too; this process founds the job
+        env.update(DHT_ENV)
+        bulletin = _founded(cluster, name)
+    with ElasticJob(cmd, folder, min_peers=4, store_url=store, env=env, secret=SECRET) as job:
         for _ in range(4):
             job.start()
         soak = Soak(job, cluster, rng, args.liveness)
@@ -179,6 +215,8 @@ def run_job(folder: Path, cluster: EtcdCluster | None, args: argparse.Namespace,
             os.kill(soak.stopped[0].pid, signal.SIGCONT)
         codes = job.wait_all(60)
         print(file=sys.stderr)
+        if bulletin is not None:
+            bulletin.close()
         return _report(job, soak, codes, hang, outer, time.monotonic() - start)
 
 
@@ -222,6 +260,8 @@ def _report(job: ElasticJob, soak: Soak, codes: list[int | None], hang: bool, ou
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=60)
+    ap.add_argument("--store", choices=("etcd", "dht"), default="etcd", help="where membership is kept: a 3-member "
+                    "etcd cluster, or no store (dht://: 3 DHT server nodes bootstrap it, the members decide)")
     ap.add_argument("--gap", type=float, default=2.0, help="mean seconds between events (with --one-at-a-time: "
                     "from the job's recovery from one to the next)")
     ap.add_argument("--one-at-a-time", action="store_true", help="draw the next event's gap only once an outer "
@@ -237,7 +277,7 @@ def main() -> int:
     ap.add_argument("--keep", default=None, help="write the peers' and etcd's logs under this folder and keep them")
     ap.add_argument("--no-calm", action="store_true", help="no undisturbed run of as many steps (its final loss)")
     args = ap.parse_args()
-    if missing():
+    if args.store == "etcd" and missing():
         print(f"chaos: {missing()}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="erdma-chaos-") as scratch:
@@ -246,7 +286,7 @@ def main() -> int:
         calm_dir, chaos_dir = Path(tmp) / "calm", Path(tmp) / "chaos"
         calm_dir.mkdir()
         chaos_dir.mkdir()
-        with EtcdCluster(3, Path(tmp)) as cluster:
+        with (EtcdCluster(3, Path(tmp)) if args.store == "etcd" else DhtNodes(3, Path(tmp))) as cluster:
             probe = run_job(calm_dir, cluster, args, 30, 0, random.Random(0))
             step_s = probe["step_s"] or 0.5
             per_event = args.gap + (RECOVERY_S if args.one_at_a_time else 0.0)
@@ -259,9 +299,10 @@ def main() -> int:
                 (calm_dir / "again").mkdir()
                 calm = run_job(calm_dir / "again", cluster, args, outer, 0, random.Random(0), step_time=0.0)
     bound = args.liveness + 2 * step_s
+    where = "etcd 3 members" if args.store == "etcd" else "no store (dht://, 3 DHT nodes)"
     spacing = "one at a time, mean gap after recovery" if args.one_at_a_time else "mean gap"
     print(f"{sum(chaos['events'].values())} events over {chaos['seconds']} s ({dict(chaos['events'])}), 4-6 peers, "
-          f"etcd 3 members, liveness {args.liveness} s, {outer} outer steps, {spacing} {args.gap} s")
+          f"{where}, liveness {args.liveness} s, {outer} outer steps, {spacing} {args.gap} s")
     print(f"hangs {chaos['hangs']}, divergent steps {chaos['divergent']}, steps printed twice {chaos['doubled']}, "
           f"steps nobody printed {chaos['lost']}, odd exit codes {chaos['odd_exits']}")
     print(f"undisturbed outer step {step_s:.3f} s; recovery bound = liveness + 2 steps = {bound:.2f} s")

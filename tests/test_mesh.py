@@ -188,6 +188,50 @@ def test_strangers_holding_silent_connections_do_not_keep_a_member_out(job):
             s.close()
 
 
+def test_a_member_that_proves_itself_then_never_reads_loses_its_connection_once_a_write_stalls(job):
+    """A proven member that stops reading (stopped, or wedged) fills the socket's buffers: the write that
+    stalls for SEND_S drops the connection (the link dials again later) rather than blocking its writer
+    for good, which it did while the reader's wait for data took the socket's timeout off."""
+    job.start("m0")
+    stuck = socket.create_server(("127.0.0.1", 0))
+    job.addresses["m1"] = stuck.getsockname()[:2]
+    held: list[socket.socket] = []
+
+    def accept_once() -> None:
+        sock, _ = stuck.accept()
+        held.append(sock)
+        hs = mesh_wire.Accepting(KEY, "job", "m1")
+        head = b""
+        while (size := hs.hello_size(head)) is None or len(head) < size:
+            head += sock.recv(1)
+        sock.sendall(hs.on_hello(head))
+        proof = b""
+        while len(proof) < hs.PROOF:
+            proof += sock.recv(hs.PROOF - len(proof))
+        hs.on_proof(proof)  # proven; from now on it reads nothing
+
+    t = threading.Thread(target=accept_once, daemon=True)
+    t.start()
+    m0 = job.meshes["m0"]
+    try:
+        m0.send("m1", b"hello")
+        t.join(10)
+        assert held, "m0 did not dial"
+        deadline = time.monotonic() + 10
+        while "m1" not in m0.connected():
+            assert time.monotonic() < deadline, "m0 never held the connection"
+            time.sleep(0.05)
+        deadline = time.monotonic() + 4 * mesh.SEND_S + 30
+        while "m1" in m0.connected():  # 256 KiB frames until the buffers are full and a write stalls
+            assert time.monotonic() < deadline, "a stalled write kept its connection (and its writer) for good"
+            m0.send("m1", b"x" * (1 << 18))
+            time.sleep(0.05)
+    finally:
+        stuck.close()
+        for sock in held:
+            sock.close()
+
+
 def test_forgetting_a_member_closes_its_connection(job):
     job.start("m0")
     job.start("m1")

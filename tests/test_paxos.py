@@ -20,9 +20,10 @@ class Net:
     """A ``paxos.Node`` per member (made when first used), moved by one event queue in simulated time;
     ``MEMBERS`` are the acceptors unless a proposal names others."""
 
-    def __init__(self, seed: int, *, loss: float = 0.0, dup: float = 0.0) -> None:
+    def __init__(self, seed: int, *, loss: float = 0.0, dup: float = 0.0,
+                 latency: tuple[float, float] = (0.001, 0.05)) -> None:
         self.rng = random.Random(seed)
-        self.loss, self.dup = loss, dup
+        self.loss, self.dup, self.latency = loss, dup, latency
         self.nodes: dict[str, paxos.Node] = {}
         self.cut: set[frozenset[str]] = set()  # pairs that cannot reach each other
         self.down: set[str] = set()  # crashed members: nothing in, nothing out
@@ -39,7 +40,7 @@ class Net:
         for to, data in out:
             for _ in range(2 if self.rng.random() < self.dup else 1):
                 if self.rng.random() >= self.loss:
-                    heapq.heappush(self._queue, (self.now + self.rng.uniform(0.001, 0.05), next(self._order),
+                    heapq.heappush(self._queue, (self.now + self.rng.uniform(*self.latency), next(self._order),
                                                  sender, to, data))
 
     def propose(self, me: str, key: str, value: bytes | None, acceptors=MEMBERS) -> paxos.Proposal:
@@ -82,6 +83,19 @@ def test_racing_proposers_over_a_lossy_network_all_decide_one_value(seed):
     read = net.propose("reader", "epoch/7", None)  # (a member that is no acceptor of this key)
     net.run(120.0)
     assert read.outcome == props[0].outcome
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_racing_proposers_whose_answers_come_slower_than_retry_s_still_decide(seed):
+    """Every message takes 0.3-0.5 s, more than ``retry_s`` (0.2 s): a loaded machine. A round waits longer
+    each time, so a later one hears its majority (with a fixed 0.2 s wait, every round started anew before
+    its answers came, and two racing members never decided)."""
+    net = Net(seed, latency=(0.3, 0.5))
+    props = [net.propose(m, "epoch/2", m.encode()) for m in ("m1", "m2")]
+    net.down = {"m0", "m3"}  # (two of five gone: a majority is every one of the other three)
+    net.run(60.0)
+    outcomes = {p.outcome for p in props}
+    assert len(outcomes) == 1 and outcomes.pop() in {b"m1", b"m2"}, [p.rounds for p in props]
 
 
 def test_a_proposer_cut_off_with_a_minority_never_decides_and_learns_the_majoritys_value_once_joined():

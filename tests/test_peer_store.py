@@ -78,3 +78,29 @@ def test_members_decide_through_many_epochs_and_give_back_what_they_are_done_wit
     finally:
         for s in stores:
             s.close()
+
+
+def test_the_creator_founds_the_job_only_once_min_peers_tickets_have_names():
+    """A ticket is counted before its peer's name is on the bulletin (two writes, the second maybe slow on a
+    DHT): the first record waits for the names and holds ``min_peers`` members, each once (before, a name
+    not there within 5 s was skipped and epoch 1 had fewer members than the job's minimum)."""
+    from erdma_core.elastic.founding import found
+
+    bulletin = Bulletin()
+    keys = Keys("default")
+    made: list[Record] = []
+    maker = threading.Thread(target=lambda: made.append(found(bulletin, "default", 3, 60.0)))
+    maker.start()
+    for t in (1, 2, 3):
+        assert bulletin.add(keys("tickets"), 1) == t
+    bulletin.set(keys("ticket", 1), b"p1 host:1")
+    bulletin.set(keys("ticket", 2), b"p2 host:2")
+    time.sleep(2.0)  # the third name comes late
+    assert not made
+    bulletin.set(keys("ticket", 3), b"p1 host:1")  # a peer named twice (it drew again) counts once
+    bulletin.add(keys("tickets"), 1)
+    bulletin.set(keys("ticket", 4), b"p3 host:3")
+    maker.join(30)
+    assert made and [(m.id, m.has_state) for m in made[0].members] == [("p1", True), ("p2", False), ("p3", False)]
+    assert Record.decode(bulletin.get(keys("epoch", 1), 0.0)) == made[0]
+    assert all(bulletin.get(keys("admit", t), 0.0) == b"1" for t in range(1, made[0].admitted + 1))

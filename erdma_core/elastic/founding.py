@@ -2,8 +2,9 @@
 
 The members decide each epoch's record, but the first has no members before it to decide it. So the process
 that makes the job (``erdma run --elastic --store dht://...``, or a caller of ``found``) writes it: it puts the
-job's ``min_peers`` on the bulletin, waits until that many peers have drawn tickets, and puts the record of
-epoch 1 (those peers, the first holding the state) and their admissions there. It is the only writer of these
+job's ``min_peers`` on the bulletin, waits until that many peers have drawn tickets and said who they are (a
+ticket is counted before its peer's name is on the bulletin), and puts the record of epoch 1 (those peers, the
+first holding the state) and their admissions there. It is the only writer of these
 keys, so every peer reads the same record. A peer whose ticket a racing draw shared finds itself missing
 from the record and draws again, to be admitted at a later boundary by the members.
 """
@@ -14,9 +15,10 @@ import time
 from typing import Any
 
 from ..errors import CollectiveTimeoutError
-from .membership import Keys, Record, founders
+from .membership import Keys, Member, Record
 
 POLL_S = 0.2
+NAME_S = 0.5  # how long one look waits for a ticket's name
 
 
 def found(bulletin: Any, job: str, min_peers: int, timeout: float) -> Record:
@@ -26,12 +28,25 @@ def found(bulletin: Any, job: str, min_peers: int, timeout: float) -> Record:
     keys = Keys(job)
     bulletin.set(keys("min_peers"), str(min_peers).encode())
     deadline = time.monotonic() + timeout
-    while (drawn := int(bulletin.add(keys("tickets"), 0))) < min_peers:
+    named: dict[int, Member] = {}
+    while True:
+        drawn = int(bulletin.add(keys("tickets"), 0))
+        for t in range(1, drawn + 1):
+            if t not in named:
+                try:
+                    pid, name = bulletin.get(keys("ticket", t), NAME_S).decode().split(" ", 1)
+                except CollectiveTimeoutError:
+                    continue
+                named[t] = Member(pid, name, False)
+        first = list({m.id: m for _, m in sorted(named.items())}.values())  # (a peer named twice: its first)
+        if len(first) >= min_peers:
+            break
         if time.monotonic() > deadline:
             raise CollectiveTimeoutError(f"elastic: job {job!r} did not reach {min_peers} peers within {timeout:.0f}s "
-                                         f"({drawn} drew tickets)", op="join")
+                                         f"({drawn} drew tickets, {len(first)} said who they are)", op="join")
         time.sleep(POLL_S)
-    record = Record(1, founders(bulletin, keys, drawn), drawn, int(bulletin.add(keys("probes"), 0)))
+    members = (Member(first[0].id, first[0].name, True), *first[1:])
+    record = Record(1, members, drawn, int(bulletin.add(keys("probes"), 0)))
     bulletin.set(keys("epoch", 1), record.encode())
     for t in range(1, drawn + 1):
         bulletin.set(keys("admit", t), b"1")

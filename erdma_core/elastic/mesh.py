@@ -236,9 +236,11 @@ class Mesh:
 
     def _read(self, peer: str, conn: _Conn, frames: mesh_wire.FrameReader) -> None:
         try:
-            conn.sock.settimeout(None)
-            while not conn.dead:
-                data = conn.sock.recv(1 << 16)
+            while not conn.dead:  # (the socket keeps its SEND_S timeout, for the writer: an idle read goes on)
+                try:
+                    data = conn.sock.recv(1 << 16)
+                except TimeoutError:
+                    continue
                 if not data:
                     break
                 for payload in frames.feed(data):

@@ -14,8 +14,11 @@ value)``.
 - ``Proposal``: one member's attempt to decide ``key`` (with its own ``value``, or ``None`` to learn what
   was decided). ``start`` sends Prepare to every acceptor; a majority of Promises lets it send Accept, with
   the value accepted at the highest ballot among them if there is one, else its own; a majority of
-  Accepted decides. Enough Refused that no majority is left, or no majority by ``retry_s``, starts again
-  with a higher ballot after a random back-off (dueling proposers). A read that finds nothing accepted in
+  Accepted decides. Enough Refused that no majority is left, or no majority within the round's wait, starts
+  again with a higher ballot after a random back-off (dueling proposers). The wait is ``retry_s`` in the first
+  round and doubles each round up to ``ROUND_MAX`` times it: answers slower than ``retry_s`` (a loaded
+  machine, a far member) end a later round, where a fixed wait would start every round anew before its
+  answers came. A read that finds nothing accepted in
   a majority of Promises ends ``EMPTY``: nothing is decided yet.
 - Retiring keys: an acceptor's state for a key cannot just be dropped (a member that fell behind would then
   decide the key anew, maybe otherwise). The caller gives each acceptor ``retired(key)``, true for the keys of
@@ -43,6 +46,7 @@ MAX_KEYS = 4096  # an acceptor's keys at once (the caller forgets those of past 
 MAX_VALUE = 1 << 20  # bytes in one value (an epoch record of a few thousand members)
 MAX_KEY = 256  # bytes in one key
 MAX_ID = 64  # bytes in one proposer id
+ROUND_MAX = 8  # a round waits for answers at most this many times ``retry_s``
 
 
 @dataclass(frozen=True, order=True)
@@ -191,8 +195,13 @@ class Proposal:
         self.ballot = max(self.ballot, self._highest).next(self.me)
         self.rounds += 1
         self._phase, self._promises, self._accepted, self._refused = 1, {}, set(), set()
-        self.deadline = now + self.retry_s
+        self.deadline = now + self.round_s
         return [(a, Prepare(self.key, self.ballot)) for a in sorted(self.acceptors)]
+
+    @property
+    def round_s(self) -> float:
+        """How long this round waits for a majority's answers."""
+        return self.retry_s * min(ROUND_MAX, 2 ** max(0, self.rounds - 1))
 
     def poll(self, now: float) -> list[tuple[str, Message]]:
         """At ``deadline``: a round that got no majority backs off; a back-off over starts the next round."""
@@ -244,12 +253,12 @@ class Proposal:
                 self.outcome = best.value  # a majority accepted it: decided already
                 return []
         self._phase = 2
-        self.deadline = now + self.retry_s
+        self.deadline = now + self.round_s
         return [(a, Accept(self.key, self.ballot, self._proposed)) for a in sorted(self.acceptors)]
 
     def _back_off(self, now: float) -> None:
         self._phase = 0
-        self.deadline = now + self._rng.uniform(0.0, self.retry_s) * min(self.rounds, 4)
+        self.deadline = now + self._rng.uniform(0.0, self.round_s)
 
 
 class Node:

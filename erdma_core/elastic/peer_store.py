@@ -219,7 +219,8 @@ class PeerStore:
         now = time.monotonic()
         if now - self._said >= PAUSE_SAY_S:
             self._said = now
-            log.warning("elastic: %s paused for %.0fs on %s: %s", self.member_id, now - since, key, exc)
+            log.warning("elastic: %s paused for %.0fs on %s: %s (connected now to: %s)", self.member_id,
+                        now - since, key, exc, ", ".join(sorted(self.mesh.connected())) or "none")
 
     def _known(self, key: str, kind: str, wait: float) -> bytes | None:
         """The value decided for ``key`` if this member knows it or can find it within about ``wait`` seconds:

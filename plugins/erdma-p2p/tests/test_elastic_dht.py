@@ -30,7 +30,8 @@ def _steps_after(k: int, *peers: Peer) -> None:
     target = len(steps(peers[0])) + k
     end = time.monotonic() + 180
     while len(steps(peers[0])) < target:
-        assert time.monotonic() < end and all(p.alive() for p in peers), [p.lines[-8:] for p in peers]
+        assert time.monotonic() < end and all(p.alive() for p in peers), "\n\n".join(  # (a str: shown whole)
+            f"{p.log}:\n" + "\n".join(p.lines[-12:]) for p in peers)
         time.sleep(0.05)
 
 
