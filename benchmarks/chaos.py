@@ -52,7 +52,7 @@ FINAL = re.compile(r"^final loss ([\d.]+)")
 RECOVERY_S = 1.5  # seconds a recovery is allowed in the steps --one-at-a-time plans for (300 events at a mean
 # gap of 2 s, overlapping: median 0.53 s)
 SECRET = "elastic-test"
-DHT_SECTION = {"port": 0, "bind_address": "127.0.0.1", "rpc_timeout": 1.0, "poll_max": 0.1}
+DHT_SECTION = {"port": 0, "bind_address": "127.0.0.1", "rpc_timeout": 1.0, "poll_max": 0.1, "ttl": 3600.0}
 DHT_ENV = {"ERDMA_DISCOVERY_DHT_SERVE": "1", "ERDMA_DISCOVERY_DHT_BIND_ADDRESS": "127.0.0.1",
            "ERDMA_DISCOVERY_DHT_RPC_TIMEOUT": "1.0", "ERDMA_DISCOVERY_DHT_POLL_MAX": "0.1"}
 

@@ -232,6 +232,26 @@ def test_a_member_that_proves_itself_then_never_reads_loses_its_connection_once_
             sock.close()
 
 
+def test_a_member_that_leaves_sends_what_it_queued_first(job, monkeypatch):
+    """The last decisions' messages (a Chosen, an answer) are queued when a member leaves the job: ``close``
+    sends them before it closes (a member still deciding the last step waited for them in vain, the others
+    gone, and ended with JobFinishedError)."""
+    monkeypatch.setattr(mesh, "FLUSH_S", 60.0)  # (its bound is not what this tests: a busy machine may be slow)
+    job.start("m0")
+    job.start("m1")
+    m0, m1 = job.meshes["m0"], job.meshes["m1"]
+    inbox = m1.channel(5)
+    m0.send("m1", b"first", 5)
+    assert inbox.recv(20) == ("m0", b"first")  # (connected)
+    for i in range(mesh.QUEUE):  # (near 1 MiB each: the writer is still at it when close comes)
+        m0.send("m1", b"%d" % i + b"x" * (mesh_wire.MAX_FRAME - 8192), 5)
+    job.regs.pop("m0").close()
+    job.meshes.pop("m0").close()
+    end = time.monotonic() + 60
+    got = [inbox.recv(max(0.0, end - time.monotonic())) for _ in range(mesh.QUEUE)]
+    assert [g[1][:3].rstrip(b"x") if g else None for g in got] == [b"%d" % i for i in range(mesh.QUEUE)]
+
+
 def test_forgetting_a_member_closes_its_connection(job):
     job.start("m0")
     job.start("m1")

@@ -42,6 +42,7 @@ DIAL_S = 3.0
 SEND_S = 5.0  # a write that makes no progress for this long drops the connection
 RETRY_S, RETRY_MAX_S = 0.2, 5.0
 IDLE_S = 0.5
+FLUSH_S = 2.0  # how long ``close`` waits for what is queued to members it holds a connection to
 
 Where = Callable[[str], "tuple[str, int] | None"]
 
@@ -55,6 +56,7 @@ class _Link:
         self.wake = threading.Event()
         self.retry_s, self.retry_at = RETRY_S, 0.0
         self.gone = False
+        self.sending = False  # a frame taken off the queue is being written
         self.thread: threading.Thread | None = None
 
 
@@ -141,6 +143,16 @@ class Mesh:
             return {p for p, conn in self._by_peer.items() if not conn.dead}
 
     def close(self) -> None:
+        """Send what is queued for members this one holds a live connection to (at most ``FLUSH_S``: the last
+        decisions' messages, which members still deciding wait for), then close every connection and thread."""
+        end = time.monotonic() + FLUSH_S
+        while time.monotonic() < end and not self._closed.is_set():
+            with self._lock:
+                busy = [link for p, link in self._links.items() if (link.queue or link.sending)
+                        and p in self._by_peer and not self._by_peer[p].dead]
+            if not busy:
+                break
+            time.sleep(0.02)
         self._closed.set()
         self._listener.close()
         with self._lock:
@@ -188,14 +200,18 @@ class Mesh:
                         link.retry_s = min(2 * link.retry_s, RETRY_MAX_S)
                         continue
                 try:
+                    link.sending = True
                     data = link.queue.popleft()
                 except IndexError:
+                    link.sending = False
                     break
                 try:
                     conn.sock.sendall(conn.session.seal(data))
                 except OSError as exc:
                     log.debug("elastic mesh: the connection to %s broke: %s", link.peer, exc)
                     conn.drop()
+                finally:
+                    link.sending = False
 
     def _dial(self, link: _Link) -> _Conn | None:
         addr = self._where(link.peer)

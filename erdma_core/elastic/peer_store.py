@@ -13,8 +13,11 @@ their mesh; everything else goes on a bulletin (the DHT) that nobody needs to tr
   A vote's counter (``vote/.../count``) is the number of ``done`` votes this member has learned.
 - The first epoch's record is written on the bulletin by the job's creator (``founding.found``), not by a peer
   (``founds = False``): there is no epoch before it to decide it.
-- Everything else (newcomers' tickets and names, the admissions the records imply, the epochs' ProcessGroup
-  set-ups, path checks, ``finished``) is on the bulletin; a newcomer waiting for its admission adds 0 to the
+- The keys of an epoch's ProcessGroup set-up (``pg/<e>/...``) are kept among the epoch's members over their
+  mesh (``board``): on a DHT each look is a lookup, and a counter's share lost to a racing write comes back
+  only when its writer adds again.
+- Everything else (newcomers' tickets and names, the admissions the records imply, path checks,
+  ``finished``) is on the bulletin; a newcomer waiting for its admission adds 0 to the
   ticket count each time it looks, so that its share, if a racing draw dropped it, comes back.
   ``compare_set`` there is "the value there, else this one": a race can only make a newcomer draw again (its
   ticket is not in the record it reads), since what is admitted is decided in the records.
@@ -35,6 +38,7 @@ from typing import Any
 
 from ..errors import CollectiveTimeoutError, ErdmaError
 from . import quorums
+from .board import Boards
 from .liveness import MeshSigns
 from .membership import DONE, ExcludedError, JobFinishedError, Keys, Record, finished_step
 from .mesh import Mesh
@@ -45,6 +49,7 @@ DECIDE_S = 5.0  # one try at a decision before this member says it is paused and
 PAUSE_SAY_S = 10.0
 READ_S = 1.0  # a register not learned is read (a round) at most this often while a member waits for it
 SIGNS = 1  # the mesh channel of the members' signs of life (0: the registers')
+BOARDS = 2  # the mesh channel of the epochs' set-up keys (``board``)
 SIGNS_EPOCHS = 3
 KEEP_EPOCHS = 8  # records kept here before the current epoch (their members' links with them)
 
@@ -67,20 +72,25 @@ class PeerStore:
         self._said = 0.0
         self.mesh = Mesh(secret, job, self.member_id, self._where, host=host)
         self._regs = Registers(self.member_id, self.mesh.channel(0), retired=self._retired)
+        self._boards = Boards(self.member_id, self.mesh.channel(BOARDS), self._epoch_members)
         try:
             bulletin.set(self.keys("mesh", self.member_id), f"{advertise} {self.mesh.address[1]}".encode())
         except BaseException:  # (the caller closes the bulletin)
-            self._regs.close()
-            self.mesh.close()
+            self.close(bulletin=False)
             raise
 
     # ---- CasStore ------------------------------------------------------------------------------------------
     def set(self, key: str, value: bytes) -> None:
         if self._decided_kind(key):
             raise ErdmaError(f"elastic: {key!r} is decided by the members, never set")
+        if (on := self._on_board(key)) is not None:
+            self._boards.set(*on, value)
+            return
         self._bulletin.set(key, value)
 
     def get(self, key: str, timeout: float) -> bytes:
+        if (on := self._on_board(key)) is not None:
+            return self._boards.get(*on, timeout)
         kind = self._decided_kind(key)
         if kind is None:
             rest = self._rest(key) or ""
@@ -100,6 +110,8 @@ class PeerStore:
                 raise CollectiveTimeoutError(f"elastic: {key!r} not decided within {timeout:.1f}s", op="membership")
 
     def add(self, key: str, amount: int) -> int:
+        if (on := self._on_board(key)) is not None:
+            return self._boards.add(*on, amount)
         rest = self._rest(key)
         if rest is not None and rest.startswith("vote/") and rest.endswith("/count"):
             epoch = int(rest.split("/")[1])
@@ -123,13 +135,15 @@ class PeerStore:
         self._learned(key, kind, value)
         return value
 
-    def close(self) -> None:
-        """Leave: the registers and the mesh stop; the bulletin's records stay for the others (``detach``, where
-        the bulletin has it: a DHT client's ``close`` would delete the keys it wrote, the job's records
-        among them)."""
+    def close(self, bulletin: bool = True) -> None:
+        """Leave: the registers, the boards and the mesh stop; the bulletin's records stay for the others
+        (``detach``, where the bulletin has it: a DHT client's ``close`` would delete the keys it wrote, the
+        job's records among them)."""
         self._regs.close()
+        self._boards.close()
         self.mesh.close()
-        getattr(self._bulletin, "detach", self._bulletin.close)()
+        if bulletin:
+            getattr(self._bulletin, "detach", self._bulletin.close)()
 
     # ---- for the group -------------------------------------------------------------------------------------
     def signs(self) -> MeshSigns:
@@ -146,6 +160,20 @@ class PeerStore:
     # ---- routing -------------------------------------------------------------------------------------------
     def _rest(self, key: str) -> str | None:
         return key[len(self.keys.base):] if key.startswith(self.keys.base) else None
+
+    def _on_board(self, key: str) -> tuple[int, str] | None:
+        """(epoch, key) for a key of an epoch's ProcessGroup set-up (``pg/<e>/...``): kept among the epoch's
+        members (``board``), not on the bulletin."""
+        rest = self._rest(key)
+        if rest is None or not rest.startswith("pg/"):
+            return None
+        parts = rest.split("/", 2)
+        return (int(parts[1]), key) if len(parts) == 3 and parts[1].isdigit() else None
+
+    def _epoch_members(self, epoch: int) -> tuple[str, ...] | None:
+        with self._lock:
+            record = self._records.get(epoch)
+        return None if record is None else tuple(m.id for m in record.members)
 
     def _decided_kind(self, key: str) -> str | None:
         """"epoch" or "vote" for the keys the members decide (the first epoch's record is the creator's)."""
@@ -300,6 +328,7 @@ class PeerStore:
                 del self._read_at[key]
         for m in gone:
             self.mesh.forget(m)
+        self._boards.forget(epoch - 1)  # (the epoch's set-up keys stay: its group agrees on paths on them)
 
     def _retired(self, key: str) -> bool:
         rest = self._rest(key)
