@@ -101,3 +101,13 @@ def test_a_board_holds_at_most_max_entries_keys(boards, monkeypatch):
     with pytest.raises(ProtocolError, match="full"):
         members["m0"].set(3, "k4", b"v")
     members["m0"].set(3, "k0", b"again")  # a key it holds can change
+
+
+def test_a_newcomer_whose_first_board_is_many_epochs_on_gets_what_was_set_before_it_asked(boards):
+    """A newcomer admitted into epoch 9 holds no board yet: what a member sets for epoch 9 before the newcomer's
+    own set-up looks is dropped there (more than AHEAD epochs past its newest board), and its own ``get``
+    makes the board and asks (before, the ask went nowhere and its set-up waited out its timeout)."""
+    members = boards(epochs={9: MEMBERS})
+    for m in MEMBERS[1:]:
+        members[m].set(9, "erdma/job", b"rank 0's")
+    assert members["m0"].get(9, "erdma/job", 10.0) == b"rank 0's"

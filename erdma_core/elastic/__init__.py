@@ -53,7 +53,7 @@ def open_peer_store(url: str, conf: Any) -> PeerStore:
         host, advertised = addresses.choose(conf["transport.tcp.bind_address"], conf["transport.tcp.interface"],
                                             towards)
         return PeerStore(bulletin, conf["security.secret"].encode(), conf["elastic.job"], host=host,
-                         advertise=advertised)
+                         advertise=advertised, towards=towards)
     except BaseException:
         bulletin.close()
         raise

@@ -80,7 +80,7 @@ class Boards:
         if len(value) > MAX_VALUE:
             raise ProtocolError(f"board: a value of {len(value)} bytes for {key!r}; at most {MAX_VALUE}")
         with self._cond:
-            board = self._board(epoch, key)
+            board = self._board(epoch, key, own=True)
             if board is None:
                 raise ProtocolError(f"board: epoch {epoch}'s board cannot take {key!r} (forgotten, or full)")
             board.values[key] = value
@@ -91,7 +91,7 @@ class Boards:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                board = self._boards.get(epoch)
+                board = self._board(epoch, key, own=True)
                 if board is not None and key in board.values:
                     return board.values[key]
                 now = time.monotonic()
@@ -103,7 +103,7 @@ class Boards:
 
     def add(self, epoch: int, key: str, amount: int) -> int:
         with self._cond:
-            board = self._board(epoch, key)
+            board = self._board(epoch, key, own=True)
             if board is None:
                 raise ProtocolError(f"board: epoch {epoch}'s board cannot take {key!r} (forgotten, or full)")
             shares = board.shares.setdefault(key, {})
@@ -129,10 +129,11 @@ class Boards:
         self._thread.join(IDLE_S + 1.0)
 
     # ---- inside --------------------------------------------------------------------------------------------
-    def _board(self, epoch: int, key: str) -> _Board | None:
-        """(Under the lock.) Epoch ``epoch``'s board, made if needed; None when forgotten, too far ahead, or
-        full for a new ``key``."""
-        if epoch < self._floor or epoch > max([self._floor, *self._boards]) + AHEAD:
+    def _board(self, epoch: int, key: str, own: bool = False) -> _Board | None:
+        """(Under the lock.) Epoch ``epoch``'s board, made if needed; None when forgotten, full for a new
+        ``key`` or, for what another member sent (not ``own``: this member's own set-up), more than ``AHEAD``
+        epochs past the newest board here (a newcomer's first board is its own call's: it may come in late)."""
+        if epoch < self._floor or (not own and epoch > max([self._floor, *self._boards]) + AHEAD):
             return None
         board = self._boards.setdefault(epoch, _Board())
         return None if board.full(key) else board

@@ -353,7 +353,7 @@ class ElasticGroup:
         self.record, self._op = record, 0
         self.counters["epochs"] += 1
         if self.liveness is not None:
-            self.liveness.watch(tuple(m.id for m in record.members), self._lapse, self._ahead)
+            self.liveness.watch(tuple(m.id for m in record.members), self._lapse, self._ahead, fresh=old is None)
         try:
             if old is not None:
                 self._admit_tickets(old.admitted, record)

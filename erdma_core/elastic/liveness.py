@@ -66,15 +66,18 @@ class Liveness:
         self._thread.start()
 
     def watch(self, members: tuple[str, ...], on_lapse: Callable[[], None],
-              on_round: Callable[[], None] = lambda: None) -> None:
+              on_round: Callable[[], None] = lambda: None, fresh: bool = False) -> None:
         """From now on, judge ``members`` (this peer's among them is skipped); ``on_lapse()`` runs on the beat
         thread when one lapses, ``on_round()`` after each round of beats (it must not block). A member new to
-        the watch gets a whole ``timeout`` from now."""
+        the watch gets a whole ``timeout`` from now; with ``fresh`` every member does, lapsed ones too (this
+        peer joins again: the members that decided its epoch heard each other since it last did, behind a
+        partition or while it was stopped)."""
         now = time.monotonic()
         with self._lock:
             self._members = tuple(m for m in members if m != self._me)
-            self._seen = {m: self._seen.get(m, (b"", now)) for m in self._members}
-            self._lapsed &= set(self._members)
+            self._seen = {m: (self._seen.get(m, (b"", now))[0], now) if fresh else self._seen.get(m, (b"", now))
+                          for m in self._members}
+            self._lapsed = set() if fresh else self._lapsed & set(self._members)
             self._on_lapse, self._on_round = on_lapse, on_round
 
     def lapsed(self) -> set[str]:

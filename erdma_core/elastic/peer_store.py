@@ -58,8 +58,14 @@ class PeerStore:
     founds = False  # the first epoch is the creator's (``founding``)
     scan_s = 0.1  # how often a waiting ballot looks at every vote: the votes it has learned, read here
 
-    def __init__(self, bulletin: Any, secret: bytes, job: str, *, host: str, advertise: str) -> None:
+    def __init__(self, bulletin: Any, secret: bytes, job: str, *, host: str, advertise: str,
+                 towards: str | None = None) -> None:
+        """``host``: where the mesh listens; ``advertise``: the address members dial it at; ``towards``: a host
+        of the DHT (a transport set up on this store advertises the address that routes to it, as to a store's
+        host)."""
         self.member_id = secrets.token_hex(8)
+        if towards is not None:
+            self.host = towards
         self.keys = Keys(job)
         self._bulletin = bulletin
         self._records: dict[int, Record] = {}

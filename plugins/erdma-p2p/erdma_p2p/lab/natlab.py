@@ -172,6 +172,23 @@ class NatLab:
             sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "ip", match, self.wan(b), *only, "drop",
                ns=router)
 
+    def partition(self, side: set[int]) -> None:
+        """Cut the public hosts of ``side`` off from the other public hosts, both ways (the public segment's
+        bridge drops what passes between them; the DHT node, STUN and TURN stay reachable from both)."""
+        pub = self.ns("pub")
+        sh("nft", "add", "table", "bridge", "erdmapart", ns=pub)
+        sh("nft", "add", "chain", "bridge", "erdmapart", "cut", "{ type filter hook forward priority 0; }", ns=pub)
+        others = [i for i in self.public if i not in side]
+        for a in side:
+            for b in others:
+                for src, dst in ((a, b), (b, a)):
+                    sh("nft", "add", "rule", "bridge", "erdmapart", "cut", "ip", "saddr", self.wan(src), "ip",
+                       "daddr", self.wan(dst), "drop", ns=pub)
+
+    def heal(self) -> None:
+        """Lift ``partition``."""
+        sh("nft", "delete", "table", "bridge", "erdmapart", ns=self.ns("pub"))
+
     def block_udp(self, site: int) -> None:
         """Site ``site``'s router drops every UDP packet it would forward, both ways (a site that allows TCP only)."""
         sh("nft", "insert", "rule", "ip", "erdmanat", "forward_guard", "meta", "l4proto", "udp", "drop",
