@@ -77,27 +77,31 @@ def main() -> int:
     data = np.random.default_rng(seed)  # each peer its own data
     val_x, val_y = teacher(2048, np.random.default_rng(99))
     delta = np.empty_like(params)  # one buffer: error feedback keeps its residual per buffer
-    while group.step < args.outer_steps:
-        group.sync()  # newcomers admitted here receive params, momentum and the step
-        local = params.copy()
-        for _ in range(args.inner_steps):
-            x, y = teacher(args.batch, data)
-            local -= args.inner_lr * loss_and_grad(local, x, y)[1]
-            if args.step_time:
-                time.sleep(args.step_time)
-        np.subtract(params, local, out=delta)  # the pseudo-gradient
-        t0 = time.monotonic()
-        n = group.allreduce(delta)  # its average over the members
-        averaging = time.monotonic() - t0
-        if n == 0:
-            continue  # this peer had been counted out and came back with the members' state
-        momentum *= args.momentum
-        momentum += delta
-        params -= args.outer_lr * (delta + args.momentum * momentum)  # Nesterov
-        group.step += 1
-        val = loss_and_grad(params, val_x, val_y)[0]
-        print(f"outer {group.step} epoch {group.epoch} members {n} [{', '.join(group.members())}] "
-              f"hash {group.state_hash()[:16]} loss {val:.5f} avg_s {averaging:.4f} at {time.time():.3f}", flush=True)
+    try:
+        while group.step < args.outer_steps:
+            group.sync()  # newcomers admitted here receive params, momentum and the step
+            local = params.copy()
+            for _ in range(args.inner_steps):
+                x, y = teacher(args.batch, data)
+                local -= args.inner_lr * loss_and_grad(local, x, y)[1]
+                if args.step_time:
+                    time.sleep(args.step_time)
+            np.subtract(params, local, out=delta)  # the pseudo-gradient
+            t0 = time.monotonic()
+            n = group.allreduce(delta)  # its average over the members
+            averaging = time.monotonic() - t0
+            if n == 0:
+                continue  # this peer had been counted out and came back with the members' state
+            momentum *= args.momentum
+            momentum += delta
+            params -= args.outer_lr * (delta + args.momentum * momentum)  # Nesterov
+            group.step += 1
+            val = loss_and_grad(params, val_x, val_y)[0]
+            print(f"outer {group.step} epoch {group.epoch} members {n} [{', '.join(group.members())}] "
+                  f"hash {group.state_hash()[:16]} loss {val:.5f} avg_s {averaging:.4f} at {time.time():.3f}", flush=True)
+    except elastic.JobFinishedError as exc:  # the others finished the job while this peer waited on its last
+        print(f"job finished: {exc}", flush=True)  # step (they left before it learned the outcome)
+        return 0
     print(f"final loss {loss_and_grad(params, val_x, val_y)[0]:.5f} pid {os.getpid()}", flush=True)
     group.finish()
     return 0

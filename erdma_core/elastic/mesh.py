@@ -42,7 +42,7 @@ DIAL_S = 3.0
 SEND_S = 5.0  # a write that makes no progress for this long drops the connection
 RETRY_S, RETRY_MAX_S = 0.2, 5.0
 IDLE_S = 0.5
-FLUSH_S = 2.0  # how long ``close`` waits for what is queued to members it holds a connection to
+FLUSH_S = 2.0  # how long ``close`` waits for what is queued to members it reaches (or dials again)
 
 Where = Callable[[str], "tuple[str, int] | None"]
 
@@ -143,13 +143,14 @@ class Mesh:
             return {p for p, conn in self._by_peer.items() if not conn.dead}
 
     def close(self) -> None:
-        """Send what is queued for members this one holds a live connection to (at most ``FLUSH_S``: the last
-        decisions' messages, which members still deciding wait for), then close every connection and thread."""
+        """Send what is queued for members this one reaches (a live connection, or one dialled again after at
+        most one failed dial; not a member long gone) for at most ``FLUSH_S``: the last decisions' messages,
+        which members still deciding wait for. Then close every connection and thread."""
         end = time.monotonic() + FLUSH_S
         while time.monotonic() < end and not self._closed.is_set():
             with self._lock:
-                busy = [link for p, link in self._links.items() if (link.queue or link.sending)
-                        and p in self._by_peer and not self._by_peer[p].dead]
+                busy = [link for p, link in self._links.items() if (link.queue or link.sending) and (
+                    (p in self._by_peer and not self._by_peer[p].dead) or link.retry_s <= 2 * RETRY_S)]
             if not busy:
                 break
             time.sleep(0.02)

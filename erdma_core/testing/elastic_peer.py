@@ -64,43 +64,47 @@ def main() -> int:
         return 0
     mine = float(os.getpid() % 97 + 1)
     taken, frames = 0, 0
-    while group.step < steps:
-        t0, epoch = time.monotonic(), group.epoch
-        group.sync()
-        if group.epoch != epoch:
-            print(f"sync took {time.monotonic() - t0:.4f} epoch {group.epoch} members {group.size()} "
-                  f"setup {group.setup_s:.4f}", flush=True)
-        flag = np.array([os.path.exists(stop_file) if stop_file else 0], np.int32)
-        if group.allreduce(flag, op="max") == 0:
-            continue
-        if flag[0]:
-            break
-        x = np.full(n_elements, mine, np.float32)
-        taken += 1
-        if compute_s:
-            time.sleep(compute_s)
-        assert group.pg is not None  # (waits for an epoch the members form meanwhile)
-        came_in = group.epoch
-        ring = ",".join(map(str, group.pg.ring)) if show_ring else ""  # (the order this allreduce starts in)
-        kill_at = random.randint(1, frames) if taken == die_in and frames else 0
-        killer = Killer(group.pg.rt.transport, kill_at) if taken <= die_in else None
-        t0, aborted = time.monotonic(), group.counters["aborted"]
-        n = group.allreduce(x)
-        took = time.monotonic() - t0
-        if killer is not None:
-            frames = killer.restore()
-        if kill_at:  # it sent fewer messages this time (the first one ran again, with more): die now
-            print("late kill", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if n == 0:
-            continue
-        state["w"] += x
-        group.step += 1
-        uniform = bool((x == x[0]).all())
-        print(f"step {group.step} n {n} value {x[0]!r} uniform {uniform} epoch {group.epoch} "
-              f"hash {group.state_hash()[:16]} took {took:.4f} retried {group.counters['aborted'] - aborted} "
-              f"setup {group.setup_s:.4f}" + (f" ring {ring} rank {group.rank()}" if show_ring else "")
-              + (f" came_in {came_in}" if compute_s else ""), flush=True)
+    try:
+        while group.step < steps:
+            t0, epoch = time.monotonic(), group.epoch
+            group.sync()
+            if group.epoch != epoch:
+                print(f"sync took {time.monotonic() - t0:.4f} epoch {group.epoch} members {group.size()} "
+                      f"setup {group.setup_s:.4f}", flush=True)
+            flag = np.array([os.path.exists(stop_file) if stop_file else 0], np.int32)
+            if group.allreduce(flag, op="max") == 0:
+                continue
+            if flag[0]:
+                break
+            x = np.full(n_elements, mine, np.float32)
+            taken += 1
+            if compute_s:
+                time.sleep(compute_s)
+            assert group.pg is not None  # (waits for an epoch the members form meanwhile)
+            came_in = group.epoch
+            ring = ",".join(map(str, group.pg.ring)) if show_ring else ""  # (the order this allreduce starts in)
+            kill_at = random.randint(1, frames) if taken == die_in and frames else 0
+            killer = Killer(group.pg.rt.transport, kill_at) if taken <= die_in else None
+            t0, aborted = time.monotonic(), group.counters["aborted"]
+            n = group.allreduce(x)
+            took = time.monotonic() - t0
+            if killer is not None:
+                frames = killer.restore()
+            if kill_at:  # it sent fewer messages this time (the first one ran again, with more): die now
+                print("late kill", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if n == 0:
+                continue
+            state["w"] += x
+            group.step += 1
+            uniform = bool((x == x[0]).all())
+            print(f"step {group.step} n {n} value {x[0]!r} uniform {uniform} epoch {group.epoch} "
+                  f"hash {group.state_hash()[:16]} took {took:.4f} retried {group.counters['aborted'] - aborted} "
+                  f"setup {group.setup_s:.4f}" + (f" ring {ring} rank {group.rank()}" if show_ring else "")
+                  + (f" came_in {came_in}" if compute_s else ""), flush=True)
+    except elastic.JobFinishedError as exc:  # the others finished while this member waited on its last step
+        print(f"job finished: {exc}", flush=True)
+        return 0
     print(f"counters {' '.join(f'{k}={v}' for k, v in group.counters.items())}", flush=True)
     group.finish()
     return 0

@@ -44,3 +44,17 @@ def turn_relay(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     for host, port in _coturn(tmp_path, "--relay-ip", "127.0.0.1", "--lt-cred-mech",
                               f"--user={TURN_USER}:{TURN_PASSWORD}", "--realm=erdma.test", "--allow-loopback-peers"):
         yield f"{host}:{port}", TURN_USER, TURN_PASSWORD
+
+
+@pytest.fixture
+def honest() -> Iterator[tuple[str, list[tuple[str, int]]]]:
+    """Two served DHT nodes (``erdma dht serve``): a job's URL prefix and their addresses."""
+    from test_dht import _free_udp_port, _serve
+
+    ports = [_free_udp_port(), _free_udp_port()]
+    procs = [_serve(ports[0])]
+    procs.append(_serve(ports[1], f"127.0.0.1:{ports[0]}"))
+    yield f"dht://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", [("127.0.0.1", p) for p in ports]
+    for p in procs:
+        p.terminate()
+        p.wait(10)

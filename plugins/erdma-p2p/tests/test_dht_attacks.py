@@ -7,29 +7,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from erdma_p2p import records
 from erdma_p2p.dht import DhtNode
 from erdma_p2p.dht_store import DhtStore
 from test_dht import SECTION, _free_udp_port, _job, _serve
 
 FORGED = records.JobKeys(b"not the job's secret", "evil").seal("x", b"10.6.6.6:666", 2**62, time.time() + 86400)
-
-
-@pytest.fixture
-def honest() -> Iterator[tuple[str, list[tuple[str, int]]]]:
-    """Two served nodes: the job's URL prefix and their addresses."""
-    ports = [_free_udp_port(), _free_udp_port()]
-    procs = [_serve(ports[0])]
-    procs.append(_serve(ports[1], f"127.0.0.1:{ports[0]}"))
-    yield f"dht://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", [("127.0.0.1", p) for p in ports]
-    for p in procs:
-        p.terminate()
-        p.wait(10)
 
 
 def _node(bootstrap: list[tuple[str, int]], methods: dict[str, Any], bind: str = "127.0.0.2") -> DhtNode:
