@@ -125,6 +125,24 @@ class _Protocol(KademliaProtocol):
         self._tasks: set[asyncio.Future[None]] = set()
         self._dead: dict[tuple[str, int], float] = {}
 
+    def _timeout(self, msg_id: bytes) -> None:
+        """rpcudp's, for a call whose caller may have stopped waiting (its ``wait_for`` ran out and cancelled
+        the future): the entry goes either way. rpcudp's raised InvalidStateError on the cancelled future and
+        kept the entry, one per timed-out call, for the node's life."""
+        future, _ = self._outstanding.pop(msg_id, (None, None))
+        if future is not None and not future.done():
+            future.set_result((False, None))
+
+    def _accept_response(self, msg_id: bytes, data: Any, address: Any) -> None:
+        """rpcudp's, for an answer that comes after its caller stopped waiting (as ``_timeout``)."""
+        entry = self._outstanding.pop(msg_id, None)
+        if entry is None:
+            return
+        future, timer = entry
+        timer.cancel()
+        if not future.done():
+            future.set_result((True, data))
+
     def datagram_received(self, data: bytes, addr: Any) -> None:
         if 22 <= len(data) <= MAX_DATAGRAM:
             task = asyncio.ensure_future(self._guarded(data, addr))

@@ -171,7 +171,10 @@ class DhtStore:
         ``add`` of 0 re-asserts it): two processes that both added 1 then both count 2 once each has added
         again, which is how the core's duplicate-rank check sees a rank claimed twice. A write the nodes
         refuse because another process wrote a newer version meanwhile is merged with that version and made
-        again (``ADD_TRIES`` in all)."""
+        again, and a write they took is read back: a racing write of the same version that some nodes took
+        instead drops this share, which is then merged in and written again (``ADD_TRIES`` in all). Without the
+        read back, a share lost so came back only when its process added again: a set-up's rank 0 waited out
+        its wait for the share of a rank that had added once."""
         mine = self._added.get(key, 0) + amount
         if mine:
             self._added[key] = mine
@@ -184,7 +187,7 @@ class DhtStore:
             try:
                 self._write(key, ",".join(f"{t}={n}" for t, n in sorted(shares.items())).encode(),
                             after=found.version if found is not None else 0)
-                return sum(shares.values())
+                continue  # read back (the next attempt returns once this share is there)
             except ErdmaError:
                 newer = self._read(key)
                 if newer is None or (found is not None and newer.version <= found.version):

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from erdma_p2p import records
@@ -347,3 +348,30 @@ def test_ranks_find_each_other_through_served_nodes_also_when_one_dies(tmp_path)
         for p in (first, second):
             p.terminate()
             p.wait(10)
+
+
+def test_a_call_whose_caller_stopped_waiting_leaves_nothing_behind() -> None:
+    """A read's wait runs out before the node's own RPC timeout (it cancels the call): when that timeout comes,
+    the call's entry goes and nothing is raised on the loop (rpcudp set a result on the cancelled future, an
+    InvalidStateError on the loop for every such call, and kept the entry for the node's life)."""
+
+    errors: list[dict[str, Any]] = []
+    node = DhtNode(server=True, rpc_timeout=0.5)
+    try:
+        node.start("127.0.0.1", 0, [], 5.0)
+        node.loop.call_soon_threadsafe(node.loop.set_exception_handler, lambda loop, ctx: errors.append(ctx))
+        silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # takes datagrams, never answers
+        silent.bind(("127.0.0.1", 0))
+        protocol = node.server.protocol
+
+        async def ping() -> Any:
+            return await protocol.ping(silent.getsockname(), node.server.node.id)
+
+        for _ in range(5):
+            with pytest.raises(TimeoutError):
+                node.run(ping(), 0.05)
+        time.sleep(1.5)  # past the node's own timeout of each call
+        assert protocol._outstanding == {} and errors == [], (len(protocol._outstanding), errors[:1])
+        silent.close()
+    finally:
+        node.stop()

@@ -5,8 +5,10 @@ another job from one address."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,23 @@ def _node(bootstrap: list[tuple[str, int]], methods: dict[str, Any], bind: str =
     return node
 
 
-def test_a_node_that_forges_every_record_cannot_stop_the_job(honest: Any, tmp_path: Path) -> None:
-    url, addrs = honest
+def _keep_nothing(self: Any, sender: Any, nodeid: bytes, key: bytes, value: Any) -> bool:
+    return True  # taken, and dropped
+
+
+def _never_a_value(self: Any, sender: Any, nodeid: bytes, key: bytes) -> Any:
+    return self.rpc_find_node(sender, nodeid, key)
+
+
+def sybils(bootstrap: list[tuple[str, int]], n: int) -> list[DhtNode]:
+    """``n`` Sybil nodes that take every record and keep nothing (the caller stops them)."""
+    return [_node(bootstrap, {"rpc_store": _keep_nothing, "rpc_find_value": _never_a_value}) for _ in range(n)]
+
+
+@contextlib.contextmanager
+def forgers(bootstrap: list[tuple[str, int]], n: int, pause: float = 0.02) -> Iterator[set[bytes]]:
+    """``n`` nodes that answer every read with a forged record and overwrite every key they see, everywhere,
+    again and again (every ``pause`` seconds), until the block ends; yields the keys they saw."""
     seen: set[bytes] = set()
 
     def store(self: Any, sender: Any, nodeid: bytes, key: bytes, value: Any) -> bool:
@@ -38,46 +55,47 @@ def test_a_node_that_forges_every_record_cannot_stop_the_job(honest: Any, tmp_pa
         seen.add(key)
         return {"value": FORGED}
 
-    evil = _node(addrs, {"rpc_store": store, "rpc_find_value": find_value})
+    nodes = [_node(bootstrap, {"rpc_store": store, "rpc_find_value": find_value}) for _ in range(n)]
     stop = threading.Event()
 
-    def overwrite() -> None:  # every key it learns, overwritten everywhere, again and again
+    def overwrite() -> None:
         while not stop.is_set():
             for key in list(seen):
-                try:
-                    evil.put(key, FORGED, 2.0)
-                except TimeoutError:
-                    pass
-            stop.wait(0.02)
+                for node in nodes:
+                    try:
+                        node.put(key, FORGED, 2.0)
+                    except TimeoutError:
+                        pass
+            stop.wait(pause)
 
     writer = threading.Thread(target=overwrite, daemon=True)
     writer.start()
     try:
-        assert _job(f"{url}/forged", 2, tmp_path) == ["ok 0", "ok 1"]
+        yield seen
     finally:
         stop.set()
-        writer.join(10)
-        evil.stop()
+        writer.join(30)
+        for node in nodes:
+            node.stop()
+
+
+def test_a_node_that_forges_every_record_cannot_stop_the_job(honest: Any, tmp_path: Path) -> None:
+    url, addrs = honest
+    with forgers(addrs, 1) as seen:
+        assert _job(f"{url}/forged", 2, tmp_path) == ["ok 0", "ok 1"]
     assert seen  # it did see the job's keys
 
 
 def test_fifty_sybil_nodes_that_keep_nothing_cannot_stop_the_job(honest: Any, tmp_path: Path) -> None:
     url, addrs = honest
-
-    def store(self: Any, sender: Any, nodeid: bytes, key: bytes, value: Any) -> bool:
-        return True  # taken, and dropped
-
-    def find_value(self: Any, sender: Any, nodeid: bytes, key: bytes) -> Any:
-        return self.rpc_find_node(sender, nodeid, key)  # never a value
-
-    sybils = [_node(addrs, {"rpc_store": store, "rpc_find_value": find_value}) for _ in range(50)]
+    nodes = sybils(addrs, 50)
     try:
         start = time.monotonic()
         assert _job(f"{url}/sybils", 2, tmp_path) == ["ok 0", "ok 1"]
         assert time.monotonic() - start < 60
     finally:
-        for s in sybils:
-            s.stop()
+        for node in nodes:
+            node.stop()
 
 
 def test_a_flood_of_signed_records_from_one_address_cannot_push_the_jobs_out(tmp_path: Path) -> None:

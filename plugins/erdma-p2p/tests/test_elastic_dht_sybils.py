@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from erdma_p2p.dht import DhtNode
 from erdma_p2p.dht_store import DhtStore
-from test_dht_attacks import FORGED, _node
+from test_dht_attacks import forgers, sybils
 from test_elastic_dht import ENV, PEER, SECRET, SECTION
 
 from erdma_core.elastic.founding import found
@@ -53,45 +52,12 @@ def _admission(url: str, addrs: list[tuple[str, int]], job: str, tmp: Path) -> f
 def test_twenty_hostile_dht_nodes_cannot_change_or_stop_an_elastic_job(honest: Any, tmp_path: Path) -> None:
     url, addrs = honest
     calm = _admission(url, addrs, "calm", tmp_path / "calm")
-    seen: set[bytes] = set()
-
-    def keep_nothing(self: Any, sender: Any, nodeid: bytes, key: bytes, value: Any) -> bool:
-        return True
-
-    def never_a_value(self: Any, sender: Any, nodeid: bytes, key: bytes) -> Any:
-        return self.rpc_find_node(sender, nodeid, key)
-
-    def note(self: Any, sender: Any, nodeid: bytes, key: bytes, value: Any) -> bool:
-        seen.add(key)
-        return True
-
-    def forged(self: Any, sender: Any, nodeid: bytes, key: bytes) -> Any:
-        seen.add(key)
-        return {"value": FORGED}
-
-    hostile: list[DhtNode] = [_node(addrs, {"rpc_store": keep_nothing, "rpc_find_value": never_a_value})
-                              for _ in range(10)]
-    hostile += [_node(addrs, {"rpc_store": note, "rpc_find_value": forged}) for _ in range(10)]
-    stop = threading.Event()
-
-    def overwrite() -> None:
-        while not stop.is_set():
-            for key in list(seen):
-                for node in hostile[10:]:
-                    try:
-                        node.put(key, FORGED, 1.0)
-                    except TimeoutError:
-                        pass
-            stop.wait(0.2)
-
-    writer = threading.Thread(target=overwrite, daemon=True)
-    writer.start()
+    keepers = sybils(addrs, 10)
     try:
-        took = _admission(url, addrs, "hostile", tmp_path / "hostile")
+        with forgers(addrs, 10, pause=0.2) as seen:
+            took = _admission(url, addrs, "hostile", tmp_path / "hostile")
     finally:
-        stop.set()
-        writer.join(30)
-        for node in hostile:
+        for node in keepers:
             node.stop()
     assert seen  # the forgers did see the job's keys
     print(f"a newcomer's admission: {took:.1f}s among 20 hostile DHT nodes, {calm:.1f}s with none")
