@@ -102,13 +102,16 @@ class Soak:
 
     def event(self, now: float) -> None:
         live = [p for p in self.job.live() if self.stopped is None or p is not self.stopped[0]]
-        members = [p for p in live if any(OUTER.match(line) for line in p.lines[-50:])]
+        latest = max(self.steps(), default=None)  # the latest outer step printed: its members, by name
+        named = set(latest[2].split(", ")) if latest is not None else set()
+        members = [p for p in live if _name(p) in named]
         kinds = []
-        # only while more than 3 members (peers that hold the state) run: killing every holder of the state
-        # while newcomers wait would end any job that keeps no checkpoint
-        if len(members) > 3:
+        # only while the latest step had more than 3 members, more than 3 of them running: killing every
+        # holder of the state while newcomers wait would end any job that keeps no checkpoint, and with no
+        # store (dht://) an epoch of 2 cannot lose one (the survivor has no majority of it and pauses)
+        if len(named) > 3 and len(members) > 3:
             kinds += ["kill", "kill"]
-        if self.stopped is None and len(members) > 3:
+        if self.stopped is None and len(named) > 3 and len(members) > 3:
             kinds.append("stop")
         if len(self.job.live()) < 6:
             kinds += ["join", "join"]
