@@ -126,8 +126,9 @@ class _Protocol(KademliaProtocol):
         self._dead: dict[tuple[str, int], float] = {}
 
     def _timeout(self, msg_id: bytes) -> None:
-        """rpcudp's, for a call whose caller may have stopped waiting (its ``wait_for`` ran out and cancelled
-        the future): the entry goes either way. rpcudp's raised InvalidStateError on the cancelled future and
+        """rpcudp's (5.x: pinned in pyproject.toml, since this replaces its private method), for a call whose
+        caller may have stopped waiting (its ``wait_for`` ran out and cancelled the future): the entry goes
+        either way. rpcudp's raised InvalidStateError on the cancelled future and
         kept the entry, one per timed-out call, for the node's life."""
         future, _ = self._outstanding.pop(msg_id, (None, None))
         if future is not None and not future.done():
