@@ -213,6 +213,27 @@ def test_a_newcomer_never_forms_an_epoch_without_a_member_holding_the_state(serv
     assert len(entered) == 1
 
 
+def test_a_member_counted_out_is_not_admitted_again_to_an_epoch_it_was_in(served, monkeypatch):
+    """A store that lost its ticket count (a DHT whose nodes went) gives a member that joins again a ticket
+    number drawn before, whose admission names an epoch that member was in. It draws again rather than set
+    up that old epoch a second time (its set-up keys hold its first set-up: a duplicate rank)."""
+    keys = Keys("t")
+    member = Member("m" * 16, "member:3", True)
+    old = Record(5, (HOLDER, member), 2)
+    g = _group_of(served[0], old, 1)
+    served[1].set(keys("epoch", 5), old.encode())
+    served[1].set(keys("admit", 3), b"5")  # ticket 3: drawn and admitted before, to epoch 5
+    later = Record(7, (HOLDER, Member(member.id, member.name, False)), 4)
+    served[1].set(keys("epoch", 7), later.encode())
+    served[1].set(keys("admit", 4), b"7")
+    served[1].add(keys("tickets"), 2)  # the count, lost and drawn again from 0: this member's next ticket is 3
+    entered: list[int] = []
+    monkeypatch.setattr(g, "_enter", lambda record, was: entered.append(record.epoch))
+    monkeypatch.setattr(g, "_transfer", lambda: None)
+    g._rejoin()
+    assert entered == [7] and g.counters["rejoined"] == 1
+
+
 # ---- state --------------------------------------------------------------------------------------------------
 def test_state_hash_covers_names_dtypes_shapes_bytes_and_the_step():
     a = {"w": np.arange(6, dtype=np.float32)}

@@ -5,8 +5,11 @@ finished steps and the links to members that left are given back."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+
+import pytest
 
 from erdma_core.elastic import peer_store
 from erdma_core.elastic.membership import DONE, Keys, Member, Record
@@ -125,3 +128,62 @@ def test_the_creator_founds_with_the_peers_named_when_a_racing_draw_left_a_ticke
     maker.join(founding.SETTLE_S + 20)
     assert made and [m.id for m in made[0].members] == ["p1", "p2"] and made[0].admitted == 3
     assert bulletin.get(keys("admit", 3), 0.0) == b"1"
+
+
+def test_a_look_at_an_undecided_key_sends_nothing_and_a_wait_reads_only_after_read_s():
+    """Members' set-ups look at the epoch's first outcome every 0.25 s, all at once: each look that read (a
+    Paxos round with a higher ballot, waited for up to DECIDE_S) dueled with the others and with the
+    proposal looked for, and stalled each set-up for seconds. A look only sees what this member learned; a
+    wait reads once it has waited READ_S, since a decision's Chosen comes first."""
+    bulletin = Bulletin()
+    stores = [peer_store.PeerStore(bulletin, b"s" * 32, "job", host="127.0.0.1", advertise="127.0.0.1")
+              for _ in range(3)]
+    keys = Keys("job")
+    try:
+        bulletin.set(keys("epoch", 1), Record(1, tuple(Member(s.member_id, "m", True) for s in stores), 3).encode())
+        for s in stores:
+            s.get(keys("epoch", 1), 1.0)
+        sent: list[tuple[str, bytes]] = []
+        real = stores[0]._regs._send
+        stores[0]._regs._send = lambda out: (sent.extend(out), real(out))  # type: ignore[method-assign]
+        outcome = keys("vote", 1, 0, "outcome")
+        for wait in (0.0, 0.0, 0.3):
+            try:
+                stores[0].get(outcome, wait)
+                raise AssertionError("nothing was decided")
+            except CollectiveTimeoutError:
+                pass
+        assert sent == []
+        assert stores[1].compare_set(outcome, b"", b"abort") == b"abort"
+        assert stores[0].get(outcome, 5.0) == b"abort"  # learned from the Chosen: it answered, never asked
+        assert [data[0] for _, data in sent] and not [data for _, data in sent if data[0] == 1]  # (1: Prepare)
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_newcomers_path_check_is_kept_among_it_and_the_members_it_asked_not_on_the_bulletin():
+    """The request (``probe/<n>``) is on the bulletin and names who takes part; the pairs' keys go over the
+    mesh among them (on the DHT, rank 0 of a pair waited out 5 s for a counter share a racing write lost)."""
+    bulletin = Bulletin()
+    member, newcomer, other = (peer_store.PeerStore(bulletin, b"s" * 32, "job", host="127.0.0.1",
+                                                    advertise="127.0.0.1") for _ in range(3))
+    keys = Keys("job")
+    try:
+        newcomer.set(keys("probe", 1), json.dumps({"id": newcomer.member_id, "name": "n:1",
+                                                   "members": [member.member_id]}).encode())
+        member.get(keys("probe", 1), 1.0)  # (as admission.answer reads it)
+        member.set(keys("probe", 1, member.member_id, "start"), b"1")
+        assert newcomer.get(keys("probe", 1, member.member_id, "start"), 10.0) == b"1"
+        pair = keys("probe", 1, member.member_id) + "/erdma/set-up/1"
+        assert member.add(pair, 1) == 1 and newcomer.add(pair, 1) >= 1
+        deadline = time.monotonic() + 10
+        while member.add(pair, 0) < 2 or newcomer.add(pair, 0) < 2:
+            assert time.monotonic() < deadline, "the pair's shares did not meet"
+            time.sleep(0.05)
+        assert [k for k in bulletin.data if "/probe/1/" in k] == []
+        with pytest.raises(CollectiveTimeoutError, match="of path check 1's set-up did not come"):
+            other.get(keys("probe", 1, member.member_id, "start"), 0.5)  # not asked: told nothing
+    finally:
+        for s in (member, newcomer, other):
+            s.close()

@@ -12,6 +12,9 @@ a member that is gone but the caller's own timeout.
 The mesh proved who sent each message (a member of the job: the same trust as the job's signed DHT records).
 Bounded: ``MAX_ENTRIES`` keys per board (more are dropped), values of at most ``MAX_VALUE`` bytes, and boards
 only for epochs from the oldest kept (``forget``) to ``AHEAD`` past the newest known here.
+
+A newcomer's path checks (``admission``) are kept the same way, on boards of their own numbered by request,
+among the newcomer and the members it asked (``peer_store``).
 """
 
 from __future__ import annotations
@@ -66,8 +69,10 @@ class Boards:
     """This member's boards. ``members(epoch)``: the ids of that epoch's members when known here (None:
     not yet: nothing is sent, the caller's asks go out once it is)."""
 
-    def __init__(self, me: str, mailbox: Mailbox, members: Callable[[int], Sequence[str] | None]) -> None:
-        self.me, self._mailbox, self._members = me, mailbox, members
+    def __init__(self, me: str, mailbox: Mailbox, members: Callable[[int], Sequence[str] | None],
+                 what: str = "epoch") -> None:
+        """``what``: what a board's number counts, for errors ("epoch", "path check")."""
+        self.me, self._mailbox, self._members, self._what = me, mailbox, members, what
         self._boards: dict[int, _Board] = {}
         self._floor = 0  # boards of epochs below this are forgotten
         self._cond = threading.Condition()
@@ -82,7 +87,7 @@ class Boards:
         with self._cond:
             board = self._board(epoch, key, own=True)
             if board is None:
-                raise ProtocolError(f"board: epoch {epoch}'s board cannot take {key!r} (forgotten, or full)")
+                raise ProtocolError(f"board: {self._what} {epoch}'s board cannot take {key!r} (forgotten, or full)")
             board.values[key] = value
             self._cond.notify_all()
         self._send(epoch, encode(_SET, epoch, key, value))
@@ -96,7 +101,7 @@ class Boards:
                     return board.values[key]
                 now = time.monotonic()
                 if now >= deadline:
-                    raise CollectiveTimeoutError(f"elastic: {key!r} of epoch {epoch}'s set-up did not come within "
+                    raise CollectiveTimeoutError(f"elastic: {key!r} of {self._what} {epoch}'s set-up did not come within "
                                                  f"{timeout:.1f}s", op="set-up")
                 self._ask(epoch, key, now)
                 self._cond.wait(min(deadline - now, IDLE_S))
@@ -105,7 +110,7 @@ class Boards:
         with self._cond:
             board = self._board(epoch, key, own=True)
             if board is None:
-                raise ProtocolError(f"board: epoch {epoch}'s board cannot take {key!r} (forgotten, or full)")
+                raise ProtocolError(f"board: {self._what} {epoch}'s board cannot take {key!r} (forgotten, or full)")
             shares = board.shares.setdefault(key, {})
             mine = shares.get(self.me, 0) + amount
             shares[self.me] = mine

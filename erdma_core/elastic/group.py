@@ -94,6 +94,7 @@ class ElasticGroup:
         self.counters = {"epochs": 0, "aborted": 0, "admitted": 0, "lost": 0, "rejoined": 0}
         self.setup_s = 0.0  # how long the last epoch's ProcessGroup took to set up
         self._was_up = False  # whether an epoch's group of this peer's ever came up
+        self._left = 0  # the latest epoch this peer was counted out of: it is admitted only to a later one
         self._moved = 0  # the epoch's count of moved paths its last committed allreduce said (``Ballot.moved``)
         self._slow: set[int] = set()  # the peers this one reached through a relay when the epoch last agreed
         self._clients = clients
@@ -468,8 +469,11 @@ class ElasticGroup:
                                                drawn))
             epoch = self._wait(ticket, deadline)
             record = Record.decode(self.store.get(self.keys("epoch", epoch), 5.0))
-            if record.index(self.id) is None:
-                continue  # skipped (its name came too late): draw again
+            if record.index(self.id) is None or record.epoch <= self._left:
+                # skipped (its name came too late), or an admission from before this peer was counted out (a
+                # ticket number drawn again after the store lost the count: the epoch it was a member of,
+                # whose set-up it did once): draw again
+                continue
             self._probes = record.probes  # the path checks asked for after this record may name this peer
             try:
                 self._enter(record, None)
@@ -477,6 +481,7 @@ class ElasticGroup:
                 return
             except ExcludedError:
                 self._drop_pg()
+                self._left = max(self._left, record.epoch)
                 self.record = None
 
     def _check_paths(self, deadline: float) -> None:
@@ -532,6 +537,8 @@ class ElasticGroup:
 
     def _rejoin(self) -> None:
         self.counters["rejoined"] += 1
+        if self.record is not None:
+            self._left = max(self._left, self.record.epoch)
         self._drop_pg()
         self.record = None
         self._join()

@@ -246,6 +246,8 @@ class Mesh:
             held = self._by_peer.get(peer)
             if dialled or held is None or held.dead:
                 self._by_peer[peer] = conn
+        log.debug("elastic mesh: a connection %s %s (%s)", "to" if dialled else "from", peer,
+                  "used" if self._by_peer.get(peer) is conn else "kept beside the one in use")
         reader = threading.Thread(target=self._read, args=(peer, conn, mesh_wire.FrameReader(session)),
                                   name=f"erdma-mesh-read-{peer}", daemon=True)
         reader.start()

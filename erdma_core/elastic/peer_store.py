@@ -16,7 +16,10 @@ their mesh; everything else goes on a bulletin (the DHT) that nobody needs to tr
 - The keys of an epoch's ProcessGroup set-up (``pg/<e>/...``) are kept among the epoch's members over their
   mesh (``board``): on a DHT each look is a lookup, and a counter's share lost to a racing write comes back
   only when its writer adds again.
-- Everything else (newcomers' tickets and names, the admissions the records imply, path checks,
+- A newcomer's path checks (``admission``: ``probe/<n>/...``, each request's pairs' set-ups) are kept the same
+  way, on a board per request among the newcomer and the members it asked, which the request's record
+  (``probe/<n>``, on the bulletin) names.
+- Everything else (newcomers' tickets and names, the admissions the records imply, the path checks' requests,
   ``finished``) is on the bulletin; a newcomer waiting for its admission adds 0 to the
   ticket count each time it looks, so that its share, if a racing draw dropped it, comes back.
   ``compare_set`` there is "the value there, else this one": a race can only make a newcomer draw again (its
@@ -30,6 +33,7 @@ fell behind and joins again).
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
@@ -50,6 +54,8 @@ PAUSE_SAY_S = 10.0
 READ_S = 1.0  # a register not learned is read (a round) at most this often while a member waits for it
 SIGNS = 1  # the mesh channel of the members' signs of life (0: the registers')
 BOARDS = 2  # the mesh channel of the epochs' set-up keys (``board``)
+PROBES = 3  # the mesh channel of the newcomers' path checks (a board per request)
+KEEP_PROBES = 16  # path checks' boards kept before the latest request known here
 SIGNS_EPOCHS = 3
 KEEP_EPOCHS = 8  # records kept here before the current epoch (their members' links with them)
 
@@ -79,8 +85,13 @@ class PeerStore:
         self.mesh = Mesh(secret, job, self.member_id, self._where, host=host)
         self._regs = Registers(self.member_id, self.mesh.channel(0), retired=self._retired)
         self._boards = Boards(self.member_id, self.mesh.channel(BOARDS), self._epoch_members)
+        self._requests: dict[int, tuple[str, ...]] = {}  # path check n: the newcomer and the members it asked
+        self._probes = Boards(self.member_id, self.mesh.channel(PROBES), self._requests.get, what="path check")
         try:
             bulletin.set(self.keys("mesh", self.member_id), f"{advertise} {self.mesh.address[1]}".encode())
+            keep = getattr(bulletin, "keep", None)
+            if keep is not None:  # a DHT forgets what nodes that left held: this member's address is written
+                keep(self.keys("mesh", self.member_id))  # again while it runs, for newcomers to reach it by
         except BaseException:  # (the caller closes the bulletin)
             self.close(bulletin=False)
             raise
@@ -90,26 +101,28 @@ class PeerStore:
         if self._decided_kind(key):
             raise ErdmaError(f"elastic: {key!r} is decided by the members, never set")
         if (on := self._on_board(key)) is not None:
-            self._boards.set(*on, value)
+            on[0].set(*on[1:], value)
             return
         self._bulletin.set(key, value)
+        self._request(key, value)
 
     def get(self, key: str, timeout: float) -> bytes:
         if (on := self._on_board(key)) is not None:
-            return self._boards.get(*on, timeout)
+            return on[0].get(*on[1:], timeout)
         kind = self._decided_kind(key)
         if kind is None:
             rest = self._rest(key) or ""
             if rest.startswith("admit/"):  # a newcomer waiting: its share of the ticket count, which a racing
                 self._bulletin.add(self.keys("tickets"), 0)  # draw may have dropped, comes back (``DhtStore.add``)
             value = bytes(self._bulletin.get(key, timeout))
+            self._request(key, value)
             if key == self.keys("epoch", quorums.FIRST):  # the creator's: known here from now on
                 with self._lock:
                     self._records.setdefault(quorums.FIRST, Record.decode(value))
             return value
         deadline = time.monotonic() + timeout
         while True:
-            got = self._known(key, kind, min(READ_S, max(0.0, deadline - time.monotonic())))
+            got = self._known(key, kind, min(READ_S, max(0.0, deadline - time.monotonic())), read=timeout > 0)
             if got is not None:
                 return got
             if time.monotonic() >= deadline:
@@ -117,7 +130,7 @@ class PeerStore:
 
     def add(self, key: str, amount: int) -> int:
         if (on := self._on_board(key)) is not None:
-            return self._boards.add(*on, amount)
+            return on[0].add(*on[1:], amount)
         rest = self._rest(key)
         if rest is not None and rest.startswith("vote/") and rest.endswith("/count"):
             epoch = int(rest.split("/")[1])
@@ -147,6 +160,7 @@ class PeerStore:
         job's records among them)."""
         self._regs.close()
         self._boards.close()
+        self._probes.close()
         self.mesh.close()
         if bulletin:
             getattr(self._bulletin, "detach", self._bulletin.close)()
@@ -167,14 +181,36 @@ class PeerStore:
     def _rest(self, key: str) -> str | None:
         return key[len(self.keys.base):] if key.startswith(self.keys.base) else None
 
-    def _on_board(self, key: str) -> tuple[int, str] | None:
-        """(epoch, key) for a key of an epoch's ProcessGroup set-up (``pg/<e>/...``): kept among the epoch's
-        members (``board``), not on the bulletin."""
+    def _on_board(self, key: str) -> tuple[Boards, int, str] | None:
+        """(boards, number, key) for a key kept over the mesh, not on the bulletin: an epoch's ProcessGroup
+        set-up (``pg/<e>/...``, among the epoch's members) or a path check's (``probe/<n>/...``, among the
+        newcomer and the members it asked; ``probe/<n>`` itself, which names them, is on the bulletin)."""
         rest = self._rest(key)
-        if rest is None or not rest.startswith("pg/"):
+        if rest is None:
             return None
         parts = rest.split("/", 2)
-        return (int(parts[1]), key) if len(parts) == 3 and parts[1].isdigit() else None
+        if len(parts) != 3 or not parts[1].isdigit():
+            return None
+        boards = self._boards if parts[0] == "pg" else self._probes if parts[0] == "probe" else None
+        return None if boards is None else (boards, int(parts[1]), key)
+
+    def _request(self, key: str, value: bytes) -> None:
+        """A path check's request (``probe/<n>``, set here by its newcomer or read by a member it asks): who
+        takes part in request ``n``'s board. Older boards than ``KEEP_PROBES`` before it are forgotten."""
+        parts = (self._rest(key) or "").split("/")
+        if len(parts) != 2 or parts[0] != "probe" or not parts[1].isdigit():
+            return
+        try:
+            asked = json.loads(value)
+            who = tuple(str(m) for m in (*asked["members"], asked["id"]))
+        except (ValueError, KeyError, TypeError):
+            return
+        n = int(parts[1])
+        with self._lock:
+            self._requests[n] = who
+            for old in [k for k in self._requests if k < n - KEEP_PROBES]:
+                del self._requests[old]
+        self._probes.forget(n - KEEP_PROBES)
 
     def _epoch_members(self, epoch: int) -> tuple[str, ...] | None:
         with self._lock:
@@ -256,9 +292,13 @@ class PeerStore:
             log.warning("elastic: %s paused for %.0fs on %s: %s (connected now to: %s)", self.member_id,
                         now - since, key, exc, ", ".join(sorted(self.mesh.connected())) or "none")
 
-    def _known(self, key: str, kind: str, wait: float) -> bytes | None:
+    def _known(self, key: str, kind: str, wait: float, read: bool = True) -> bytes | None:
         """The value decided for ``key`` if this member knows it or can find it within about ``wait`` seconds:
-        learned, on the bulletin (a record), or read (a round, at most every ``READ_S``)."""
+        learned, on the bulletin (a record), or, if ``read``, read (a round, at most every ``READ_S``, the first
+        ``READ_S`` after this member began to wait for it: a decision's Chosen tells it sooner). A look
+        (``get`` with no time to wait) does not read: a read is a round with a higher ballot, waited for up to
+        ``DECIDE_S``, and members that look at the same key at once (each one's set-up asks whether the epoch's
+        first step aborted) would duel with each other and with the proposal they look for."""
         if kind == "epoch":
             epoch = int(key.rsplit("/", 1)[1])
             record = self._record(epoch)
@@ -269,7 +309,8 @@ class PeerStore:
             return value
         now = time.monotonic()
         acceptors = self._acceptors(key)
-        if acceptors is None or now - self._read_at.get(key, 0.0) < READ_S:
+        # the first read only READ_S after this member began to wait: a decision comes with its Chosen first
+        if not read or acceptors is None or now - self._read_at.setdefault(key, now) < READ_S:
             return None
         self._read_at[key] = now
         try:
@@ -320,12 +361,14 @@ class PeerStore:
 
     def _give_back(self, epoch: int) -> None:
         """What this member holds for members and keys it is done with goes: the records of epochs before the
-        last ``KEEP_EPOCHS`` (up to ``epoch``), the links to members none of the kept records names (their
-        threads and connections), and the times of reads of forgotten keys."""
+        last ``KEEP_EPOCHS`` (up to ``epoch``), the links to members none of the kept records names, nor a
+        kept path check (their threads and connections: a newcomer's, dropped while it checks its paths, could
+        not be dialled back from behind its NAT), and the times of reads of forgotten keys."""
         with self._lock:
             for e in [e for e in self._records if e < epoch - KEEP_EPOCHS]:
                 del self._records[e]
             named = {m.id for r in self._records.values() for m in r.members}
+            named.update(m for who in self._requests.values() for m in who)  # newcomers checking their paths
             gone = [m for m in self._where_cache if m not in named]
             for m in gone:
                 del self._where_cache[m]

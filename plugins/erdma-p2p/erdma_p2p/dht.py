@@ -52,7 +52,8 @@ class _Storage:
     all, the oldest record of the address holding the most goes: a flood of valid records (an outsider signs
     records of its own) from a few addresses churns only its own. Records leave ``ttl`` seconds after they
     were stored, or when they expire. The package's storage interface, less republishing
-    (``iter_older_than`` yields nothing: writers refresh their records themselves)."""
+    (``iter_older_than`` yields nothing: writers refresh their records themselves, ``DhtStore.keep``, and a
+    counter's readers write back the shares it lost, ``DhtStore.add``)."""
 
     def __init__(self, limit: int, ttl: float, per_source: int) -> None:
         self.limit, self.ttl, self.per_source = limit, ttl, per_source

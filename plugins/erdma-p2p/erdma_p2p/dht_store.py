@@ -6,9 +6,14 @@ the others, so the job's records outlive its bootstrap nodes) and keeps its keys
 encrypted with keys derived from ``security.secret`` and the job name (``records.JobKeys``): DHT nodes store
 only records signed for the key they are stored under, readers ignore records of other jobs and expired
 ones, and of several copies the highest version wins.
-``get`` polls until the key appears (backing off to ``poll_max`` seconds). ``add`` reads, adds and writes
-a newer version holding each process's share; a share lost to a racing write comes back with that process's
-next ``add``.
+``get`` polls until the key appears (backing off to ``poll_max`` seconds); a key this process wrote reads as
+its own write when the DHT has none (its nodes left or restarted since). ``add`` reads, adds and writes a
+newer version holding each process's share; a counter is a grow-only count of shares, so each process
+remembers every share it has seen on it (``MAX_COUNTERS`` keys) and writes back those the DHT lost (a racing
+write dropped one, or the nodes that held the record went): a counter never goes back while one process that
+read it runs. ``keep(key)``: the key's value is written again every ``KEEP_S`` while the store is open, as
+Kademlia's publishers republish (a DHT forgets what its nodes held when they leave: a long-lived peer's
+address would be gone after enough churn).
 At ``close`` a rank deletes (tombstones) the keys it wrote, so that a later run under the same job name does
 not read them; records of a run that crashed expire after ``ttl`` seconds. Use a new job name per run.
 
@@ -25,7 +30,9 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 from erdma_core.sdk import FAILED_PREFIX, CollectiveTimeoutError, ConfigError, ErdmaError
@@ -36,6 +43,8 @@ from .dht import DhtNode
 
 WRITE_TRIES = 3  # rounds of store RPCs a write gets before it fails
 ADD_TRIES = 8  # read-merge-writes an add makes when racing writers' newer versions refuse its own
+MAX_COUNTERS = 1024  # counters whose shares a process remembers (the least recently added to goes)
+KEEP_S = 10.0  # how often a kept key is written again
 
 
 def parse_url(url: str) -> tuple[list[tuple[str, int]], str]:
@@ -62,6 +71,10 @@ class DhtStore:
         self.rank: int | None = None  # this process's rank, given or claimed
         self._token = os.urandom(8).hex()  # names this process's shares of add() counters
         self._added: dict[str, int] = {}  # what this process added to each counter
+        self._counts: OrderedDict[str, dict[str, int]] = OrderedDict()  # every share seen on each counter
+        self._kept: set[str] = set()
+        self._keeper: threading.Thread | None = None
+        self._closing = threading.Event()
         serve = bool(section.get("serve", False))  # a serving rank holds the job's records beside the bootstrap nodes
         self.node = DhtNode(server=serve, rpc_timeout=self.rpc_timeout, ttl=self.ttl,
                             max_records=int(section.get("max_records", 4096)),
@@ -157,6 +170,8 @@ class DhtStore:
             found = self._read(key)
             if found is not None and not found.deleted:
                 return found.value
+            if found is None and key in self._mine and self._mine[key][1]:  # the DHT lost what this process
+                return self._mine[key][1]  # wrote (a write that lost a race holds the winner's value here)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CollectiveTimeoutError(f"discovery: key {key!r} did not appear in the DHT (job {self.job!r}) "
@@ -178,14 +193,21 @@ class DhtStore:
         mine = self._added.get(key, 0) + amount
         if mine:
             self._added[key] = mine
+        known = self._counts.pop(key, {})
+        self._counts[key] = known  # (the most recently added to last)
+        while len(self._counts) > MAX_COUNTERS:
+            self._counts.popitem(last=False)
+        if mine:
+            known[self._token] = mine
         for attempt in range(ADD_TRIES):
             found = self._read(key)
             shares = _shares(found.value) if found is not None and not found.deleted else {}
-            if not mine or shares.get(self._token) == mine:
+            for token, n in shares.items():
+                known[token] = max(known.get(token, 0), n)
+            if all(shares.get(token, 0) >= n for token, n in known.items()):
                 return sum(shares.values())
-            shares[self._token] = mine
-            try:
-                self._write(key, ",".join(f"{t}={n}" for t, n in sorted(shares.items())).encode(),
+            try:  # this share, or shares seen before that the DHT lost
+                self._write(key, ",".join(f"{t}={n}" for t, n in sorted(known.items())).encode(),
                             after=found.version if found is not None else 0)
                 continue  # read back (the next attempt returns once this share is there)
             except ErdmaError:
@@ -196,13 +218,39 @@ class DhtStore:
         raise ErdmaError(f"discovery: counter {key!r} of job {self.job!r} was overwritten by racing writes "
                          f"{ADD_TRIES} times in a row")
 
+    def keep(self, key: str) -> None:
+        """Write ``key``, which this process wrote and only it writes (a peer's address), again every
+        ``KEEP_S`` seconds while the store is open, on a thread of the store's."""
+        self._kept.add(key)
+        if self._keeper is None:
+            self._keeper = threading.Thread(target=self._keep, name="erdma-dht-keep", daemon=True)
+            self._keeper.start()
+
+    def _keep(self) -> None:
+        while not self._closing.wait(KEEP_S):
+            for key in list(self._kept):
+                got = self._mine.get(key)
+                if got is None or self._closing.is_set():
+                    continue
+                try:
+                    self._write(key, got[1])
+                except ErdmaError:  # no node answered this time: again at the next round
+                    pass
+
+    def _stop_keeping(self) -> None:
+        self._closing.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(self.budget * WRITE_TRIES + 1.0)
+
     def detach(self) -> None:
         """Leave the DHT, keeping the keys this rank wrote (they expire after ``ttl``): for an elastic job's
         records, which the job goes on reading after this peer (or its creator) is gone."""
+        self._stop_keeping()
         self._mine.clear()
         self.node.stop()
 
     def close(self) -> None:
+        self._stop_keeping()
         for key in [k for k in self._mine if not k.startswith(FAILED_PREFIX)]:  # (why this rank gave up: kept)
             try:
                 self._write(key, b"", deleted=True)

@@ -202,6 +202,52 @@ def test_a_share_of_a_counter_lost_to_a_racing_write_comes_back(servers):
         b.close()
 
 
+def _forget_everything(nodes: list[DhtNode]) -> None:
+    """Every node loses what it held, as nodes that left and came back empty (on each node's loop)."""
+    async def clear(node: DhtNode) -> None:
+        node.server.storage.data.clear()
+        node.server.storage._of.clear()
+
+    for n in nodes:
+        n.run(clear(n), 5.0)
+
+
+def test_a_counter_the_dht_lost_is_written_back_by_a_process_that_read_it(servers):
+    """Every node that held a counter is gone (they came back empty); a newcomer's add would count from 1
+    again. A process that read the counter before writes back the shares it saw, with its next add."""
+    a, b, c = (DhtStore(_addrs(servers), "lost-count", b"secret", timeout=5.0, section=SECTION) for _ in range(3))
+    try:
+        assert a.add("tickets", 1) == 1 and b.add("tickets", 1) == 2 and a.add("tickets", 0) == 2
+        _forget_everything(servers)
+        assert c._read("tickets") is None
+        assert a.add("tickets", 0) == 2  # a saw b's share: both come back
+        assert c.add("tickets", 1) == 3
+        assert b.add("tickets", 0) == 3
+    finally:
+        for s in (a, b, c):
+            s.close()
+
+
+def test_a_key_the_dht_lost_reads_as_this_process_wrote_it_and_a_kept_one_comes_back_for_all(servers, monkeypatch):
+    import erdma_p2p.dht_store as dht_store_module
+
+    monkeypatch.setattr(dht_store_module, "KEEP_S", 0.2)
+    a, b = (DhtStore(_addrs(servers), "lost-key", b"secret", timeout=5.0, section=SECTION) for _ in range(2))
+    try:
+        a.set("finished", b"40")
+        a.set("mesh/a", b"10.0.0.1 4000")
+        a.keep("mesh/a")
+        _forget_everything(servers)
+        assert a.get("finished", 0.0) == b"40"  # its own write
+        with pytest.raises(CollectiveTimeoutError, match="did not appear in the DHT"):
+            b.get("finished", 0.3)  # nobody keeps it
+        assert b.get("mesh/a", 5.0) == b"10.0.0.1 4000"  # written again within KEEP_S
+    finally:
+        a.close()
+        b.close()
+    assert a._keeper is not None and not a._keeper.is_alive()
+
+
 def test_an_add_refused_for_a_newer_version_merges_with_it_also_from_a_clock_ahead(servers):
     """b's host clock is 1000 s ahead, so its record's version is above any a would pick from its own clock:
     the nodes refuse a's write until a writes above the version it read. Four processes adding at once all
