@@ -213,6 +213,31 @@ def test_a_newcomer_never_forms_an_epoch_without_a_member_holding_the_state(serv
     assert len(entered) == 1
 
 
+class _Lapsed:
+    """A liveness whose judgement is given: these member ids lapsed."""
+
+    def __init__(self, *ids: str) -> None:
+        self.ids, self.timeout = set(ids), 3.0
+
+    def lapsed(self) -> set[str]:
+        return set(self.ids)
+
+
+def test_a_newcomer_does_not_act_on_a_holders_lapse_the_holders_judge(served):
+    """A newcomer that has not heard a holder yet (new connections, a busy machine) neither calls off the set-up
+    of the epoch that admits it, nor counts the holder lost in its ballot: under chaos it did, and the epoch
+    that admitted it failed again and again (another member's set-up failed) while the holders heard each
+    other. A holder acts on the same lapse."""
+    record = Record(3, (HOLDER, NEWCOMER), 1)
+    newcomer, holder = _group_of(served[1], record, 1), _group_of(served[0], record, 0)
+    newcomer.liveness, holder.liveness = _Lapsed(HOLDER.id), _Lapsed(NEWCOMER.id)  # type: ignore[assignment]
+    assert newcomer._called_off(record, 1) is None and newcomer._lost() == set()
+    assert holder._called_off(record, 0) == "no sign of life from newcomer:2 for 3.0s" and holder._lost() == {1}
+    held = Record(3, (HOLDER, Member(NEWCOMER.id, NEWCOMER.name, True)), 1)  # once it holds the state, it judges
+    newcomer.record = held
+    assert newcomer._called_off(held, 1) == "no sign of life from holder:1 for 3.0s" and newcomer._lost() == {0}
+
+
 def test_a_member_counted_out_is_not_admitted_again_to_an_epoch_it_was_in(served, monkeypatch):
     """A store that lost its ticket count (a DHT whose nodes went) gives a member that joins again a ticket
     number drawn before, whose admission names an epoch that member was in. It draws again rather than set

@@ -231,16 +231,25 @@ class ElasticGroup:
         """Members this one knows are gone: the one its transport saw go, those whose beats lapsed."""
         failure = self._pg.failure() if self._pg else None
         gone = {failure.peer} if isinstance(failure, PeerLostError) else set()
-        if self.liveness is not None and self.record is not None:
+        if self.liveness is not None and self.record is not None and self._judges(self.record):
             gone |= {i for i, m in enumerate(self.record.members) if m.id in self.liveness.lapsed()}
         return gone
 
+    def _judges(self, record: Record) -> bool:
+        """Whether this member acts on the others' lapsed signs of life in ``record``'s epoch: only once it holds
+        the state. A newcomer that has not heard a member yet (its connections to the members are new, on a
+        busy machine its first signs may come late) would otherwise count out a member the holders hear, and
+        call off the epoch that admits it, again and again; the holders judge, and a newcomer goes on with
+        whom they keep (as its ballot never counts a late member dead, ``_decide``)."""
+        index = record.index(self.id)
+        return index is not None and record.members[index].has_state
+
     def _lapse(self) -> None:
         """A member's beats lapsed (the beat thread): end the collective waiting on it now (unless this peer
-        has gone on to an epoch without it meanwhile). Between the caller's calls, the same round's ``_ahead``
-        then recovers ahead of it."""
+        has gone on to an epoch without it meanwhile, or does not judge yet). Between the caller's calls, the
+        same round's ``_ahead`` then recovers ahead of it."""
         pg, record, liveness = self._pg, self.record, self.liveness
-        if pg is not None and record is not None and liveness is not None \
+        if pg is not None and record is not None and liveness is not None and self._judges(record) \
                 and any(m.id in liveness.lapsed() for m in record.members):
             pg.abort()
 
@@ -415,7 +424,7 @@ class ElasticGroup:
         never connect), or another member's set-up failed and its vote aborted the epoch's first ballot (it
         stopped connecting). Either way this member votes too, and the survivors form the next epoch without
         waiting for ``timeouts.connect``."""
-        if self.liveness is not None:
+        if self.liveness is not None and self._judges(record):
             lapsed = self.liveness.lapsed()
             names = [m.name for m in record.members if m.id in lapsed]
             if names:

@@ -28,6 +28,8 @@ from ..errors import CollectiveTimeoutError, ConfigError, ErdmaError
 DONE, FAIL, DEAD = b"done", b"fail", b"dead"
 POLL_S = 0.05  # how often a waiting member looks at its transport for a lost peer
 SCAN_S = 1.0  # how often it reads every vote (a member that voted and died before counting itself)
+PREFER_S = 0.5  # on a store where every member sees every vote (``commits_first``): how long the others leave
+# the commit to member 0 once they see every vote done (several proposing it at once would duel)
 
 
 class CasStore(Protocol):
@@ -168,6 +170,8 @@ class Ballot:
         self._tickets = keys("tickets")
         self._moved = keys("moved", epoch)
         self._probes = keys("probes")
+        self._defers = bool(getattr(store, "commits_first", False)) and index != 0  # to member 0
+        self._done_at: float | None = None  # when this member first saw every vote done (``_look``)
 
     def _vote(self, member: int, value: bytes) -> bytes:
         return self.store.compare_set(self._key(member), b"", value)
@@ -212,7 +216,7 @@ class Ballot:
             raise ExcludedError(f"elastic: member {self.index} was counted as dead before it voted")
         if not ok:
             self._settle(b"abort")
-        elif self.store.add(self._key("count"), 1) == self.size:
+        elif self.store.add(self._key("count"), 1) == self.size and not self._defers:
             self._commit()
         scan_s = getattr(self.store, "scan_s", SCAN_S)  # (a store whose reads of votes are local looks sooner)
         scan = time.monotonic() + scan_s
@@ -257,4 +261,7 @@ class Ballot:
         if any(v in (FAIL, DEAD) for v in votes):
             self._settle(b"abort")
         elif all(v == DONE for v in votes):
-            self._commit()
+            now = time.monotonic()
+            self._done_at = now if self._done_at is None else self._done_at
+            if not self._defers or now - self._done_at >= PREFER_S:  # member 0 commits; the others once it
+                self._commit()  # has not for PREFER_S (it died, or stopped, after it voted)

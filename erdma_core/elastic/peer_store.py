@@ -63,6 +63,8 @@ KEEP_EPOCHS = 8  # records kept here before the current epoch (their members' li
 class PeerStore:
     founds = False  # the first epoch is the creator's (``founding``)
     scan_s = 0.1  # how often a waiting ballot looks at every vote: the votes it has learned, read here
+    commits_first = True  # each member counts the votes it learned: all see every vote done at once, so the
+    # commit is member 0's (the others' after ``membership.PREFER_S``), not a duel of every member's
 
     def __init__(self, bulletin: Any, secret: bytes, job: str, *, host: str, advertise: str,
                  towards: str | None = None) -> None:
