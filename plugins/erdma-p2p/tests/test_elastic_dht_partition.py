@@ -6,16 +6,18 @@ joins again as a newcomer. One state hash per step across all three: no split br
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from erdma_p2p.lab.natlab import STUN, NatLab, available, first_line
 
-from erdma_core.testing.elastic import ElasticJob, python, steps, until
+from erdma_core.testing.elastic import ElasticJob, Peer, python, steps, until
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 SECRET = "elastic-partition"
@@ -40,33 +42,43 @@ def found_in(lab: NatLab, dht: str, job: str) -> subprocess.Popen[str]:
     return proc
 
 
+@contextlib.contextmanager
+def dht_job(lab: NatLab, tmp_path: Path, name: str, env: dict[str, str]) -> Iterator[ElasticJob]:
+    """A job of 3 peers (``min_peers``) on a DHT node of ``lab``'s public segment, founded by a creator there;
+    the peers stop at ``tmp_path / "stop"``."""
+    dht = lab.serve_dht()
+    creator = found_in(lab, dht, name)
+    try:
+        with ElasticJob(python("-m", "erdma_core.testing.elastic_peer"), tmp_path, min_peers=3, secret=SECRET,
+                        store_url=f"dht://{dht}/{name}", env={**env, "STOP_FILE": str(tmp_path / "stop")}) as job:
+            yield job
+    finally:
+        creator.kill()
+
+
+def one_hash_per_step(*peers: Peer) -> None:
+    hashes: dict[int, set[str]] = {}
+    for p in peers:
+        for m in filter(None, map(STEP.search, p.lines)):
+            hashes.setdefault(int(m.group(1)), set()).add(m.group(3))
+    assert hashes and all(len(h) == 1 for h in hashes.values()), {s: h for s, h in hashes.items() if len(h) > 1}
+
+
 def test_the_side_without_a_majority_pauses_the_other_steps_on_and_the_cut_off_member_rejoins(tmp_path: Path) -> None:
-    with NatLab(3, tmp_path, public=frozenset({0, 1, 2})) as lab:
-        dht = lab.serve_dht()
-        creator = found_in(lab, dht, "part")
-        try:
-            with ElasticJob(python("-m", "erdma_core.testing.elastic_peer"), tmp_path, min_peers=3, secret=SECRET,
-                            store_url=f"dht://{dht}/part", env={**ENV, "STOP_FILE": str(tmp_path / "stop")}) as job:
-                cut, a, b = (job.start(wrap=["ip", "netns", "exec", lab.host(i)]) for i in range(3))
-                until(lambda: all(len(steps(p)) >= 3 for p in (cut, a, b)), "3 steps of the three", 180)
-                lab.partition({0})
-                cut_at, before_cut = time.monotonic(), len(steps(cut))
-                until(lambda: any(" n 2 " in line for line in steps(a)), "a step of the two without the one", 60)
-                time.sleep(max(0.0, cut_at + CUT_S - time.monotonic()))
-                # the one cut off: at most the step it was in when the cut came, then nothing; it says it paused
-                assert len(steps(cut)) <= before_cut + 1, steps(cut)[before_cut:]
-                assert any("paused" in line and "cut off from a majority" in line for line in cut.lines), \
-                    "\n".join(cut.lines[-10:])
-                lab.heal()
-                until(lambda: any(" n 3 " in line for line in steps(cut)[before_cut + 1:]),
-                      "the one cut off stepping with the two again", 120)
-                (tmp_path / "stop").touch()
-                assert [p.wait(60) for p in (cut, a, b)] == [0, 0, 0], "\n".join(cut.lines[-10:])
-                hashes: dict[int, set[str]] = {}
-                for p in (cut, a, b):
-                    for m in filter(None, map(STEP.search, p.lines)):
-                        hashes.setdefault(int(m.group(1)), set()).add(m.group(3))
-                assert hashes and all(len(h) == 1 for h in hashes.values()), \
-                    {s: h for s, h in hashes.items() if len(h) > 1}
-        finally:
-            creator.kill()
+    with NatLab(3, tmp_path, public=frozenset({0, 1, 2})) as lab, dht_job(lab, tmp_path, "part", ENV) as job:
+        cut, a, b = (job.start(wrap=["ip", "netns", "exec", lab.host(i)]) for i in range(3))
+        until(lambda: all(len(steps(p)) >= 3 for p in (cut, a, b)), "3 steps of the three", 180)
+        lab.partition({0})
+        cut_at, before_cut = time.monotonic(), len(steps(cut))
+        until(lambda: any(" n 2 " in line for line in steps(a)), "a step of the two without the one", 60)
+        time.sleep(max(0.0, cut_at + CUT_S - time.monotonic()))
+        # the one cut off: at most the step it was in when the cut came, then nothing; it says it paused
+        assert len(steps(cut)) <= before_cut + 1, steps(cut)[before_cut:]
+        assert any("paused" in line and "cut off from a majority" in line for line in cut.lines), \
+            "\n".join(cut.lines[-10:])
+        lab.heal()
+        until(lambda: any(" n 3 " in line for line in steps(cut)[before_cut + 1:]),
+              "the one cut off stepping with the two again", 120)
+        (tmp_path / "stop").touch()
+        assert [p.wait(60) for p in (cut, a, b)] == [0, 0, 0], "\n".join(cut.lines[-10:])
+        one_hash_per_step(cut, a, b)
