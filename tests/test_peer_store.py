@@ -130,11 +130,12 @@ def test_the_creator_founds_with_the_peers_named_when_a_racing_draw_left_a_ticke
     assert bulletin.get(keys("admit", 3), 0.0) == b"1"
 
 
-def test_a_look_at_an_undecided_key_sends_nothing_and_a_wait_reads_only_after_read_s():
+def test_a_look_at_an_undecided_key_sends_nothing_and_a_wait_reads_only_after_read_s(monkeypatch):
     """Members' set-ups look at the epoch's first outcome every 0.25 s, all at once: each look that read (a
     Paxos round with a higher ballot, waited for up to DECIDE_S) dueled with the others and with the
     proposal looked for, and stalled each set-up for seconds. A look only sees what this member learned; a
     wait reads once it has waited READ_S, since a decision's Chosen comes first."""
+    monkeypatch.setattr(peer_store, "READ_S", 30.0)  # (a wait of 0.3 s stays short of it on a busy machine)
     bulletin = Bulletin()
     stores = [peer_store.PeerStore(bulletin, b"s" * 32, "job", host="127.0.0.1", advertise="127.0.0.1")
               for _ in range(3)]

@@ -244,10 +244,11 @@ class Mesh:
         with self._lock:
             self._conns.add(conn)
             held = self._by_peer.get(peer)
-            if dialled or held is None or held.dead:
+            used = dialled or held is None or held.dead
+            if used:
                 self._by_peer[peer] = conn
         log.debug("elastic mesh: a connection %s %s (%s)", "to" if dialled else "from", peer,
-                  "used" if self._by_peer.get(peer) is conn else "kept beside the one in use")
+                  "used" if used else "kept beside the one in use")
         reader = threading.Thread(target=self._read, args=(peer, conn, mesh_wire.FrameReader(session)),
                                   name=f"erdma-mesh-read-{peer}", daemon=True)
         reader.start()
