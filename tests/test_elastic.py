@@ -789,3 +789,37 @@ def test_a_members_moved_path_reorders_every_members_ring_at_the_next_step(tmp_p
         else:
             assert order == [0, 1, 2, 3], (step + 1, order)
         assert {float(r[step][-1]) for r in rows} == {sum(mine) / 4}, (step + 1, [r[step] for r in rows])
+
+
+def test_a_path_check_nobody_starts_or_another_newcomer_replaced_is_asked_again_above_the_records_count(
+        served, monkeypatch):
+    """A store with no server can lose part of a count and give a number twice. The latest record counted 5
+    checks and the counter reads 1: the newcomer asks under 6, not 2 (the members are past 2 and would never
+    answer it). Nobody starts check 6 within ``ASK_AGAIN_S``: the verdict says to ask again, and the request
+    is closed. Another newcomer's request that replaced this one's under the same number ends the wait at once."""
+    from erdma_core.api.join import load_config
+
+    keys, conf = Keys("t"), load_config(None)
+    served[0].set(keys("epoch", 1), Record(1, (Member("m", "h:1", True),), 0, probes=5).encode())
+    monkeypatch.setattr(admission, "ASK_AGAIN_S", 1.0)
+    verdict = admission.check(served[0], lambda: served[1], conf, keys, "new", "h:3", time.monotonic() + 60,
+                              lambda: None)
+    assert verdict == admission.Verdict((), 0, unanswered=True), verdict
+    assert json.loads(served[0].get(keys("probe", 6), 1.0))["id"] == "new"
+    assert served[0].get(keys("probe", 6, "closed"), 1.0) == b"1"
+    with pytest.raises(CollectiveTimeoutError):
+        served[0].get(keys("probe", 2), 0.1)
+
+    monkeypatch.setattr(admission, "ASK_AGAIN_S", 60.0)
+    real_set = served[0].set
+
+    def raced(key: str, value: bytes) -> None:  # the other newcomer's write lands right after this one's
+        real_set(key, value)
+        if key == keys("probe", 7):
+            real_set(key, json.dumps({"id": "other", "name": "h:4", "members": ["m"]}).encode())
+
+    monkeypatch.setattr(served[0], "set", raced)
+    began = time.monotonic()
+    verdict = admission.check(served[0], lambda: served[1], conf, keys, "new", "h:3", time.monotonic() + 60,
+                              lambda: None)
+    assert verdict == admission.Verdict((), 0, unanswered=True) and time.monotonic() - began < 30, verdict

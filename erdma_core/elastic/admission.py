@@ -12,6 +12,9 @@ that started. A pair whose group does not come up within ``timeouts.connect`` (`
 the epoch would not connect either. A member that does not start within ``START_S`` of the first, or that
 leaves the latest epoch while its pair is checked (it died: the members formed an epoch without it), is left
 out; so is a member whose check was called off because the newcomer was done with the request.
+A request no member started answering within ``ASK_AGAIN_S``, or that another newcomer's replaced (a store with no
+server can give one number twice, and lose part of its count: a number at or below the latest record's count is
+drawn again above it), is asked again under a new number.
 The newcomer draws a ticket only when no pair failed; otherwise it says which pairs, in one line, and checks
 again later (5 s, then twice as long each time, at most 60 s), until ``elastic.join_timeout``.
 """
@@ -40,12 +43,14 @@ READ_S = 5.0  # how long a member waits for a request's record after the count t
 START_S = 5.0  # after the first member started answering, how long the others have to start (they all see the
 # request at the commit of the same step)
 LOOK_S = 1.0  # how often a newcomer reads the latest epoch while it checks (whether a member left it)
+ASK_AGAIN_S = 10.0  # a request no member started answering by then is asked again, under a new number
 
 
 @dataclass(frozen=True)
 class Verdict:
     unreachable: tuple[str, ...]  # names of the members no connection was made with
     checked: int  # members that took part
+    unanswered: bool = False  # no member started answering (ask again)
 
 
 def latest(store: CasStore, keys: Keys) -> Record | None:
@@ -78,12 +83,16 @@ def check(store: CasStore, open_client: Callable[[], Any], conf: Config, keys: K
     if record is None:
         return Verdict((), 0)
     n = store.add(keys("probes"), 1)
-    store.set(keys("probe", n), json.dumps({"id": me, "name": name, "members": [m.id for m in record.members]})
-              .encode())
+    if n <= record.probes:  # a count a store with no server lost part of: the members are past this number
+        n = store.add(keys("probes"), record.probes + 1 - n)
+    asked = json.dumps({"id": me, "name": name, "members": [m.id for m in record.members]}).encode()
+    store.set(keys("probe", n), asked)
     try:
-        started = _first_start(store, keys, n, record, deadline, finished)
+        started = _first_start(store, keys, n, asked, record, min(deadline, time.monotonic() + ASK_AGAIN_S),
+                               finished)
         if started is None:
-            return Verdict((), 0)
+            log.info("elastic: no member started on path check %d within %.0fs: asking again", n, ASK_AGAIN_S)
+            return Verdict((), 0, unanswered=time.monotonic() < deadline)
         results: dict[str, BaseException | None] = {}
         current = _Current(store, keys, record)
         threads = [threading.Thread(target=_pair, args=(open_client, conf, keys, n, m.id, 1, started + START_S,
@@ -132,11 +141,12 @@ class _Current:
         return why
 
 
-def _first_start(store: CasStore, keys: Keys, n: int, record: Record, deadline: float,
+def _first_start(store: CasStore, keys: Keys, n: int, asked: bytes, record: Record, until: float,
                  finished: Callable[[], None]) -> float | None:
     """Wait until a member of ``record`` starts answering request ``n`` (at its next committed step); the time
-    it did, or None at ``deadline``."""
-    while time.monotonic() < deadline:
+    it did, or None at ``until`` or once request ``n`` is no longer ``asked`` (another newcomer drew the same
+    number from a store with no server, whose counter can give one twice, and its request replaced this one)."""
+    while time.monotonic() < until:
         for m in record.members:
             try:
                 store.get(keys("probe", n, m.id, "start"), 0.0)
@@ -144,6 +154,11 @@ def _first_start(store: CasStore, keys: Keys, n: int, record: Record, deadline: 
             except CollectiveTimeoutError:
                 pass
         finished()
+        try:
+            if store.get(keys("probe", n), 0.0) != asked:
+                return None
+        except CollectiveTimeoutError:
+            pass
         time.sleep(0.5)
     return None
 

@@ -503,6 +503,8 @@ class ElasticGroup:
         while True:
             verdict = admission.check(self.store, self._clients, self.conf, self.keys, self.id, self.name, deadline,
                                       lambda: self._finished("its paths were checked"))
+            if verdict.unanswered:
+                continue
             if not verdict.unreachable:
                 if verdict.checked:
                     log.info("elastic: %s connects to the %d members it checked; drawing a ticket", self.name,

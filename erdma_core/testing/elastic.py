@@ -17,9 +17,14 @@ from ..cli.launcher import free_port
 from ..discovery.store import TCPStore
 
 
+def _clock(t: float) -> str:
+    return f"{time.strftime('%H:%M:%S', time.localtime(t))}.{int(t * 1000) % 1000:03d}"
+
+
 class Peer:
     def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
         self.proc, self.log = proc, log
+        self.started = time.time()
         self.lines: list[str] = []
         self.times: list[float] = []  # when each line came (time.monotonic())
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -27,10 +32,11 @@ class Peer:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        with open(self.log, "w") as f:
+        with open(self.log, "w") as f:  # the log file says when the peer started and when each line came
+            f.write(f"{_clock(self.started)} started, pid {self.proc.pid}\n")
             for raw in self.proc.stdout:
                 line = raw.decode(errors="replace")
-                f.write(line)
+                f.write(f"{_clock(time.time())} {line}")
                 f.flush()
                 self.times.append(time.monotonic())
                 self.lines.append(line.rstrip("\n"))

@@ -25,14 +25,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from functools import partial
 from typing import Any
 
-from kademlia.crawling import NodeSpiderCrawl
 from kademlia.network import Server
 from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
 
 from . import records
+from .lookup import Lookup, Rtt
 from .records import MAX_RECORD, shape_ok
 
 log = logging.getLogger("erdma.dht")
@@ -123,8 +124,10 @@ class _Protocol(KademliaProtocol):
     def __init__(self, source_node: Node, storage: Any, ksize: int) -> None:
         super().__init__(source_node, storage, ksize)
         self._wait_timeout = self.rpc_timeout
-        self._tasks: set[asyncio.Future[None]] = set()
+        self.tasks: set[asyncio.Future[Any]] = set()
         self._dead: dict[tuple[str, int], float] = {}
+        self.rtt = Rtt(self.rpc_timeout)  # over every RPC answered (``lookup``)
+        self._open: dict[tuple[str, int], float] = {}  # address -> since when a question to it is unanswered
 
     def _timeout(self, msg_id: bytes) -> None:
         """rpcudp's (5.x: pinned in pyproject.toml, since this replaces its private method), for a call whose
@@ -147,9 +150,15 @@ class _Protocol(KademliaProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         if 22 <= len(data) <= MAX_DATAGRAM:
-            task = asyncio.ensure_future(self._guarded(data, addr))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.spawn(self._guarded(data, addr))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+        """``coro`` as a task kept referenced until it ends (a request served; a question a lookup stopped
+        waiting for, which runs on to its RPC timeout)."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
 
     async def _guarded(self, data: bytes, addr: Any) -> None:
         try:
@@ -196,17 +205,33 @@ class _Protocol(KademliaProtocol):
         now = asyncio.get_running_loop().time()
         if self._dead.get(addr, 0.0) > now:
             return False, None
-        result = await call()
+        self._open.setdefault(addr, now)
+        try:
+            result = await call()
+        finally:
+            self._open.pop(addr, None)
         if not result[0]:
             self._dead[addr] = now + DEAD_FOR
         else:
+            self.rtt.sample(asyncio.get_running_loop().time() - now)
             self._dead.pop(addr, None)
         return result
+
+    def silent(self, addr: tuple[str, int], now: float, grace: float) -> bool:
+        """Whether a question to ``addr`` has been unanswered for ``grace`` already (another lookup's): a lookup
+        does not wait for it again."""
+        return now - self._open.get(addr, now) >= grace
 
     def welcome_if_new(self, node: Node) -> None:
         if node.id.startswith(CLIENT_PREFIX):
             return  # clients ask; they never route or store for others
         super().welcome_if_new(node)
+
+
+def _contact(t: Any) -> bool:
+    """Whether ``t`` in a find_node answer is a contact: (id of 20 bytes, host, port)."""
+    return (isinstance(t, (list, tuple)) and len(t) == 3 and isinstance(t[0], bytes) and len(t[0]) == 20
+            and isinstance(t[1], str) and isinstance(t[2], int))
 
 
 def _valid(name: str, args: Any, stores: bool) -> bool:
@@ -255,7 +280,7 @@ class DhtNode:
             await self.server.listen(port, bind or "0.0.0.0")
             sockname = self.server.transport.get_extra_info("sockname")
             if bootstrap:
-                await self.server.bootstrap(bootstrap)
+                await self._bootstrap(bootstrap)
             return sockname[0], sockname[1]
 
         addr = self.run(go(), timeout)
@@ -288,7 +313,7 @@ class DhtNode:
         found = await self._crawl(node)
         if not found and self._seen:
             self.server.protocol.forgive(list(self._seen))
-            await self.server.bootstrap(list(self._seen))
+            await self._bootstrap(list(self._seen))
             found = await self._crawl(node)
         for n in found:
             self._seen[(n.ip, n.port)] = None
@@ -302,8 +327,63 @@ class DhtNode:
             self._seen[(n.ip, n.port)] = None
         if not near:
             return []
-        return list(await NodeSpiderCrawl(self.server.protocol, node, near, self.server.ksize,
-                                          self.server.alpha).find())
+        proto = self.server.protocol
+        look = Lookup(node.long_id, near, self.server.ksize, self.server.alpha, proto.rtt.grace(self.rpc_timeout))
+        loop = asyncio.get_running_loop()
+        open_: dict[asyncio.Future[Any], Node] = {}
+        while True:
+            now = loop.time()
+            for n in look.to_ask(now):
+                if proto.silent((n.ip, n.port), now, look.grace):
+                    look.unwaited(n)
+                else:
+                    open_[proto.spawn(proto.call_find_node(n, node))] = n
+            wake = look.wake(now)
+            if look.done(now) or wake is None:
+                log.debug("lookup of %s: %s", node.id.hex()[:8], look.summary(now))
+                return look.nearest()  # questions still open run on to their timeout, unwaited
+            done, _ = await asyncio.wait(open_, timeout=max(0.0, wake - loop.time()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                asked = open_.pop(fut)
+                ok, answer = fut.result()
+                if ok and isinstance(answer, list):
+                    look.answered(asked, [Node(*t) for t in answer if _contact(t)])
+                else:
+                    look.failed(asked)
+
+    async def _bootstrap(self, addrs: list[tuple[str, int]]) -> None:
+        """Join through ``addrs``: ask each, and look up this node's id among those that answered (which fills
+        the routing table). Once one answered, the others are waited for only ``Rtt.grace`` more (a bootstrap
+        node that is down costs no RPC timeout when another is up)."""
+        proto, me = self.server.protocol, self.server.node.id
+        got = await self._answers({a: partial(proto.ping, a, me) for a in addrs})
+        found = [Node(answer, *a) for a, answer in got.items() if isinstance(answer, bytes) and len(answer) == 20]
+        for n in found:
+            proto.welcome_if_new(n)
+        if found:
+            await self._crawl(self.server.node)
+
+    async def _answers(self, calls: dict[tuple[str, int], Callable[[], Awaitable[Any]]]) -> dict[tuple[str, int], Any]:
+        """Each address's answer to its call, for the calls answered: all of them, or those answered by
+        ``Rtt.grace`` after the first answer (the others run on to their RPC timeout, unwaited: a node that is
+        down costs no RPC timeout when others are up)."""
+        proto, loop = self.server.protocol, asyncio.get_running_loop()
+        asks = {proto.spawn(proto.at(a, call)): a for a, call in calls.items()}
+        got: dict[tuple[str, int], Any] = {}
+        pending, until = set(asks), None
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED,
+                                               timeout=None if until is None else max(0.0, until - loop.time()))
+            if not done:
+                break
+            for fut in done:
+                ok, answer = fut.result()
+                if ok:
+                    got[asks[fut]] = answer
+            if got and until is None:
+                until = loop.time() + proto.rtt.grace(self.rpc_timeout)
+        return got
 
     def _asked(self, nodes: list[Node]) -> list[tuple[str, int]]:
         """The addresses a read or write goes to: ``nodes`` (the nearest) and the bootstrap nodes."""
@@ -317,9 +397,9 @@ class DhtNode:
         async def go() -> int:
             me, proto = self.server.node.id, self.server.protocol
             asked = self._asked(await self._nearest(dkey))
-            got = await asyncio.gather(*(proto.at(a, lambda a=a: proto.store(a, me, dkey, blob)) for a in asked))
+            got = await self._answers({a: partial(proto.store, a, me, dkey, blob) for a in asked})
             here = proto.stores and self.server.storage.put(dkey, blob, "local")
-            return sum(1 for ok, answer in got if ok and answer is True) + int(bool(here))
+            return sum(1 for answer in got.values() if answer is True) + int(bool(here))
 
         return int(self.run(go(), timeout))
 
@@ -329,9 +409,12 @@ class DhtNode:
         async def go() -> list[bytes]:
             me, proto = self.server.node.id, self.server.protocol
             asked = self._asked(await self._nearest(dkey))
-            got = await asyncio.gather(*(proto.at(a, lambda a=a: proto.find_value(a, me, dkey)) for a in asked))
+            t0 = asyncio.get_running_loop().time()
+            got = await self._answers({a: partial(proto.find_value, a, me, dkey) for a in asked})
+            log.debug("fetch of %s: %d of %d answered in %.3fs", dkey.hex()[:8], len(got), len(asked),
+                      asyncio.get_running_loop().time() - t0)
             here = self.server.storage.get(dkey) if proto.stores else None
-            return [a["value"] for ok, a in got if ok and isinstance(a, dict) and isinstance(a.get("value"), bytes)] \
+            return [a["value"] for a in got.values() if isinstance(a, dict) and isinstance(a.get("value"), bytes)] \
                 + ([here] if isinstance(here, bytes) else [])
 
         return list(self.run(go(), timeout))
@@ -339,7 +422,19 @@ class DhtNode:
     def stop(self) -> None:
         if self.loop.is_closed():
             return
-        self.loop.call_soon_threadsafe(self.server.stop)
+
+        async def end() -> None:  # questions still open (a lookup's unwaited ones) are called off
+            self.server.stop()
+            tasks = list(self.server.protocol.tasks) if self.server.protocol is not None else []
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._thread.is_alive():
+            try:
+                self.run(end(), self.rpc_timeout)
+            except TimeoutError:
+                pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5.0)
         if not self._thread.is_alive():
