@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from erdma_core.elastic import peer_store
+from erdma_core.elastic import admission, peer_store
 from erdma_core.elastic.membership import DONE, Keys, Member, Record
 from erdma_core.errors import CollectiveTimeoutError
 
@@ -78,6 +78,12 @@ def test_members_decide_through_many_epochs_and_give_back_what_they_are_done_wit
         assert held._regs._node.acceptor.keys() < 40  # the last steps' keys, not 15 epochs' worth
         assert ids[3] not in held._where_cache and ids[3] not in held.mesh._links  # left at epoch 6
         assert bulletin.data[keys("epoch", 16)] == nxt.encode()  # decided records are put on the bulletin
+        assert bulletin.data[keys("epoch", "latest")] == b"16"  # by its member 0, as the latest
+        for gone in (3, 4, 5, 9, 12, 14):  # what a DHT lost: a search that doubles and halves would stop at 2
+            del bulletin.data[keys("epoch", gone)]
+        assert admission.latest(bulletin, keys) == nxt
+        bulletin.data[keys("epoch", "latest")] = b"15"  # a hint behind: the next is read on
+        assert admission.latest(bulletin, keys) == nxt
     finally:
         for s in stores:
             s.close()

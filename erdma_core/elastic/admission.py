@@ -54,8 +54,9 @@ class Verdict:
 
 
 def latest(store: CasStore, keys: Keys) -> Record | None:
-    """The latest epoch's record in the store, or None before the job started (doubling, then halving: a few
-    reads however many epochs there were)."""
+    """The latest epoch's record in the store, or None before the job started. From the hint ``epoch/latest``
+    where a store keeps one (the peer store: a DHT loses old records, so the epochs it holds have gaps), else
+    by doubling, then halving (a few reads however many epochs there were); then on while the next is there."""
     def has(epoch: int) -> bool:
         try:
             store.get(keys("epoch", epoch), 0.0)
@@ -63,14 +64,21 @@ def latest(store: CasStore, keys: Keys) -> Record | None:
         except CollectiveTimeoutError:
             return False
 
-    if not has(1):
-        return None
-    low, high = 1, 2
-    while has(high):
-        low, high = high, high * 2
-    while high - low > 1:  # has(low), not has(high)
-        mid = (low + high) // 2
-        low, high = (mid, high) if has(mid) else (low, mid)
+    try:
+        low = int(store.get(keys("epoch", "latest"), 0.0))
+    except (CollectiveTimeoutError, ValueError):
+        low = 0
+    if low < 1 or not has(low):
+        if not has(1):
+            return None
+        low, high = 1, 2
+        while has(high):
+            low, high = high, high * 2
+        while high - low > 1:  # has(low), not has(high)
+            mid = (low + high) // 2
+            low, high = (mid, high) if has(mid) else (low, mid)
+    while has(low + 1):
+        low += 1
     return Record.decode(store.get(keys("epoch", low), 0.0))
 
 

@@ -20,8 +20,10 @@ their mesh; everything else goes on a bulletin (the DHT) that nobody needs to tr
   way, on a board per request among the newcomer and the members it asked, which the request's record
   (``probe/<n>``, on the bulletin) names.
 - Everything else (newcomers' tickets and names, the admissions the records imply, the path checks' requests,
-  ``finished``) is on the bulletin; a newcomer waiting for its admission adds 0 to the
-  ticket count each time it looks, so that its share, if a racing draw dropped it, comes back.
+  ``finished``, and ``epoch/latest``: the latest epoch's number, which its member 0 writes and writes again
+  while it runs, since the DHT loses old records and the epochs it holds have gaps) is on the bulletin; a
+  newcomer waiting for its admission adds 0 to the ticket count each time it looks, so that its share, if a
+  racing draw dropped it, comes back.
   ``compare_set`` there is "the value there, else this one": a race can only make a newcomer draw again (its
   ticket is not in the record it reads), since what is admitted is decided in the records.
 
@@ -88,6 +90,7 @@ class PeerStore:
         self._regs = Registers(self.member_id, self.mesh.channel(0), retired=self._retired)
         self._boards = Boards(self.member_id, self.mesh.channel(BOARDS), self._epoch_members)
         self._requests: dict[int, tuple[str, ...]] = {}  # path check n: the newcomer and the members it asked
+        self._hinted = 0  # the latest epoch this member wrote as ``epoch/latest`` (it was the record's member 0)
         self._probes = Boards(self.member_id, self.mesh.channel(PROBES), self._requests.get, what="path check")
         try:
             bulletin.set(self.keys("mesh", self.member_id), f"{advertise} {self.mesh.address[1]}".encode())
@@ -335,7 +338,15 @@ class PeerStore:
             with self._lock:
                 self._records[record.epoch] = record
                 self._held_records.add(record.epoch)
+                hint = record.index(self.member_id) == 0 and record.epoch > self._hinted
+                if hint:
+                    self._hinted = record.epoch
             self._bulletin.set(key, value)  # for newcomers and members that fell behind
+            if hint:  # the latest epoch, for newcomers (``admission.latest``): the DHT loses old records, so
+                self._bulletin.set(self.keys("epoch", "latest"), str(record.epoch).encode())  # the ones it holds
+                keep = getattr(self._bulletin, "keep", None)  # have gaps; written again while this member runs
+                if keep is not None:
+                    keep(self.keys("epoch", "latest"))
             return
         epoch, step = int(parts[1]), int(parts[2])
         with self._lock:
