@@ -53,6 +53,10 @@ TCP_OPTIONS = {
                           "does not cap a long, fat link (window / RTT per flow); the same on every rank. Ranks of "
                           "one host (Unix sockets) use one; a traversal that meets peers through NATs allows only 1",
                           minimum=1, maximum=64),
+    "congestion": Option(str, "auto", "congestion controller of every TCP data connection (TCP_CONGESTION): "
+                         "auto: bbr where the kernel offers it (a loss does not halve its rate, as it does cubic's, "
+                         "most hosts' default), else the host's default (said once at INFO); host: the host's "
+                         "default; or a name from /proc/sys/net/ipv4/tcp_available_congestion_control"),
     "tls": Option(bool, False, "encrypt every TCP connection with TLS 1.3 (the standard library's ssl), bound to "
                   "the job's secret, instead of sealing each frame in the clear (frames are sealed either way); "
                   "Unix sockets between ranks of one host stay plaintext"),
@@ -63,6 +67,13 @@ TCP_OPTIONS = {
 def erdma_register_transports(register: Register) -> None:
     register("tcp", _tcp, options=TCP_OPTIONS,
              description="TCP connections between rank pairs (one, or a pool of them), zero-copy receive", sdk=1)
+
+
+@hookimpl
+def erdma_doctor(config: Any) -> list[str]:
+    from ..transport.tcp import congestion
+
+    return [congestion.describe(config["transport.tcp.congestion"])]
 
 
 @hookimpl

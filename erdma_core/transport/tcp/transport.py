@@ -16,6 +16,7 @@ from ...errors import ConfigError
 from .. import addresses
 from ..base import TransportContext
 from ..sockets import dial, retrying
+from . import congestion
 from .stream import BACKLOG, SocketTransport
 
 
@@ -46,6 +47,7 @@ class TcpTransport(SocketTransport):
         self.tls = section["tls"]
         self.lend_bytes = section["single_copy_bytes"] if section["local_sockets"] else 0
         self.connections = section["connections"]
+        self.congestion = congestion.choose(section["congestion"])  # None: the host's default
 
     def meeting_point(self, ctx: TransportContext) -> tuple[socket.socket, list[addresses.Candidate]] | None:
         """The traversal's TCP socket (``ctx.tcp_socket``: bound, its NAT mapping learned), where this rank
@@ -124,6 +126,8 @@ class TcpTransport(SocketTransport):
             return
         if self.opts["nodelay"]:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.congestion is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, self.congestion.encode())
         # a connection is given up when what it sent (or a keepalive probe) has gone unacknowledged for the
         # collective timeout, not earlier: a lossy link that still delivers is not cut
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(self.give_up * 1000))
