@@ -197,7 +197,7 @@ def test_the_handshake_carries_the_pool_and_binds_it():
 
 def test_a_traversal_that_meets_peers_refuses_a_pool():
     section = {"single_copy_bytes": 0, "local_sockets": False, "spin_us": 0, "tls": False, "connections": 3,
-               "port": 0, "bind_address": "", "interface": ""}
+               "port": 0, "bind_address": "", "interface": "", "congestion": "auto"}
     transport = TcpTransport(None, section)
     with socket.socket() as sock:
         ctx = types.SimpleNamespace(tcp_socket=lambda: sock)

@@ -143,6 +143,11 @@ def _doctor(args: argparse.Namespace) -> int:
     except ErdmaError as exc:  # what init would refuse; the plugins' reports follow all the same
         print(f"problem: {exc}")
         problems += 1
+    from ..transport.tcp import congestion
+
+    said = congestion.describe(conf["transport.tcp.congestion"])
+    print(said)
+    problems += said.startswith("problem: ")
     for lines in comps.pm.hook.erdma_doctor(config=conf):
         for line in lines or ():
             print(line)

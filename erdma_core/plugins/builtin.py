@@ -70,13 +70,6 @@ def erdma_register_transports(register: Register) -> None:
 
 
 @hookimpl
-def erdma_doctor(config: Any) -> list[str]:
-    from ..transport.tcp import congestion
-
-    return [congestion.describe(config["transport.tcp.congestion"])]
-
-
-@hookimpl
 def erdma_register_discovery(register: Register) -> None:
     from .. import discovery
     from ..discovery import etcd
