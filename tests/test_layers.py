@@ -122,3 +122,98 @@ def test_the_walk_finds_an_upward_import_a_lazy_one_and_a_package_without_a_floo
 @pytest.mark.parametrize("floor", range(len(FLOORS)))
 def test_no_package_sits_on_two_floors(floor: int) -> None:
     assert all(FLOORS[floor].isdisjoint(other) for n, other in enumerate(FLOORS) if n != floor)
+
+
+def module_imports(root: Path, name: str = "erdma_core") -> dict[str, set[str]]:
+    """Each module's (file's, relative to ``root``) imports of other modules under ``root``, lazy ones and
+    those under ``TYPE_CHECKING`` too: ``from .pkg import x`` is ``pkg/x.py`` where that file exists, else
+    ``pkg/__init__.py``."""
+    def file_of(parts: list[str]) -> str | None:
+        rel = Path(*parts[1:]) if len(parts) > 1 else Path()
+        if (root / rel).with_suffix(".py").is_file() and parts[1:]:
+            return str(rel.with_suffix(".py"))
+        if (root / rel / "__init__.py").is_file():
+            return str(rel / "__init__.py")
+        return None
+
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        module = _module(rel)
+        is_package = rel.name == "__init__.py"
+        edges = graph.setdefault(str(rel), set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[list[str]] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name.split(".") for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = module[:len(module) - node.level + (1 if is_package else 0)] if node.level else []
+                head = base + (node.module.split(".") if node.module else [])
+                targets = [[*head, a.name] for a in node.names]
+            for parts in targets:
+                if parts[0] != name:
+                    continue
+                found = file_of(parts) or file_of(parts[:-1])
+                if found is not None and found != str(rel):
+                    edges.add(found)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_two_modules_of_the_core_import_each_other_even_through_others() -> None:
+    """The floors see packages; this sees files: two modules of one package that import each other (also
+    lazily, or for type hints only) are a cycle too."""
+    assert cycles(module_imports(CORE)) == []
+
+
+def test_the_module_walk_finds_a_cycle_through_a_lazy_and_a_type_only_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "erdma_core"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine" / "__init__.py").write_text("")
+    (pkg / "engine" / "a.py").write_text("def f():\n    from .b import g\n    return g\n")
+    (pkg / "engine" / "b.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    from . import c\n")
+    (pkg / "engine" / "c.py").write_text("from erdma_core.engine.a import f\n")
+    (pkg / "engine" / "d.py").write_text("from .a import f\n")
+    assert cycles(module_imports(pkg)) == [["engine/a.py", "engine/b.py", "engine/c.py"]]

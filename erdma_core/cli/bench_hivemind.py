@@ -12,15 +12,15 @@ import time
 from typing import Any
 
 from ..transport.addresses import route_source
-from .bench import _Gloo
+from .bench_backends import Gloo
 
 MATCHMAKING_S = 1.0  # hivemind's min_matchmaking_time: how long a round may wait to gather its group
 REQUEST_S = 0.5  # its request_timeout (it asks for less than the matchmaking time)
 ROUND_S = 300.0  # an averaging round that has not ended by then fails the benchmark
 
 
-class Hivemind(_Gloo):
-    """Gloo's process group for the bookkeeping (``_Gloo``), hivemind's averager for the op."""
+class Hivemind(Gloo):
+    """Gloo's process group for the bookkeeping (``Gloo``), hivemind's averager for the op."""
 
     name = "hivemind"
 

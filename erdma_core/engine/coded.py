@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,10 +24,8 @@ from ..transport.mailbox import as_bytes
 from ..transport.request import Request
 from ..transport.wire import RAW, Header
 from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
+from .op import Op
 from .program import Msg, Stage
-
-if TYPE_CHECKING:
-    from .executor import Op
 
 
 class _Job(NamedTuple):

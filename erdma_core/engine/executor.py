@@ -13,67 +13,25 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from ..errors import AbortedError, CollectiveError, CollectiveTimeoutError, ErdmaError
 from ..protocol import reduce_ops
-from ..protocol.reduce_ops import ReduceOp
 from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
 from ..transport.request import Request
-from ..transport.wire import DATA, NO_ROOT, RAW, make_header
+from ..transport.wire import RAW, make_header
 from .codecs import NO_CODECS, Codecs
 from .coded import Coded, decode
+from .op import Op
 from .program import Msg, Program, Stage
 
 ScratchFor = Callable[[int, np.dtype, int], np.ndarray]
 
 
-class _OpFields(NamedTuple):
-    name: str
-    algorithm: str
-    opcode: int
-    dtype: str
-    dtype_code: int
-    numel: int
-    job: int
-    group: int
-    label: str  # how errors name the group: "group 3", "group 1 (tp)"
-    reduce_op: ReduceOp | None
-    root: int  # the root's rank in the group (rooted ops), else wire.NO_ROOT
-    timeout: float
-    ranks: Sequence[int]
-    rank: int
-    head: tuple[int, ...]  # the first fields of every DATA header of the op (kind to group), worked out once
-    seq: int
-    key: Hashable | None
-    deadline: float
-
-
-class Op(_OpFields):
-    """One collective's identity on the wire, its limits and, for error feedback, the caller's buffer
-    identity (``key``; None: no stable identity). Built with keywords; ``again`` makes the next call's from
-    a cached one (a new sequence number, key and deadline) for the price of a tuple."""
-
-    __slots__ = ()
-
-    def __new__(cls, *, name: str, opcode: int, dtype: str, dtype_code: int, numel: int, job: int, group: int,
-                seq: int, reduce_op: ReduceOp | None, timeout: float, ranks: Sequence[int],
-                rank: int, algorithm: str = "", key: Hashable | None = None, root: int = NO_ROOT,
-                label: str = "") -> Op:
-        head = (DATA, job, dtype_code, opcode, reduce_op.code if reduce_op else 0, root, group)
-        return _new(cls, (name, algorithm, opcode, dtype, dtype_code, numel, job, group, label or f"group {group}",
-                          reduce_op, root, timeout, ranks, rank, head, seq, key, time.monotonic() + timeout))
-
-    def again(self, seq: int, key: Hashable | None) -> Op:
-        return _new(Op, (*self[:_PER_CALL], seq, key, time.monotonic() + self.timeout))
-
-
-_new = tuple.__new__
-_PER_CALL = _OpFields._fields.index("seq")  # fields from 'seq' on change with every call
 _Pending = tuple[Request, Msg, "np.ndarray | None"]
 
 
