@@ -24,6 +24,7 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma": ("erdma", {}),  # TCP between hosts; Unix sockets between ranks on one host (loopback)
     "erdma-tcp": ("erdma", {"ERDMA_TRANSPORT_TCP_LOCAL_SOCKETS": "false"}),  # TCP even on one host
     "erdma-pool8": ("erdma", {"ERDMA_TRANSPORT_TCP_CONNECTIONS": "8"}),  # a pool of 8 TCP connections per pair
+    "erdma-host-cc": ("erdma", {"ERDMA_TRANSPORT_TCP_CONGESTION": "host"}),  # TCP on the hosts' controller (--cc)
     # erdma-quic on its default engine (the compiled one, ngtcp2, where it was built), and on each by name
     "erdma-quic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET}),
     "erdma-quic-ngtcp2": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET,
