@@ -3,7 +3,8 @@ RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the QUIC settings in the environm
 
     python flood_job.py STOP_FILE
 
-It runs allreduces, each checked bit for bit against numpy, until STOP_FILE exists; every half second rank 0
+It runs allreduces, each checked bit for bit against numpy, until STOP_FILE exists (one at least: on a busy
+machine rank 1's join can end after the flood did, when the file is already there); every half second rank 0
 samples its resident memory and the QUIC connection objects alive in it (sessions, connections of either
 engine, the compiled engine's connections). Prints one JSON line: iterations, wrong results, the samples'
 first and largest memory, the most connection objects seen and those alive at the end.
@@ -64,16 +65,16 @@ def main() -> int:
         samples.append((rss(), connection_objects()))
         sampler.start()
     iters = wrong = 0
-    while True:
-        flag = np.array([stop.exists()], dtype=np.int32)
-        pg.allreduce(flag, op=erdma_core.ReduceOp.MAX)  # every rank stops at the same iteration
-        if flag[0]:
-            break
+    while True:  # one checked allreduce at least: the stop file may be there before a slow join ends
         arr = ((np.arange(4096, dtype=np.int64) * (r + 1) + iters) % 4096).astype(np.float32)
         want = sum(((np.arange(4096, dtype=np.int64) * (k + 1) + iters) % 4096) for k in range(2)).astype(np.float32)
         pg.allreduce(arr)
         wrong += int(not np.array_equal(arr.view(np.uint32), want.view(np.uint32)))
         iters += 1
+        flag = np.array([stop.exists()], dtype=np.int32)
+        pg.allreduce(flag, op=erdma_core.ReduceOp.MAX)  # every rank stops at the same iteration
+        if flag[0]:
+            break
         time.sleep(0.01)
     done.set()
     if sampler.is_alive():
