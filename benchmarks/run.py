@@ -29,6 +29,7 @@ from benchmarks.launch import SYSTEMS, JobFailed, run_job
 from benchmarks.netlab.topology import Lab, remove_stale
 from benchmarks.scenarios import SCENARIOS, scenario
 from erdma_core.cli.bench import BUS_FACTOR
+from erdma_core.transport.tcp import congestion
 
 
 def _list(text: str, valid: Any, what: str) -> list[str]:
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _host_cc() -> str:
-    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    return congestion.host_default()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Which congestion controller the built-in TCP's data connections run (``transport.tcp.congestion``), set per
 socket with ``TCP_CONGESTION`` rather than left to the host's default.
 
-Most Linux hosts default to cubic, which halves its window at each loss: in erdma-p2p's lab a 4-rank 16 MiB
-allreduce over TCP on ``lossy`` (1% loss, 100 Mbit/s, 40 ms) took 69.3 s with cubic hosts and 4.5 s over
-erdma-quic (BBR), and with BBR hosts the two were within 1.0-1.25x. ``auto`` (the default) picks BBR where the
+Most Linux hosts default to cubic, which halves its window at each loss: in the benchmark lab, with cubic hosts,
+a 4-rank 16 MiB allreduce over TCP on ``lossy`` (1% loss, 100 Mbit/s, 40 ms) took 72.2 s on the hosts' cubic and
+2.8 s on BBR (docs/benchmarks.md, "The built-in TCP's congestion controller"). ``auto`` (the default) picks BBR where the
 kernel offers it (listed in ``/proc/sys/net/ipv4/tcp_available_congestion_control``, or loadable: a process with
 CAP_NET_ADMIN loads ``tcp_bbr`` by asking for it) and otherwise keeps the host's default, saying so once at INFO;
 ``host`` always keeps the host's; any other value names a controller, which must be available.
