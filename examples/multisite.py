@@ -75,6 +75,10 @@ def main() -> None:
     shards = [p.to_local() for p in model.parameters()]  # this rank's shards: the same index in every site
     anchor = [s.detach().clone() for s in shards]  # the parameters of the last outer step
     momentum = [torch.zeros_like(s) for s in shards]
+    # one pseudo-gradient buffer per shard, kept across outer steps: a lossy compressor's error feedback
+    # follows a buffer by its memory (torch.distributed passes no key), so a temporary would hand its residual
+    # to whatever tensor the allocator puts at that address next
+    pseudos = [torch.empty_like(s) for s in shards]
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     held_out = teacher(512, torch.Generator().manual_seed(7))
 
@@ -90,8 +94,8 @@ def main() -> None:
             nn.functional.mse_loss(model(x), y).backward()  # FSDP2 reduce-scatters the gradients in the site
             inner.step()
         with torch.no_grad():
-            for s, a, m in zip(shards, anchor, momentum, strict=True):
-                pseudo = a - s  # how far this site's inner steps moved the shard
+            for s, a, m, pseudo in zip(shards, anchor, momentum, pseudos, strict=True):
+                torch.sub(a, s, out=pseudo)  # how far this site's inner steps moved the shard
                 dist.all_reduce(pseudo, group=cross)  # across the sites: the outer step's one collective
                 pseudo /= args.sites
                 raw += pseudo.numel() * pseudo.element_size()
