@@ -29,7 +29,7 @@ from benchmarks.launch import SYSTEMS, JobFailed, run_job
 from benchmarks.netlab.topology import Lab, remove_stale
 from benchmarks.scenarios import SCENARIOS, scenario
 from erdma_core.cli.bench import BUS_FACTOR
-from erdma_core.transport.tcp import congestion
+from erdma_core.net import congestion
 
 
 def _list(text: str, valid: Any, what: str) -> list[str]:

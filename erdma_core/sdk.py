@@ -38,24 +38,26 @@ from .config.option import Option
 from .engine.offload import Fallback, OffloadCall, OffloadContext
 from .errors import *  # noqa: F403  (every error: errors.__all__)
 from .errors import __all__ as _ERRORS
+from .net import addresses, meet
+from .net.addresses import Candidate, route_source
+from .net.sockets import recv_exact, retrying
+from .net.wakeup import WakePipe
 from .plugins.hookspecs import Check, Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 from .protocol import dtypes, reduce_ops
 from .protocol.ops import COLLECTIVES, OFFLOADABLE
 from .protocol.reduce_ops import ReduceOp
 from .protocol.sdk import VERSION
 from .protocol.store import Store
-from .transport import addresses, auth, integrity, meet, verdicts
-from .transport.addresses import Candidate, route_source
+from .security import auth, integrity
+from .transport import verdicts
 from .transport.base import FAILED_PREFIX, MessageTransport, Transport, TransportContext, await_key, failed_elsewhere
 from .transport.frames import DIRECT_BYTES, FrameInbox, StreamReader
 from .transport.leftovers import running
 from .transport.request import Request
-from .transport.sockets import recv_exact, retrying
-from .transport.tcp.single_copy import address_of
-from .transport.tcp.stream import SocketTransport
-from .transport.wakeup import WakePipe
-from .transport.wire import DATA, FRAME, HELLO, HELLO_ACCEPTED, HELLO_REQUEST, MAX_CONTROL_BYTES, Header, Hello
+from .transport.stream.single_copy import address_of
+from .transport.stream.socket_transport import SocketTransport
 from .traversal import Traversal
+from .wire import DATA, FRAME, HELLO, HELLO_ACCEPTED, HELLO_REQUEST, MAX_CONTROL_BYTES, Header, Hello
 
 __all__ = [
     # registration

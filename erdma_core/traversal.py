@@ -28,7 +28,7 @@ class Traversal(Protocol):
     A strategy that prepares a TCP port offers ``tcp_socket() -> socket``: a TCP socket bound with
     SO_REUSEADDR and SO_REUSEPORT whose NAT mapping it learned (``candidates`` answers for its port). A stream
     transport (the built-in TCP) then listens on it and meets every peer of another host from that port,
-    both ranks connecting at once (``erdma_core.transport.meet``), so that each opens its own NAT; it raises
+    both ranks connecting at once (``erdma_core.net.meet``), so that each opens its own NAT; it raises
     ``ConfigError`` for settings it cannot keep over TCP."""
 
     def advertise(self, host: str, port: int) -> tuple[str, int]:

@@ -220,7 +220,7 @@ def test_bad_values_name_where_they_came_from(tmp_path, monkeypatch):
                   "host (Cannot assign requested address)"),
 ])
 def test_a_bind_address_must_resolve_to_an_address_of_this_host(value, message):
-    from erdma_core.transport.addresses import choose
+    from erdma_core.net.addresses import choose
 
     with pytest.raises(ConfigError) as info:
         choose(value, "", None)

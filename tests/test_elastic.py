@@ -28,10 +28,10 @@ from erdma_core.elastic.group import ElasticGroup
 from erdma_core.elastic.membership import DEAD, DONE, Ballot, ExcludedError, Keys, Member, Outcome, Record
 from erdma_core.elastic.prefix import PrefixStore
 from erdma_core.errors import AbortedError, CollectiveTimeoutError, ErdmaError, PeerLostError
+from erdma_core.net.sockets import recv_exact
+from erdma_core.security import auth
 from erdma_core.testing.elastic import ElasticJob, ask_where, python, stopped_peer_counted_out
-from erdma_core.transport import auth
 from erdma_core.transport.base import TransportContext, failed_elsewhere
-from erdma_core.transport.sockets import recv_exact
 
 PEER = ("-m", "erdma_core.testing.elastic_peer")
 
@@ -431,7 +431,7 @@ def test_a_set_up_dialling_a_peer_that_went_ends_soon_after_it_is_called_off(ser
     ``timeouts.connect`` (60 s in the test that found it). The TCP transport now looks between slices of its
     dial whether the set-up was called off (the epoch's store view raises AbortedError once it is)."""
     from erdma_core.api.join import load_config
-    from erdma_core.transport.tcp.stream import DIAL_SLICE_S
+    from erdma_core.transport.stream.socket_transport import DIAL_SLICE_S
     from erdma_core.transport.tcp.transport import TcpTransport
 
     gone = socket.socket()

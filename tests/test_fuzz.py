@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from erdma_core import AuthenticationError, CollectiveError, ProtocolError
+from erdma_core import AuthenticationError, CollectiveError, ProtocolError, wire
 from erdma_core.discovery import store
-from erdma_core.transport import auth, wire
+from erdma_core.security import auth
 from erdma_core.transport.frames import FrameInbox, StreamReader
 from erdma_core.transport.mailbox import Mailbox
-from erdma_core.transport.wire import ABORT, BYE, DATA, FRAME, FRAME_MAGIC, MAX_CONTROL_BYTES, MAX_PAYLOAD, Header, abort_error
+from erdma_core.wire import ABORT, BYE, DATA, FRAME, FRAME_MAGIC, MAX_CONTROL_BYTES, MAX_PAYLOAD, Header, abort_error
 
 _EXPLORE = os.environ.get("ERDMA_FUZZ_EXAMPLES")  # set: that many new random cases per parser (make fuzz)
 CASES = settings(max_examples=int(_EXPLORE or 2_000), deadline=None, suppress_health_check=list(HealthCheck),

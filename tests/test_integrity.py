@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from erdma_core import IntegrityError
-from erdma_core.transport import integrity
+from erdma_core.security import integrity
 from erdma_core.transport.frames import DIRECT_BYTES, FrameInbox, StreamReader
 from erdma_core.transport.mailbox import Mailbox
-from erdma_core.transport.wire import ABORT, DATA, FRAME, Header, abort_body, control
+from erdma_core.wire import ABORT, DATA, FRAME, Header, abort_body, control
 
 JOB = 0x5EC0
 HEAD = FRAME.size + integrity.SEAL.size

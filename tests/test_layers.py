@@ -18,7 +18,9 @@ CORE = Path(erdma_core.__file__).parent
 # exports and below the front ends that use it.
 FLOORS: list[set[str]] = [
     {"protocol", "errors"},
-    {"config", "compression", "traversal", "algorithms", "logs"},
+    {"wire", "net", "logs"},
+    {"config", "compression", "traversal", "algorithms"},
+    {"security"},
     {"transport"},
     {"discovery"},
     {"plugins"},
@@ -112,7 +114,7 @@ def test_the_walk_finds_an_upward_import_a_lazy_one_and_a_package_without_a_floo
     (pkg / "gadgets" / "g.py").write_text("from ..engine import run\n")
     (pkg / "errors.py").write_text("")
     bad = upward(pkg)
-    assert "config/schema.py:2: config (floor 1) imports engine (floor 5)" in bad
+    assert "config/schema.py:2: config (floor 2) imports engine (floor 7)" in bad
     assert "protocol/ops.py:3: protocol (floor 0) imports errors (floor 0)" in bad
     assert "gadgets/g.py:1: gadgets -> engine: a package with no floor in tests/test_layers.py" in bad
     assert not [b for b in bad if b.startswith("engine/run.py")]  # engine -> protocol, config: down
@@ -217,3 +219,11 @@ def test_the_module_walk_finds_a_cycle_through_a_lazy_and_a_type_only_import(tmp
     (pkg / "engine" / "c.py").write_text("from erdma_core.engine.a import f\n")
     (pkg / "engine" / "d.py").write_text("from .a import f\n")
     assert cycles(module_imports(pkg)) == [["engine/a.py", "engine/b.py", "engine/c.py"]]
+
+
+def test_only_the_transport_package_and_the_registration_reach_the_tcp_transport() -> None:
+    """Discovery, the API and the SDK stand on ``security`` and ``net`` and on the stream transports' base, not
+    on the built-in TCP: only ``plugins/builtin.py`` names it, to register it as a plugin registers its own."""
+    reach = sorted(f"{src} -> {dst}" for src, dsts in module_imports(CORE).items() for dst in dsts
+                   if dst.startswith("transport/tcp/") and not src.startswith("transport/"))
+    assert reach == ["plugins/builtin.py -> transport/tcp/__init__.py"]

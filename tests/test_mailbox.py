@@ -9,7 +9,7 @@ import pytest
 from erdma_core.errors import MismatchError, ProtocolError
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.request import Request
-from erdma_core.transport.wire import DATA, FRAME, Header
+from erdma_core.wire import DATA, FRAME, Header
 
 JOB = 0xABCDEF0123
 

@@ -1,5 +1,5 @@
 """The built-in TCP transport on a socket its traversal prepared (``Traversal.tcp_socket``): every pair of ranks
-meets from those ports, both connecting at once (``erdma_core.transport.meet``), with the job's handshake
+meets from those ports, both connecting at once (``erdma_core.net.meet``), with the job's handshake
 deciding roles by rank; what each rank reports as its paths; settings that cannot take effect are refused.
 Through real NATs: plugins/erdma-p2p/tests/test_nat.py."""
 
@@ -14,12 +14,12 @@ import pytest
 
 from erdma_core import ConfigError
 from erdma_core.discovery import FileStore
+from erdma_core.net import meet
+from erdma_core.net.addresses import Candidate
 from erdma_core.plugins.builtin import TCP_OPTIONS
-from erdma_core.transport import meet
-from erdma_core.transport.addresses import Candidate
 from erdma_core.transport.base import TransportContext
 from erdma_core.transport.tcp import TcpTransport
-from erdma_core.transport.wire import DATA, Header
+from erdma_core.wire import DATA, Header
 
 SECRET = b"meet-test-secret"
 

@@ -40,8 +40,8 @@ def test_core_layout_shows_the_layers():
 def test_stream_transports_write_only_set_up_and_byte_movement():
     """TCP keeps no matching, ABORT or BYE code of its own: the base does it once for every transport."""
     from erdma_core.transport.base import MessageTransport
+    from erdma_core.transport.stream.socket_transport import SocketTransport
     from erdma_core.transport.tcp import TcpTransport
-    from erdma_core.transport.tcp.stream import SocketTransport
 
     assert issubclass(TcpTransport, SocketTransport) and issubclass(SocketTransport, MessageTransport)
     shared = {"connect", "isend", "irecv", "begin", "abort", "close", "peer_lost"}

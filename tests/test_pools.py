@@ -17,11 +17,11 @@ import pytest
 
 from erdma_core.engine.program import chunk_bytes
 from erdma_core.errors import AuthenticationError, ConfigError, PeerLostError
-from erdma_core.transport import auth
+from erdma_core.security import auth
 from erdma_core.transport.frames import FrameInbox, Pool
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.tcp import TcpTransport
-from erdma_core.transport.wire import BYE, DATA, Header, control
+from erdma_core.wire import BYE, DATA, Header, control
 
 TCP_ONLY = pytest.mark.skipif(os.environ.get("ERDMA_TRANSPORT", "tcp") != "tcp", reason="a TCP transport feature")
 POOL = {"transport.tcp.connections": 4, "transport.tcp.local_sockets": False, "collectives.chunk_bytes": 1 << 17}

@@ -1,4 +1,4 @@
-"""The socket driver on its own (``transport/tcp/progress.py``), over a socket pair: frames written at once or
+"""The socket driver on its own (``transport/stream/progress.py``), over a socket pair: frames written at once or
 finished by a waiting thread, byte for byte and in order; ``spin`` decides how long a waiter polls before it
 sleeps."""
 
@@ -14,7 +14,7 @@ from erdma_core.errors import PeerLostError
 from erdma_core.transport.frames import FrameInbox, StreamReader
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.request import Request
-from erdma_core.transport.tcp.progress import Channel, Progress
+from erdma_core.transport.stream.progress import Channel, Progress
 
 
 def driver(spin: float) -> tuple[Progress, socket.socket]:

@@ -19,11 +19,11 @@ from erdma_core import AuthenticationError, ConfigError, ProtocolError
 from erdma_core.cli.launcher import free_port
 from erdma_core.discovery import FileStore, TCPStore
 from erdma_core.discovery import store as store_mod
+from erdma_core.net.sockets import recv_exact
+from erdma_core.security import auth
 from erdma_core.testing.world import World
-from erdma_core.transport import auth
 from erdma_core.transport.mailbox import Mailbox
-from erdma_core.transport.sockets import recv_exact
-from erdma_core.transport.wire import DATA, Header
+from erdma_core.wire import DATA, Header
 
 SECRET = b"the job's secret"
 
@@ -228,14 +228,14 @@ def test_a_replayed_hello_is_refused():
 
 
 def test_idle_connections_do_not_block_set_up(tmp_path, caplog, monkeypatch):
-    from erdma_core.transport.tcp import accept
+    from erdma_core.security import gate
 
-    monkeypatch.setattr(accept, "HANDSHAKE_S", 600.0)  # they never expire: rank 1 gets in beside them
+    monkeypatch.setattr(gate, "HANDSHAKE_S", 600.0)  # they never expire: rank 1 gets in beside them
     store, results = FileStore(tmp_path), {}
     with caplog.at_level(logging.WARNING, "erdma.transport"):
         r0 = _start(_rank, 0, store, SECRET, results, 30.0)
         addr = _address(store, 0)
-        idle = [socket.create_connection(addr) for _ in range(accept.MAX_PENDING + 8)]  # and say nothing
+        idle = [socket.create_connection(addr) for _ in range(gate.MAX_PENDING + 8)]  # and say nothing
         slow = socket.create_connection(addr)
         slow.sendall(auth.pack_hello(auth.REQUEST, 0x5EC, 1, 2)[:10])  # a third of a HELLO, then nothing
         r1 = _start(_rank, 1, store, SECRET, results, 30.0)
@@ -423,7 +423,7 @@ def test_a_rank_whose_dialled_peer_is_stopped_still_hears_that_a_rank_gave_up(tm
 
 
 def tls_allreduce(pg):
-    from erdma_core.transport.tcp.tls import TlsSocket
+    from erdma_core.transport.stream.tls import TlsSocket
 
     encrypted = all(isinstance(ch.sock, TlsSocket) for ch in pg.rt.transport.channels.values())
     out = []
@@ -449,7 +449,7 @@ def _relay(listener: socket.socket, upstream: tuple[str, int], seen: list) -> No
     sides with a certificate of its own, to read and change what follows."""
     import ssl
 
-    from erdma_core.transport.tcp import tls as tls_mod
+    from erdma_core.transport.stream import tls as tls_mod
 
     down, _ = listener.accept()
     up = socket.create_connection(upstream)

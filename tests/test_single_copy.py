@@ -1,4 +1,4 @@
-"""Single-copy transfers between ranks of one host (``transport/tcp/single_copy.py``): the kernel call, the
+"""Single-copy transfers between ranks of one host (``transport/stream/single_copy.py``): the kernel call, the
 set-up probe between two real processes, the mailbox's handling of lent messages (sans-IO, with a recording
 ``pull``) and whole jobs that lend, or do not, with results checked against numpy."""
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from erdma_core.errors import MismatchError, PeerLostError, ProtocolError
+from erdma_core.net.sockets import recv_exact
 from erdma_core.transport.mailbox import Lent, Mailbox
 from erdma_core.transport.request import Request
-from erdma_core.transport.sockets import recv_exact
-from erdma_core.transport.tcp import single_copy
-from erdma_core.transport.wire import DATA, Header
+from erdma_core.transport.stream import single_copy
+from erdma_core.wire import DATA, Header
 
 pytestmark = pytest.mark.skipif(not single_copy.available(), reason="needs Linux process_vm_readv")
 JOB = 0x5EC0DC0

@@ -13,9 +13,10 @@ import pytest
 
 from erdma_core.discovery import FileStore
 from erdma_core.errors import ConfigError
+from erdma_core.net import congestion
 from erdma_core.plugins.builtin import TCP_OPTIONS
 from erdma_core.transport.base import TransportContext
-from erdma_core.transport.tcp import TcpTransport, congestion
+from erdma_core.transport.tcp import TcpTransport
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="no TCP_CONGESTION (not Linux)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from erdma_core import ReduceOp
+from erdma_core import ReduceOp, wire
 from erdma_core.errors import (
     AbortedError,
     CollectiveTimeoutError,
@@ -16,8 +16,8 @@ from erdma_core.errors import (
 )
 from erdma_core.protocol import dtypes
 from erdma_core.protocol.ops import COLLECTIVES, OPS
-from erdma_core.transport import auth, integrity, wire
-from erdma_core.transport.wire import FRAME, HELLO, Header, Hello
+from erdma_core.security import auth, integrity
+from erdma_core.wire import FRAME, HELLO, Header, Hello
 
 
 def test_layouts_and_sizes():

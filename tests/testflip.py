@@ -17,8 +17,8 @@ from typing import Any
 
 from erdma_core import hookimpl
 from erdma_core.config import Option
-from erdma_core.transport import auth, integrity
-from erdma_core.transport.wire import FRAME
+from erdma_core.security import auth, integrity
+from erdma_core.wire import FRAME
 
 _HANDSHAKE = {"listener": auth.HELLO.size + auth.MAC, "dialler": 2 * auth.HELLO.size + auth.MAC}
 _HEAD = FRAME.size + integrity.SEAL.size

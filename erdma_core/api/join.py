@@ -22,10 +22,9 @@ from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, CollectiveError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate
 from ..protocol.ops import COLLECTIVES
-from ..transport import auth
+from ..security import auth
 from ..transport.base import MessageTransport, TransportContext, failed_elsewhere, failure_key
 from ..transport.paired import PairedTransport
-from ..transport.tcp.stream import SocketTransport
 from .process_group import ProcessGroup
 
 log = logging.getLogger("erdma")
@@ -149,7 +148,7 @@ def init_with_store(store: Any, rank: int, world_size: int, conf: cfg.Config, *,
         transport = _transport(comps, conf)
         codecs = _codecs(comps, conf, getattr(transport, "link_rate", None), rank)
         udp = getattr(traversal, "udp_socket", None)
-        stream = isinstance(transport, (SocketTransport, PairedTransport))  # a TCP socket from the traversal first
+        stream = getattr(transport, "streams", False)  # it meets peers over TCP: the traversal's TCP socket
         paired = isinstance(transport, PairedTransport)
         transport.connect(TransportContext(rank=rank, world_size=world_size, store=store, job=job,
                                            connect_timeout=connect_timeout, advertise=traversal.advertise,

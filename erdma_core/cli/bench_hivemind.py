@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from ..transport.addresses import route_source
+from ..net.addresses import route_source
 from .bench_backends import Gloo
 
 MATCHMAKING_S = 1.0  # hivemind's min_matchmaking_time: how long a round may wait to gather its group

@@ -113,8 +113,8 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from ..net.addresses import interface_ipv4
     from ..plugins.manager import components
-    from ..transport.addresses import interface_ipv4
 
     print("interfaces:")
     for _, name in socket.if_nameindex():
@@ -143,7 +143,7 @@ def _doctor(args: argparse.Namespace) -> int:
     except ErdmaError as exc:  # what init would refuse; the plugins' reports follow all the same
         print(f"problem: {exc}")
         problems += 1
-    from ..transport.tcp import congestion
+    from ..net import congestion
 
     said = congestion.describe(conf["transport.tcp.congestion"])
     print(said)

@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 from ..config.option import Option
 from ..config.schema import MAX_TIMEOUT
 from ..errors import AuthenticationError, CollectiveTimeoutError, ConfigError, ErdmaError
-from ..transport import auth
+from ..security import auth
 
 log = logging.getLogger("erdma.discovery")
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from ..config.schema import MAX_TIMEOUT
 from ..errors import AuthenticationError, CollectiveTimeoutError, ErdmaError, ProtocolError
-from ..transport import auth
-from ..transport.admission import HANDSHAKE_S
-from ..transport.sockets import close_gently, dial, recv_exact
-from ..transport.tcp.accept import POLL, Gate, Handshake
+from ..net.sockets import close_gently, dial, recv_exact
+from ..security import auth
+from ..security.admission import HANDSHAKE_S
+from ..security.gate import POLL, Gate, Handshake
 
 log = logging.getLogger("erdma.discovery")
 
@@ -32,7 +32,7 @@ _RESP = struct.Struct("<BI")  # status (0 ok, 1 timeout, 2 refused), value lengt
 MAX_KEY = 4096  # bytes of a key
 MAX_VALUE = 16 << 20  # bytes of a value
 MAX_CLIENTS = 256  # proven connections at once (ranks, torch's helpers)
-MAX_UNPROVEN = 512  # connections still in their handshake (``accept.Gate``; a client refused tries again)
+MAX_UNPROVEN = 512  # connections still in their handshake (``gate.Gate``; a client refused tries again)
 PER_SOURCE = 32  # of them from one address (the ranks of a host start at once)
 
 
@@ -76,7 +76,7 @@ def parse_request(head: bytes) -> tuple[int, float, int, int]:
 
 
 class _Server:
-    """The store's server: handshakes through an ``accept.Gate`` on one thread (bounded in time and number,
+    """The store's server: handshakes through a ``gate.Gate`` on one thread (bounded in time and number,
     in all and per address, so that connections that cannot prove the secret never keep a rank out), then a
     thread per proven client (at most ``MAX_CLIENTS``)."""
 

@@ -45,7 +45,7 @@ def open_bulletin(url: str, conf: Any) -> Any:
 def open_peer_store(url: str, conf: Any) -> PeerStore:
     """A store with no server for ``dht://``: the p2p plugin's DHT as the bulletin, the members deciding among
     themselves over their mesh (``peer_store``)."""
-    from ..transport import addresses
+    from ..net import addresses
 
     bulletin = open_bulletin(url, conf)
     try:

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..errors import ErdmaError
-from ..transport.sockets import close_gently, recv_exact
+from ..net.sockets import close_gently, recv_exact
 from . import mesh_wire
 
 log = logging.getLogger("erdma.elastic")

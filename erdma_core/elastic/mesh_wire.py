@@ -24,7 +24,7 @@ import hmac
 import struct
 
 from ..errors import AuthenticationError, ProtocolError
-from ..transport import auth
+from ..security import auth
 from . import paxos
 
 MAGIC = b"ERMH"

@@ -18,7 +18,7 @@ import numpy as np
 from ..compression import Compressor, Site
 from ..errors import ConfigError, ProtocolError
 from ..protocol.limits import encoded_limit
-from ..transport.wire import RAW, Header, codec_id
+from ..wire import RAW, Header, codec_id
 
 log = logging.getLogger("erdma.compression")
 

@@ -22,7 +22,7 @@ from ..protocol import reduce_ops
 from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
 from ..transport.request import Request
-from ..transport.wire import RAW, Header
+from ..wire import RAW, Header
 from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
 from .op import Op
 from .program import Msg, Stage

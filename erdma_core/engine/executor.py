@@ -23,7 +23,7 @@ from ..protocol import reduce_ops
 from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
 from ..transport.request import Request
-from ..transport.wire import RAW, make_header
+from ..wire import RAW, make_header
 from .codecs import NO_CODECS, Codecs
 from .coded import Coded, decode
 from .op import Op

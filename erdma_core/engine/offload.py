@@ -27,9 +27,9 @@ import numpy as np
 from ..algorithms.schedule import Options
 from ..protocol import dtypes
 from ..protocol.reduce_ops import ReduceOp
-from ..transport import auth
+from ..security import auth
 from ..transport.base import Transport
-from ..transport.wire import CONTROL_GROUP_BIT
+from ..wire import CONTROL_GROUP_BIT
 from .runner import Runner
 
 

@@ -8,7 +8,7 @@ from collections.abc import Hashable, Sequence
 from typing import NamedTuple
 
 from ..protocol.reduce_ops import ReduceOp
-from ..transport.wire import DATA, NO_ROOT
+from ..wire import DATA, NO_ROOT
 
 
 class _OpFields(NamedTuple):

@@ -17,7 +17,7 @@ from ..protocol.ops import OPS, buffer_sizes
 from ..protocol.reduce_ops import ReduceOp
 from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
-from ..transport.wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
+from ..wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from . import executor
 from .buffers import page_aligned
 from .codecs import NO_CODECS, Codecs

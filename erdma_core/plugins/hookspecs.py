@@ -120,7 +120,7 @@ def erdma_register_compressors(register: Register) -> None:
     factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports, checked when given;
     ``check`` as for transports);
     ``factory(config, section)`` returns an ``erdma_core.sdk.Compressor``. Its wire id is
-    ``erdma_core.transport.wire.codec_id(name)``; two names with the same id are refused. The executor calls the
+    ``erdma_core.wire.codec_id(name)``; two names with the same id are refused. The executor calls the
     configured compressor's ``encode`` for each message of at least ``compression.min_bytes`` and any installed
     compressor's ``decode`` for a message that names it. Returns: nothing. Every implementation is called.
     """

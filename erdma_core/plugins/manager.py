@@ -240,7 +240,7 @@ def build_plugin_manager() -> Components:
 
 
 def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
-    from ..transport.wire import codec_id
+    from ..wire import codec_id
 
     comps = Components(pm, infos)
     current = {"plugin": "builtin"}

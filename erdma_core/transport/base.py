@@ -15,10 +15,10 @@ import attrs
 
 from ..errors import AbortedError, PeerLostError
 from ..protocol.store import Store
+from ..wire import ABORT, BYE, DATA, Header, abort_body, control
 from .frames import FrameInbox
 from .mailbox import DEFAULT_EARLY_BYTES, Mailbox
 from .request import Request
-from .wire import ABORT, BYE, DATA, Header, abort_body, control
 
 log = logging.getLogger("erdma.transport")
 _CONTROL_WAIT = 2.0  # seconds ABORT and BYE frames may take to leave

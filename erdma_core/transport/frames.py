@@ -11,9 +11,9 @@ from typing import NamedTuple
 from cryptography.hazmat.primitives.ciphers import AEADEncryptionContext
 
 from ..errors import IntegrityError, PeerLostError, ProtocolError
-from .integrity import PIECE, SEAL, Checker, trailer
+from ..security.integrity import PIECE, SEAL, Checker, trailer
+from ..wire import ABORT, BYE, DATA, FRAME, LENT, MAX_PAYLOAD, PULL, PULLED, Header, abort_error
 from .mailbox import Lent, Mailbox, Token
-from .wire import ABORT, BYE, DATA, FRAME, LENT, MAX_PAYLOAD, PULL, PULLED, Header, abort_error
 
 _STAGE = 1 << 16  # bytes read at a time between large payloads
 DIRECT_BYTES = 1 << 15  # a payload with at least this much left is read straight into its place

@@ -22,8 +22,8 @@ import numpy as np
 from ..errors import MismatchError, ProtocolError
 from ..protocol import dtypes, ops, reduce_ops
 from ..protocol.limits import encoded_limit
+from ..wire import NO_ROOT, OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
 from .request import Request
-from .wire import NO_ROOT, OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
 
 
 class _Posted:

@@ -22,10 +22,10 @@ from typing import Any
 import attrs
 
 from ..errors import CollectiveTimeoutError, ConfigError
-from .addresses import publish_paths
+from ..net.addresses import publish_paths
+from ..wire import Header
 from .base import MessageTransport, TransportContext, await_key
 from .request import Request
-from .wire import Header
 
 log = logging.getLogger("erdma.transport")
 LOOK_S = 0.5  # seconds a wait on one transport runs before it looks whether the other one failed
@@ -35,6 +35,8 @@ BESIDE_SLACK_S = 5.0  # seconds past the connect timeout the second transport's 
 class PairedTransport:
     """A ``Transport`` over ``first`` (which must honour ``ctx.settle``) and ``second`` (which must honour
     ``ctx.peers`` and ``ctx.taken``)."""
+
+    streams = True  # ``first`` meets peers over TCP: set-up hands the traversal's TCP socket (``ctx.tcp_socket``)
 
     def __init__(self, first: MessageTransport, second: MessageTransport) -> None:
         self.parts = (first, second)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .wire import Header
+from ..wire import Header
 
 _SETTLE = threading.Lock()  # two threads that wait for one request make one event
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .addresses import Candidate
+from ..net.addresses import Candidate
 
 REMEMBER_S = 600.0
 

@@ -13,11 +13,10 @@ import socket
 from typing import Any
 
 from ...errors import ConfigError
-from .. import addresses
+from ...net import addresses, congestion
+from ...net.sockets import dial, retrying
 from ..base import TransportContext
-from ..sockets import dial, retrying
-from . import congestion
-from .stream import BACKLOG, SocketTransport
+from ..stream.socket_transport import BACKLOG, SocketTransport
 
 
 @functools.cache

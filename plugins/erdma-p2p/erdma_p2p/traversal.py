@@ -3,7 +3,7 @@ very socket, handed to the datagram transport (erdma-quic) so the mapping stays 
 dials, a datagram from this socket to each of the peer's addresses opens this rank's NAT to it (hole
 punching, for NATs that map endpoint-independently). For the built-in TCP, a TCP port instead, its mapping
 learned over TCP from the same server (``tcp_socket``): the transport meets each peer from it, both
-connecting at once (``erdma_core.transport.meet``).
+connecting at once (``erdma_core.net.meet``).
 
 With ``relay`` set, every rank also takes an allocation on that TURN server through the same socket
 (``relayed.py``), and offers three kinds of candidates (ICE's): its own address (``host``; dialled only by a
@@ -221,7 +221,7 @@ class StunTraversal:
         """A TCP socket bound to ``bind_address``/``port`` (SO_REUSEADDR, SO_REUSEPORT: the transport's
         meetings bind beside it), with the NAT's TCP mapping of that port learned from the STUN server over
         TCP (StunError naming the server within the timeout when no answer comes). A stream transport meets
-        its peers from it: both ends connect at once (``erdma_core.transport.meet``), so each opens its own
+        its peers from it: both ends connect at once (``erdma_core.net.meet``), so each opens its own
         NAT; refused with punch off (meeting is the punch). With a relay, the pairs that do not meet over TCP
         are a datagram transport's (``transport.fallback``), which then asks for ``udp_socket``."""
         if not self.punches:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from erdma_p2p import stun
 
-from erdma_core.transport import meet
+from erdma_core.net import meet
 
 TXID = bytes(range(12))
 

@@ -224,7 +224,7 @@ def test_candidates_and_the_order_a_dialler_tries_them():
     from erdma_p2p import stun
     from erdma_p2p.traversal import StunTraversal
 
-    from erdma_core.transport.addresses import Candidate
+    from erdma_core.net.addresses import Candidate
 
     t = StunTraversal(None, SECTION | {"bind_address": "10.1.0.2"})
     t.mapped, t.local_port, t.relayed = stun.Mapped("198.51.100.10", 4000), 5000, stun.Mapped("198.51.100.1", 6000)

@@ -1,5 +1,5 @@
 """A rank's mesh driven by the threads that use it, as the TCP transport drives its sockets (the core's
-``transport.tcp.progress``): a thread that posts a message builds and sends its packets itself, and a thread that
+``erdma_core.transport.stream.progress``): a thread that posts a message builds and sends its packets itself, and a thread that
 waits for a request reads the socket, runs the mesh's timers and sends what follows (ACKs, the next packets),
 so a small collective never waits for another thread to be scheduled. One thread drives at a time; others
 that wait meanwhile let it complete their requests. A background thread takes over when nobody has driven

@@ -18,7 +18,7 @@ from helpers import MemoryStore, options, raw_dial, start, wait_for
 
 from erdma_core.cli.main import main as erdma_main
 from erdma_core.errors import CollectiveTimeoutError, ConfigError, ProtocolError
-from erdma_core.transport.wire import DATA, HELLO_REQUEST, Header, Hello
+from erdma_core.wire import DATA, HELLO_REQUEST, Header, Hello
 
 JOB = 0x1234_5678_9ABC_DEF0
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import MemoryStore, options, start
 
-from erdma_core.transport.wire import DATA, Header
+from erdma_core.wire import DATA, Header
 
 JOB = 77
 

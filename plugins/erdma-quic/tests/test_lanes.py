@@ -19,7 +19,7 @@ from erdma_core.errors import AbortedError, ConfigError, ErdmaError, PeerLostErr
 from erdma_core.transport.base import TransportContext
 from erdma_core.transport.frames import FrameInbox
 from erdma_core.transport.mailbox import Mailbox
-from erdma_core.transport.wire import BYE, DATA, Header
+from erdma_core.wire import BYE, DATA, Header
 
 JOB = 91
 

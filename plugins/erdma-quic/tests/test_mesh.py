@@ -24,7 +24,7 @@ from erdma_core.errors import PeerLostError
 from erdma_core.transport.frames import FrameInbox
 from erdma_core.transport.mailbox import Mailbox
 from erdma_core.transport.request import Request
-from erdma_core.transport.wire import DATA, Header
+from erdma_core.wire import DATA, Header
 
 JOB = 0x5EED
 

@@ -13,7 +13,7 @@ from erdma_quic.streams import HEAD_BYTES, KIND_PART, PREFIX, Inbound, hello_str
 from erdma_core.errors import PeerLostError, ProtocolError
 from erdma_core.transport.frames import FrameInbox
 from erdma_core.transport.mailbox import Mailbox
-from erdma_core.transport.wire import BYE, DATA, HELLO_REQUEST, Header, Hello
+from erdma_core.wire import BYE, DATA, HELLO_REQUEST, Header, Hello
 
 JOB = 77
 

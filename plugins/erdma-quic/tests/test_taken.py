@@ -11,7 +11,7 @@ import numpy as np
 from helpers import MemoryStore, options, start, wait_for
 
 from erdma_core.errors import ConfigError
-from erdma_core.transport.wire import DATA, Header
+from erdma_core.wire import DATA, Header
 
 JOB = 91
 

@@ -21,8 +21,8 @@ import threading
 from collections.abc import Sequence
 
 from ...errors import AuthenticationError
-from .. import auth
-from ..sockets import recv_exact
+from ...net.sockets import recv_exact
+from ...security import auth
 
 _DIAL, _ACCEPT = b"erdma-tls-dial", b"erdma-tls-accept"
 _WRITE = 1 << 18  # bytes handed to TLS per write: what is left of a large frame is not copied again each time

@@ -34,15 +34,17 @@ from ...errors import (
     ProtocolError,
     UnreachableError,
 )
-from .. import addresses, auth, integrity, meet, verdicts
-from ..addresses import Candidate
+from ...net import addresses, meet
+from ...net.addresses import Candidate
+from ...net.sockets import probe_idle, recv_exact
+from ...security import auth, integrity
+from ...wire import BYE, DATA, LENT, PULL, PULLED, RAW, Header, control
+from .. import verdicts
 from ..base import MessageTransport, TransportContext, failed_elsewhere
 from ..frames import FrameInbox, Pool, StreamReader
 from ..mailbox import Lent
 from ..request import Request
-from ..sockets import probe_idle, recv_exact
 from ..verdicts import TCP_MEETINGS
-from ..wire import BYE, DATA, LENT, PULL, PULLED, RAW, Header, control
 from . import single_copy
 from .accept import Acceptor
 from .progress import Channel, Progress
@@ -96,6 +98,8 @@ class SocketTransport(MessageTransport):
     collective's messages (``collectives.chunk_bytes``) spread over them. Frames are matched by key, never by
     order, so they may overtake each other; each connection ends with a BYE of its own. A Unix socket, and a
     pair that meets through NATs (one mapped port each), keep one connection."""
+
+    streams = True  # set-up hands it the traversal's TCP socket (``ctx.tcp_socket``), not a UDP one
 
     key = "stream"
     spin = 0.0  # seconds a thread waiting for a message polls before it sleeps (see ``Progress.wait``)

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..sockets import recv_exact
+from ...net.sockets import recv_exact
 
 _TOKEN = 16
 _OFFER = struct.Struct("<QQ")  # address of this rank's token, its length

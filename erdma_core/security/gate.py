@@ -1,8 +1,7 @@
 """Accepting connections that must prove themselves first: many handshakes at once on one thread, the whole
 of each bounded in time and their number bounded in all and per source address (``admission``), so that an
 idle, slow or hostile connection, or a flood of them, cannot keep a rank of the job out. ``Gate`` runs any
-sans-IO handshake over it (the transports' ``auth.Accepting``, the store's ``auth.StoreServer``);
-``Acceptor`` is the transports' use of it during set-up."""
+sans-IO handshake over it (the transports' ``auth.Accepting``, the store's ``auth.StoreServer``)."""
 
 from __future__ import annotations
 
@@ -15,12 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ...errors import ProtocolError
-from .. import auth
-from ..admission import HANDSHAKE_S, Admission, Refusals
-from ..sockets import close_gently
+from ..errors import ProtocolError
+from ..net.sockets import close_gently
+from .admission import HANDSHAKE_S, Admission, Refusals
 
-log = logging.getLogger("erdma.transport")
 MAX_PENDING = 512  # handshakes under way at once (each a file descriptor: well below the usual limit of 1024)
 PER_SOURCE = 16  # of them from one address (a host's ranks dial at once; more are refused and dial again)
 POLL = 0.2
@@ -165,68 +162,3 @@ class Gate:
 
     def _drop(self, sock: socket.socket, why: str) -> None:
         self.refuse(sock, self._forget(sock).where, why)
-
-
-class Acceptor:
-    """Accepts until every rank above ``rank`` has proved itself on each of its connections (``accepted``:
-    rank -> {lane: socket}; ``complete(rank)``), ``deadline`` passes or ``stop`` is set. Over TCP a pair
-    of ranks opens ``lanes`` connections (a pool: ``transport.tcp.connections``), over a Unix socket one;
-    a rank that opens another number is refused. ``refused`` lists the latest reasons connections were
-    turned away; ``duplicates`` the ranks that two holders of the secret claimed. ``tune(sock)`` is applied
-    to every accepted socket; ``divert``: as ``Gate``'s."""
-
-    def __init__(self, listeners: list[socket.socket], deadline: float, *, key: bytes, job: int, rank: int,
-                 world: int, tune: Callable[[socket.socket], None], divert: Divert | None = None,
-                 lanes: int = 1) -> None:
-        self.deadline = deadline
-        self.key, self.job, self.rank, self.world, self.tune, self.lanes = key, job, rank, world, tune, lanes
-        self.accepted: dict[int, dict[int, socket.socket]] = {}
-        self.transcripts: dict[tuple[int, int], bytes] = {}  # (rank, lane) -> what its proof covered
-        self.duplicates: set[int] = set()
-        self._pools: dict[int, int] = {}  # rank -> connections it opens
-        self.gate = Gate(listeners, self._start, self._ended, what=f"rank {rank}", log=log, divert=divert)
-        self.refused = self.gate.refusals.latest
-
-    @property
-    def stop(self) -> bool:
-        return self.gate.stop
-
-    @stop.setter
-    def stop(self, value: bool) -> None:
-        self.gate.stop = value
-
-    def run(self) -> None:
-        """Until every rank above has proved itself, or, with ``divert``, until ``stop``: connections that
-        belong to meetings may still arrive."""
-        expected = range(self.rank + 1, self.world)
-        if self.gate.divert is not None:
-            self.gate.run(deadline=self.deadline)
-        else:
-            self.gate.run(lambda: all(self.complete(r) for r in expected), self.deadline)
-
-    def complete(self, rank: int) -> bool:
-        """Whether every connection ``rank`` opens to this one has proved itself."""
-        return len(self.accepted.get(rank, ())) == self._pools.get(rank, -1)
-
-    def _start(self, sock: socket.socket) -> auth.Accepting:
-        want = 1 if sock.family == socket.AF_UNIX else self.lanes
-        return auth.Accepting(self.key, self.job, self.rank, self.world, range(self.rank + 1, self.world),
-                              lambda rank, lane, lanes: self._claim(rank, lane, lanes, want))
-
-    def _claim(self, rank: int, lane: int, lanes: int, want: int) -> int | None:
-        if lanes != want or self._pools.get(rank, lanes) != lanes:
-            return auth.WRONG_LANES
-        return auth.DUPLICATE_RANK if lane in self.accepted.get(rank, ()) else None
-
-    def _ended(self, sock: socket.socket, hs: Handshake, where: str) -> None:
-        assert isinstance(hs, auth.Accepting)
-        rank = hs.rank_proven
-        if rank is None:
-            if hs.duplicate:
-                self.duplicates.add(hs.rank_claimed)
-            self.gate.refuse(sock, where, hs.refused)
-            return
-        self.tune(sock)
-        self.accepted.setdefault(rank, {})[hs.lane] = sock
-        self._pools[rank] = hs.lanes
-        self.transcripts[(rank, hs.lane)] = hs.transcript

@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import IntegrityError, PeerLostError, ProtocolError
+from ...net.wakeup import WakePipe
+from ...security.integrity import SealedFrame, Sealer
 from ..frames import StreamReader
-from ..integrity import SealedFrame, Sealer
 from ..request import Request
-from ..wakeup import WakePipe
 
 POLL = 0.2  # seconds a driver sleeps in poll before it looks at its deadline again
 QUIET = 0.05  # seconds without a driver before the background thread watches the sockets itself

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable
 
 from ..errors import AuthenticationError, ConfigError, ProtocolError
-from .wire import HELLO_MAGIC, WIRE_VERSION, unpack_hello
+from ..wire import HELLO_MAGIC, WIRE_VERSION, unpack_hello
 
 log = logging.getLogger("erdma.security")
 NONCE = 16
@@ -232,7 +232,7 @@ class StoreClient:
 
 class StoreServer:
     """``on_hello(STORE_HELLO bytes)`` returns the challenge (``NONCE + MAC`` bytes); ``on_proof(mac)``
-    says whether the client proved the secret. As an ``accept.Handshake``: feed it ``need`` bytes at a time;
+    says whether the client proved the secret. As a ``gate.Handshake``: feed it ``need`` bytes at a time;
     once ``need`` is 0, ``proven`` says whether the client proved it (the last reply is the verdict byte)."""
 
     def __init__(self, key: bytes) -> None:

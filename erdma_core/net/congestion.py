@@ -16,7 +16,7 @@ import logging
 import socket
 from pathlib import Path
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 log = logging.getLogger("erdma.transport")
 PROC = Path("/proc/sys/net/ipv4")

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
-from ..errors import (
+from .errors import (
     AbortedError,
     CollectiveError,
     CollectiveTimeoutError,

@@ -1,5 +1,5 @@
 """Who may run a handshake, and what is said about those refused: sans-IO (times are arguments), shared by
-the transports' acceptor and the discovery store (``accept.Gate``).
+the transports' acceptor and the discovery store (``gate.Gate``).
 
 ``Admission`` bounds the connections still in their handshake, in all and per source address, so that an
 outsider, who can open connections but cannot finish a handshake, never takes a rank's place. A newcomer

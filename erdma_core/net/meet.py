@@ -97,7 +97,7 @@ def meet(local: tuple[str, int], plan: list[Candidate], wait: float, deadline: f
 
 class Arrivals:
     """Connections a meeting port's listener took from lower ranks: each is that rank's meeting (this rank, the
-    higher, dials it), not one for the acceptor (``divert``, as ``accept.Gate`` asks). A connection is a lower
+    higher, dials it), not one for the acceptor (``divert``, as ``security.gate.Gate`` asks). A connection is a lower
     rank's when it comes from one of its published addresses, or, from a NAT that maps each destination to a
     new port (so from no published port), from a host that only that rank's candidates name once every peer's
     are known (``known``: until then, or where two peers share a host, as on one machine, the acceptor takes it,
