@@ -18,7 +18,7 @@ import testcodecs
 
 import erdma_core
 from erdma_core.compression import Encoded
-from erdma_core.engine.codecs import QUIET_AFTER
+from erdma_core.engine.codec_set import QUIET_AFTER
 from erdma_core.testing import World
 
 HERE = Path(__file__).resolve().parent
@@ -156,7 +156,7 @@ def test_compression_ops_choose_the_collectives(codec_plugin, ops, compressed):
 
 
 def test_compression_ops_refuses_what_is_not_a_collective(codec_plugin, tmp_path):
-    from erdma_core.engine.codecs import parse_ops
+    from erdma_core.engine.codec_set import parse_ops
     from erdma_core.errors import ConfigError
 
     assert parse_ops("auto", lossy=False) is None and parse_ops("all", lossy=True) is None
@@ -379,7 +379,7 @@ class _Slow:
 
 
 def test_policy_auto_encodes_only_where_the_link_is_slower_than_the_codec():
-    from erdma_core.engine.codecs import PROBE_EVERY, Codecs
+    from erdma_core.engine.codec_set import PROBE_EVERY, Codecs
 
     rates = {1: 1e3, 2: 1e12, 3: None}  # bytes/s: a slow link, a fast one, one not measured yet
     codecs = Codecs(_Slow(), 0, lambda cid: None, link_rate=rates.get)

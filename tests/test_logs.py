@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from erdma_core.engine.codecs import REDUCTIONS, applies
+from erdma_core.engine.codec_set import REDUCTIONS, applies
 
 JOB = textwrap.dedent("""
     import erdma_core, numpy as np

@@ -17,7 +17,7 @@ import attrs
 
 from .. import config as cfg
 from ..engine import topology
-from ..engine.codecs import Codecs, applies, parse_ops
+from ..engine.codec_set import Codecs, applies, parse_ops
 from ..engine.runtime import Runtime
 from ..errors import AuthenticationError, CollectiveError, ConfigError, ErdmaError
 from ..plugins.manager import Components, components, instantiate

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..engine import topology
 from ..engine.buffers import Buffer, as_buffer
+from ..engine.group_offloads import Offloads
 from ..engine.offload import OffloadCall
-from ..engine.offloads import Offloads
 from ..engine.program import chunk_bytes
 from ..engine.runner import Compiled, Runner
 from ..engine.runtime import Runtime

@@ -5,7 +5,7 @@ Per step: local copies, then every receive is posted (reducing receives land in 
 sends go out chunk by chunk; between chunks, receives that have landed are reduced in schedule order, so
 reduction overlaps the transfer. Messages larger than the chunk size were split when the program was
 compiled; both sides split the same way, so chunk k of a slice meets chunk k. With a compressor
-(``codecs``), a chunk of at least ``min_bytes`` leaves encoded and is decoded where it lands, before any
+(``codec_set``), a chunk of at least ``min_bytes`` leaves encoded and is decoded where it lands, before any
 reduction.
 """
 
@@ -24,8 +24,8 @@ from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
 from ..transport.request import Request
 from ..wire import RAW, make_header
-from .codecs import NO_CODECS, Codecs
-from .coded import Coded, decode
+from .codec_set import NO_CODECS, Codecs
+from .compressed_run import Coded, decode
 from .op import Op
 from .program import Msg, Program, Stage
 

@@ -1,5 +1,5 @@
 """``Op``: one collective's identity on the wire and its limits, as the executor (``executor``) and the
-compression side of a run (``coded``) read it."""
+compression side of a run (``compressed_run``) read it."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from ..transport.mailbox import as_bytes
 from ..wire import DATA, NO_ROOT, P2P_GROUP_BIT, Header
 from . import executor
 from .buffers import page_aligned
-from .codecs import NO_CODECS, Codecs
-from .coded import decode
+from .codec_set import NO_CODECS, Codecs
+from .compressed_run import decode
 from .plans import plan
 from .program import Program, compile_plan
 

@@ -10,7 +10,7 @@ from ..algorithms.schedule import Options
 from ..config import Config
 from ..plugins.manager import Component, Components
 from ..protocol.store import Store
-from .codecs import Codecs
+from .codec_set import Codecs
 
 
 class Runtime:

@@ -23,7 +23,7 @@ from ..transport.base import Transport
 from ..transport.mailbox import as_bytes
 from ..transport.request import Request
 from ..wire import RAW, Header
-from .codecs import MIXED, OWN, Codecs, Forwarding, Outgoing
+from .codec_set import MIXED, OWN, Codecs, Forwarding, Outgoing
 from .op import Op
 from .program import Msg, Stage
 
