@@ -46,7 +46,7 @@ from erdma_core.sdk import HELLO_ACCEPTED, HELLO_REQUEST, Hello, PeerLostError, 
 from .congestion import attach
 from .credentials import CredentialError
 from .retry import RetryGate, initial
-from .streams import Inbound, StreamPlaced, hello_stream, numbered
+from .streams import Inbound, StreamPlaced, close_reason, hello_stream, numbered
 
 log = logging.getLogger("erdma.quic")
 REFUSED = 0x0100  # application close code: credentials or HELLO refused
@@ -149,7 +149,7 @@ class Connection(QuicConnection):
     def end_reason(self) -> str:
         """Once ``ended``: why, as the close said it."""
         ev = self._close_event
-        return (ev.reason_phrase or f"error code {ev.error_code:#x}") if ev is not None else "closed"
+        return close_reason(ev.error_code, ev.reason_phrase) if ev is not None else "closed"
 
     def free(self) -> None:
         """The mesh is done with this connection (a stranger's: dropped, refused or ended before anyone was
@@ -1069,7 +1069,7 @@ class Mesh:
                 if not link.checks and main is not None and main.terminated and main.failure is not None:
                     self._events.append(Refused(link.rank, main.addr, main.failure))
             return
-        reason = ev.reason_phrase or f"error code {ev.error_code:#x}"
+        reason = close_reason(ev.error_code, ev.reason_phrase)
         link = s.link
         if link is not None and link.session is s and (s.ready or link.down_since is not None):
             idle = ev.error_code == QuicErrorCode.INTERNAL_ERROR and ev.reason_phrase == "Idle timeout"

@@ -273,3 +273,19 @@ class Inbound:
         if key is not None:
             del self._frames[key]
         self.frames.landed(fr.token)
+
+
+# The ALPN each engine announces: the engine and its framing, so that ranks on different engines never complete
+# a handshake (the transport says why before they try: ``QuicTransport._same_engine``)
+ALPNS = {"aioquic": "erdma-aioquic/1", "ngtcp2": "erdma-ngtcp2/1"}
+NO_APPLICATION_PROTOCOL = 0x178  # QUIC's CRYPTO_ERROR for TLS alert 120 (RFC 9001 4.8)
+
+
+def close_reason(code: int, phrase: str | None) -> str:
+    """Why a connection was closed, as the close said it; a failed ALPN says what it most often means."""
+    if phrase:
+        return phrase
+    if code == NO_APPLICATION_PROTOCOL:
+        return (f"error code {code:#x}: TLS no_application_protocol (the peer speaks another ALPN: another "
+                "transport.quic.engine or erdma-quic version, or not eRDMA)")
+    return f"error code {code:#x}"

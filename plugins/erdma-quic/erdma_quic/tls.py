@@ -21,9 +21,10 @@ from erdma_core.sdk import ConfigError
 from . import credentials as cred
 from .endpoint import datagram_size
 from .mesh import Ticket
+from .streams import ALPNS
 
 log = logging.getLogger("erdma.quic")
-ALPN = "erdma/1"
+ALPN = ALPNS["aioquic"]
 CIPHERS = {
     "aes128gcm": CipherSuite.AES_128_GCM_SHA256,
     "aes256gcm": CipherSuite.AES_256_GCM_SHA384,

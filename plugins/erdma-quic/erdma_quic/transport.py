@@ -97,6 +97,7 @@ def secret_hint(why: str) -> str:
                 "transport.quic.ca_cert must be the same on every rank)")
     return ""
 
+
 class QuicTransport(MessageTransport):
     """Factory signature for the registry: ``QuicTransport(config, section)``."""
 
@@ -107,6 +108,7 @@ class QuicTransport(MessageTransport):
         super().__init__()
         self.opts = section
         self.part_bytes = int(section["part_bytes"])
+        self.engine = engine_name(section)  # aioquic or ngtcp2 (what ``auto`` resolves to here)
         self.mesh: Mesh | None = None
         self.endpoint: Driver | None = None
         self.lanes: Lanes | None = None  # striping workers (transport.quic.workers)
@@ -158,6 +160,7 @@ class QuicTransport(MessageTransport):
                          creds.configure,
                          creds.identify, self._inbound_for, self.mailbox.waiting_on, connection_for(o))
         self.endpoint = Driver(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
+        ctx.store.set(f"quic/engine/{self.rank}", self.engine.encode())  # before the address a dialler reads
         ctx.store.set(f"quic/addr/{self.rank}", addresses.publish(mine))
         deadline = time.monotonic() + ctx.connect_timeout
         if o["workers"]:  # they start (import, bind) while lane 0 connects
@@ -172,6 +175,7 @@ class QuicTransport(MessageTransport):
             cands = self._candidates_of(ctx, peer, deadline)
             if cands is None:  # another transport took it
                 continue
+            self._same_engine(ctx, peer)
             plan, wait = ctx.dial_plan(cands) if ctx.dial_plan is not None else (cands[:1], 0.0)
             if not plan:
                 raise ConfigError(f"rank {self.rank}: none of rank {peer}'s addresses "
@@ -249,6 +253,16 @@ class QuicTransport(MessageTransport):
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     raise
+
+    def _same_engine(self, ctx: TransportContext, peer: int) -> None:
+        """ConfigError naming both engines when ``peer`` (whose address is published, so its engine is) runs
+        another: the engines frame messages differently (and announce different ALPNs, so their handshake
+        would fail without saying why). The core tells every rank why this one gave up."""
+        theirs = ctx.store.get(f"quic/engine/{peer}", 1.0).decode(errors="replace")
+        if theirs != self.engine:
+            raise ConfigError(f"config key 'transport.quic.engine': rank {self.rank} runs the {self.engine} engine "
+                              f"and rank {peer} the {theirs} engine; they frame messages differently, so every rank "
+                              "must run the same one (valid: aioquic, ngtcp2, or auto where every host built ngtcp2)")
 
     def _narrow(self) -> None:
         """Once ``ctx.taken`` names the peers another transport took (it raises if that one failed): they are

@@ -14,7 +14,8 @@ from aioquic.asyncio import QuicConnectionProtocol, connect
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from erdma_quic.plugin import OPTIONS
-from erdma_quic.transport import QuicTransport
+from erdma_quic.streams import ALPNS
+from erdma_quic.transport import QuicTransport, engine_name
 
 from erdma_core.transport.base import TransportContext
 
@@ -81,6 +82,11 @@ class _Watch(QuicConnectionProtocol):
         super().quic_event_received(event)
 
 
+def job_alpn() -> str:
+    """The ALPN of the engine ``options()`` picks: what a stranger must announce to reach a rank's checks."""
+    return ALPNS[engine_name(options())]
+
+
 def raw_dial(addr: str, cert: Any = None, key: Any = None, hello: bytes = b"") -> events.ConnectionTerminated | None:
     """An outsider with plain aioquic: dial, present ``cert`` (or none), skip checking the listener, send
     ``hello`` on a stream, and return how the listener ended the connection (None: it did not)."""
@@ -93,7 +99,7 @@ def raw_dial(addr: str, cert: Any = None, key: Any = None, hello: bytes = b"") -
         return made[-1]
 
     async def go() -> None:
-        cfg = QuicConfiguration(is_client=True, alpn_protocols=["erdma/1"], verify_mode=ssl.CERT_NONE)
+        cfg = QuicConfiguration(is_client=True, alpn_protocols=[job_alpn()], verify_mode=ssl.CERT_NONE)
         if cert is not None:
             cfg.certificate, cfg.private_key = cert, key
         async with asyncio.timeout(10):

@@ -5,7 +5,10 @@ says the same."""
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from erdma_quic import transport
@@ -40,3 +43,34 @@ def test_without_the_build_auto_runs_on_aioquic_and_says_what_to_install(monkeyp
     with pytest.raises(PluginError, match=PACKAGES):
         transport.connection_for(options(engine="ngtcp2"))
     transport._warn_no_engine.cache_clear()
+
+
+def _join(rank: int, engine: str, url: str, out: Any) -> None:
+    import erdma_core
+
+    try:
+        pg = erdma_core.init({"transport.name": "quic", "transport.quic.engine": engine, "timeouts.connect": 30.0,
+                              "security.secret": "engines"}, rank=rank, world_size=2, init_method=url)
+        pg.destroy()
+        out.put((rank, "joined", ""))
+    except Exception as exc:
+        out.put((rank, type(exc).__name__, str(exc)))
+
+
+@pytest.mark.skipif(loaded() is None, reason="the compiled engine is not built here (test_engine says why)")
+def test_ranks_on_different_engines_both_fail_at_set_up_naming_both(tmp_path: Path) -> None:
+    """The engines frame messages differently: a job whose ranks run both is refused at set-up, on every
+    rank, by a ConfigError that names the key and both engines (not a handshake that fails without a why)."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_join, args=(r, e, f"file://{tmp_path}/store", out))
+             for r, e in ((0, "ngtcp2"), (1, "aioquic"))]
+    for p in procs:
+        p.start()
+    got = dict((r, (kind, msg)) for r, kind, msg in (out.get(timeout=60) for _ in procs))
+    for p in procs:
+        p.join(10)
+    said = ("config key 'transport.quic.engine': rank 1 runs the aioquic engine and rank 0 the ngtcp2 engine; they "
+            "frame messages differently, so every rank must run the same one")
+    assert got[1][0] == "ConfigError" and said in got[1][1], got
+    assert got[0][0] != "joined" and said in got[0][1], got  # rank 0, which dials no one, is told why

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from erdma_quic.mesh import MAX_PENDING, PER_SOURCE
 from erdma_quic.ngtcp2.connection import loaded
+from erdma_quic.streams import ALPNS
 
 HERE = Path(__file__).parent
 RATE = 250.0  # Initials a second
@@ -57,7 +58,7 @@ def test_a_flood_of_initials_leaves_no_state_behind_and_a_rank_still_joins(tmp_p
     time.sleep(1.0)  # rank 0 listens (it waits for rank 1 in its set-up)
     flood = subprocess.Popen([sys.executable, str(HERE / "initial_flood.py"), f"127.0.0.1:{port}", "--count",
                               str(count), "--rate", str(RATE), "--ports", "64",
-                              *(["--follow-retry", "--alpn", "erdma/1"] if follow_retry else [])],
+                              *(["--follow-retry", "--alpn", ALPNS[engine]] if follow_retry else [])],
                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         time.sleep(3.0)  # the flood is under way: now rank 1 starts and must join

@@ -18,7 +18,7 @@ from erdma_quic.ngtcp2.connection import loaded
 from erdma_quic.streams import Inbound, message_parts
 from erdma_quic.tls import Tls
 from erdma_quic.transport import connection_for, settings
-from helpers import options
+from helpers import job_alpn, options
 
 from erdma_core.errors import PeerLostError
 from erdma_core.transport.frames import FrameInbox
@@ -370,14 +370,14 @@ def test_datagrams_that_open_nothing_hold_no_slot():
     assert r0.mesh.pending_accepts() == 0 and r0.mesh.bad_datagrams == 300
 
 
-def _stranger(alpn: str = "erdma/1") -> Any:
+def _stranger(alpn: str | None = None) -> Any:
     """A genuine QUIC client (aioquic) without a certificate, that does not check the listener's."""
     import ssl
 
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
 
-    conn = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=[alpn],
+    conn = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=[alpn or job_alpn()],
                                                           verify_mode=ssl.CERT_NONE))
     conn.connect(A, now=0.0)
     return conn

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 from erdma_quic.streams import HEAD_BYTES, KIND_PART, PREFIX, Inbound, hello_stream, message_parts, numbered
+from erdma_quic.tls import ALPN
 
 from erdma_core.errors import PeerLostError, ProtocolError
 from erdma_core.transport.frames import FrameInbox
@@ -196,10 +197,10 @@ def test_two_connections_in_memory_move_a_message_over_many_streams():
 
     ca = cred.new_authority()
     server_creds = cred.issue(ca, 0, JOB)
-    client_cfg = QuicConfiguration(is_client=True, alpn_protocols=["erdma/1"], server_name=server_creds.name,
+    client_cfg = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], server_name=server_creds.name,
                                    max_datagram_size=1452)
     client_cfg.cadata = ca.pem
-    server_cfg = QuicConfiguration(is_client=False, alpn_protocols=["erdma/1"], max_datagram_size=1452)
+    server_cfg = QuicConfiguration(is_client=False, alpn_protocols=[ALPN], max_datagram_size=1452)
     server_cfg.certificate, server_cfg.private_key = server_creds.cert, server_creds.key
     client = QuicConnection(configuration=client_cfg)
     server = QuicConnection(configuration=server_cfg,

@@ -33,10 +33,10 @@ from aioquic.tls import CipherSuite
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from ..streams import HEAD_BYTES, StreamPlaced
+from ..streams import ALPNS, HEAD_BYTES, StreamPlaced, close_reason
 from .connection import Acked, Closed, Config, Connection, Demux, Handshaken, Head, Message, Placed, Run, Ticket, Tickets
 
-ALPN = "erdma/1"
+ALPN = ALPNS["ngtcp2"]  # shim.c announces it
 PRIORITY_BASE = "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL"
 GNUTLS_CIPHER = {
     CipherSuite.AES_128_GCM_SHA256: "+AES-128-GCM",
@@ -237,7 +237,7 @@ class EngineConnection:
                     self._on_ticket(ev.data)
             elif isinstance(ev, Closed):
                 self._live.clear()
-                self._ended = ev.reason or f"error code {ev.code:#x}"
+                self._ended = close_reason(ev.code, ev.reason)
                 if ev.origin == "idle":
                     return events.ConnectionTerminated(error_code=QuicErrorCode.INTERNAL_ERROR, frame_type=None,
                                                        reason_phrase="Idle timeout")

@@ -464,7 +464,7 @@ static void callbacks(ngtcp2_callbacks *cb, int server) {
 
 /* ---- set-up ------------------------------------------------------------------------------------------ */
 static int tls_init(eq_conn *c, const eq_config *cfg, int server, char *err, size_t errlen) {
-  static const gnutls_datum_t alpn = {(unsigned char *)"erdma/1", 7}; /* as tls.ALPN */
+  static const gnutls_datum_t alpn = {(unsigned char *)"erdma-ngtcp2/1", 14}; /* as streams.ALPNS["ngtcp2"] */
   gnutls_datum_t cert = {(unsigned char *)cfg->cert_pem, (unsigned)cfg->cert_len};
   gnutls_datum_t key = {(unsigned char *)cfg->key_pem, (unsigned)cfg->key_len};
   int rv;
