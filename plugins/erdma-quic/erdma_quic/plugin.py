@@ -75,7 +75,8 @@ def _check(config: Any, section: dict[str, Any]) -> None:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("quic", _factory, options=OPTIONS,
-             description="QUIC (aioquic): mutual TLS 1.3, a stream per message, one UDP socket per rank", sdk=1,
+             description="QUIC on the compiled ngtcp2 engine (aioquic where not built): mutual TLS 1.3, each message on "
+                      "streams of its own (parts of part_bytes), one UDP socket per rank (and per worker lane)", sdk=1,
              check=_check)
 
 
