@@ -63,7 +63,7 @@ def _rank(op: str, iters: int, size: int, top: int) -> None:
             f"us; context switches per op: {(r1.ru_nvcsw - r0.ru_nvcsw) / iters:.2f} voluntary, "
             f"{(r1.ru_nivcsw - r0.ru_nivcsw) / iters:.2f} involuntary")
     pg.barrier()
-    timeline = Timeline(pg.rt.transport)
+    timeline = Timeline(pg.transport)
     for _ in range(iters):
         timeline.call(call)
     timeline.restore()

@@ -21,7 +21,7 @@ def main() -> int:
     while group.step < steps:
         group.sync()
         assert group.pg is not None
-        transport = group.pg.rt.transport
+        transport = group.pg.transport
         if group.rank() == 1:  # the path to rank 2 moves to the relay, then back (test instrumentation)
             relayed = move_at <= group.step + 1 < back_at
             transport.slow_peers = (lambda: {2}) if relayed else (lambda: set())

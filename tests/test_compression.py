@@ -403,7 +403,7 @@ def fast_link(pg):
         pg.allreduce(a)
         results.append(float(a[0]))
     peer = pg.ranks[1 - pg.rank()]
-    return results, pg.rt.transport.link_rate(peer), testcodecs.calls(pg)["fp16"]
+    return results, pg.transport.link_rate(peer), testcodecs.calls(pg)["fp16"]
 
 
 @pytest.mark.parametrize("local", [True, False])

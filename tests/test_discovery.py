@@ -114,7 +114,7 @@ def test_file_store(tmp_path):
 
 
 def listening_address(pg):
-    conn = pg.rt.transport.channels[1 - pg.rank()]
+    conn = pg.transport.channels[1 - pg.rank()]
     return conn.sock.getsockname()[0], where_am_i(pg)
 
 

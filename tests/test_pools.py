@@ -28,7 +28,7 @@ POOL = {"transport.tcp.connections": 4, "transport.tcp.local_sockets": False, "c
 
 
 def _lane_frames(pg) -> dict[int, list[int]]:
-    return {peer: [ch.frames for ch in lanes] for peer, lanes in pg.rt.transport.lanes.items()}
+    return {peer: [ch.frames for ch in lanes] for peer, lanes in pg.transport.lanes.items()}
 
 
 def striped_allreduce(pg):
@@ -60,7 +60,7 @@ def test_messages_are_cut_finer_for_a_pool_so_that_every_connection_carries_a_ch
 
 
 def chunked_for_the_pool(pg):
-    return pg.rt.transport.stripes, pg.runner.chunk_bytes
+    return pg.transport.stripes, pg.runner.chunk_bytes
 
 
 @TCP_ONLY

@@ -108,7 +108,7 @@ def test_a_callback_waits_for_a_collective_queued_behind_another(erdma_world):
 
 
 def spin_of(pg):
-    return pg.rt.transport._progress.spin
+    return pg.transport._progress.spin
 
 
 @pytest.mark.skipif(os.environ.get("ERDMA_TRANSPORT", "tcp") != "tcp", reason="a TCP option (this file also runs over QUIC)")

@@ -425,7 +425,7 @@ def test_a_rank_whose_dialled_peer_is_stopped_still_hears_that_a_rank_gave_up(tm
 def tls_allreduce(pg):
     from erdma_core.transport.stream.tls import TlsSocket
 
-    encrypted = all(isinstance(ch.sock, TlsSocket) for ch in pg.rt.transport.channels.values())
+    encrypted = all(isinstance(ch.sock, TlsSocket) for ch in pg.transport.channels.values())
     out = []
     for n in (1024, 3 << 20):  # one small frame; 12 MiB in 4 MiB chunks, written in parts
         a = np.arange(n, dtype=np.float32) * (pg.rank() + 1)

@@ -218,11 +218,11 @@ def test_a_lent_send_fails_when_its_peer_closes_or_its_connection_ends():
 def allreduce_and_count_lent(pg):
     x = (np.arange(1 << 20, dtype=np.float32) % 1000) * (pg.rank() + 1)  # 4 MiB
     expect = (np.arange(1 << 20, dtype=np.float32) % 1000) * sum(range(1, pg.size() + 1))
-    before = pg.rt.transport.mailbox._tickets
+    before = pg.transport.mailbox._tickets
     pg.allreduce(x)
     y = np.full(1 << 19, pg.rank(), np.int64)
     pg.broadcast(y, 1)
-    return bool(np.array_equal(x, expect)), bool((y == 1).all()), pg.rt.transport.mailbox._tickets - before
+    return bool(np.array_equal(x, expect)), bool((y == 1).all()), pg.transport.mailbox._tickets - before
 
 
 @TCP_ONLY

@@ -64,7 +64,7 @@ def test_a_ring_allreduce_in_another_order_sums_bit_for_bit(erdma_world):
 
 
 def _permuted_ring(pg):  # the runtime's agreed links, as relayed paths would have made them
-    pg.rt.slow_links = links((1, 2), (3, 0))
+    pg.slow_links = links((1, 2), (3, 0))
     g = pg.new_group(list(range(4)))
     arr = ((np.arange(10_000) * (g.rank() + 1)) % 1000).astype(np.float32)
     g.allreduce(arr, algorithm="ring")
@@ -91,7 +91,7 @@ def test_agree_paths_reorders_the_default_groups_ring_when_a_path_moved(erdma_wo
 def _moved(pg):
     before = pg.ring
     if pg.rank() == 1:
-        pg.rt.transport.slow_peers = lambda: {2}  # what a transport whose path to rank 2 moved to a relay says
+        pg.transport.slow_peers = lambda: {2}  # what a transport whose path to rank 2 moved to a relay says
     changed = pg.agree_paths()
     after = pg.ring
     arr = ((np.arange(10_000) * (pg.rank() + 1)) % 1000).astype(np.float32)
@@ -104,6 +104,6 @@ def _moved(pg):
     except Exception as exc:
         refused = str(exc)
     if pg.rank() == 1:
-        del pg.rt.transport.slow_peers  # the path is direct again: so is the ring (and the shared world as it was)
-    assert pg.agree_paths() and pg.ring == before and not pg.rt.slow_links
+        del pg.transport.slow_peers  # the path is direct again: so is the ring (and the shared world as it was)
+    assert pg.agree_paths() and pg.ring == before and not pg.slow_links
     return before, changed, after, again, arr, refused

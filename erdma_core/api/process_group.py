@@ -67,6 +67,35 @@ class ProcessGroup:
     def size(self) -> int:
         return len(self.ranks)
 
+    # ---- what the job runs on: for a plugin's diagnostics, labs and tests (collectives never need them) ----
+    @property
+    def transport(self) -> Any:
+        """The job's connected transport: the component ``transport.name`` selected (its own counters, paths
+        and statistics are its plugin's to document). Shared by every group of the job."""
+        return self.rt.transport
+
+    @property
+    def store(self) -> Any:
+        """The job's discovery store (``erdma_core.sdk.Store``): what the ranks published at set-up."""
+        return self.rt.store
+
+    @property
+    def config(self) -> Any:
+        """The job's effective config (``erdma_core.sdk.Config``: read it, ``config["key"]``,
+        ``config.section("transport.tcp")``)."""
+        return self.rt.config
+
+    @property
+    def slow_links(self) -> frozenset[frozenset[int]]:
+        """Pairs of global ranks whose path goes through a relay, as the job last agreed (``agree_paths``)."""
+        return self.rt.slow_links
+
+    @slow_links.setter
+    def slow_links(self, pairs: frozenset[frozenset[int]]) -> None:
+        """Groups made after this order their rings around ``pairs`` (``frozenset()``: in group order, a
+        benchmark's baseline); existing groups keep their order until ``agree_paths``."""
+        self.rt.slow_links = frozenset(frozenset(p) for p in pairs)
+
     @property
     def devices(self) -> frozenset[str]:
         """Device types the transport moves without a host copy (see ``Transport.devices``)."""

@@ -24,7 +24,7 @@ class Erdma:
 
     def describe(self, op: str) -> str:
         """What the job's config chose for ``op``: transport, algorithm, compressor."""
-        conf = self.pg.rt.config
+        conf = self.pg.config
         comp = conf["compression.name"]
         if comp != "none":
             comp += f" (from {conf['compression.min_bytes']} bytes, ops {conf['compression.ops']})"

@@ -84,7 +84,7 @@ def main() -> int:
             came_in = group.epoch
             ring = ",".join(map(str, group.pg.ring)) if show_ring else ""  # (the order this allreduce starts in)
             kill_at = random.randint(1, frames) if taken == die_in and frames else 0
-            killer = Killer(group.pg.rt.transport, kill_at) if taken <= die_in else None
+            killer = Killer(group.pg.transport, kill_at) if taken <= die_in else None
             t0, aborted = time.monotonic(), group.counters["aborted"]
             n = group.allreduce(x)
             took = time.monotonic() - t0

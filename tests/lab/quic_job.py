@@ -36,7 +36,7 @@ def main() -> int:
         if signal_file is not None and r == 0 and i == iters // 3:
             signal_file.touch()
     seconds = time.monotonic() - t0
-    t = pg.rt.transport
+    t = pg.transport
     links = {str(k): v for k, v in t.link_stats().items()}
     print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "seconds": seconds, "links": links,
                       "pending_accepts": t.pending_accepts()}), flush=True)

@@ -17,7 +17,7 @@ class TestUnixTransport(TransportConformance):
 def where_are_the_sockets(pg: Any) -> list[str]:
     a = np.ones(4)
     pg.allreduce(a)
-    folder = pg.rt.transport.folder
+    folder = pg.transport.folder
     return sorted(f for f in os.listdir(folder) if f.endswith(".sock"))
 
 

@@ -26,7 +26,7 @@ def _exchange(pg, sizes):
         for w in works:
             w.wait(60)
         ok &= bool(np.array_equal(got, want))
-    counters = pg.rt.transport.counters()
+    counters = pg.transport.counters()
     return ok, sum(c["retransmits"] for c in counters.values()), sum(c["duplicates"] for c in counters.values())
 
 
@@ -44,7 +44,7 @@ def _small_frames(pg):
     time: those that wait for the window share packets."""
     from erdma_core.wire import DATA, P2P_GROUP_BIT, Header
 
-    t, peer = pg.rt.transport, 1 - pg.rank()
+    t, peer = pg.transport, 1 - pg.rank()
 
     def header(i, n):
         return Header(kind=DATA, job=t.job, group=P2P_GROUP_BIT | 77, seq=i, nbytes=n, numel=n, count=n)

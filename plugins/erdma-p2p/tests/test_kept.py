@@ -37,7 +37,7 @@ def _set_ups(pg, relay: tuple[str, str, str], urls: list[str], keep_s: float) ->
 
         arr = np.arange(64, dtype=np.float32) * (pg.rank() + 1)
         group.allreduce(arr)
-        out.append((group.rt.store.get(f"quic/addr/{pg.rank()}", 5.0).decode(), arr.tolist()))
+        out.append((group.store.get(f"quic/addr/{pg.rank()}", 5.0).decode(), arr.tolist()))
         group.destroy()
         time.sleep(0.2)
     kept.release()

@@ -106,7 +106,7 @@ def test_no_tcp_answer_is_a_clear_error_within_the_timeout():
 def _paths_and_sum(pg):
     arr = np.arange(1000, dtype=np.float32) * (pg.rank() + 1)
     pg.allreduce(arr)
-    return pg.rt.transport.paths(), arr, pg.rt.store.get(f"tcp/meet/{pg.rank()}", 1.0).decode()
+    return pg.transport.paths(), arr, pg.store.get(f"tcp/meet/{pg.rank()}", 1.0).decode()
 
 
 def test_tcp_meets_its_peers_from_the_port_the_stun_traversal_prepared(coturn):

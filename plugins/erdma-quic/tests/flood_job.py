@@ -84,8 +84,8 @@ def main() -> int:
         gc.collect()  # what a collection would free is no leak; what it does not is
         out |= {"rss_first": samples[0][0], "rss_max": max(s[0] for s in samples),
                 "objects_max": {k: max(s[1][k] for s in samples) for k in samples[0][1]},
-                "objects_end": connection_objects(), "pending": pg.rt.transport.pending_accepts(),
-                "refusals": list(pg.rt.transport.mesh.refusals)[-2:]}
+                "objects_end": connection_objects(), "pending": pg.transport.pending_accepts(),
+                "refusals": list(pg.transport.mesh.refusals)[-2:]}
     print(json.dumps(out), flush=True)
     pg.destroy()
     return 0

@@ -37,13 +37,13 @@ def main() -> int:
     init_s = time.monotonic() - start
     world = pg
     if os.environ.get("JOB_RING") == "group-order":  # a benchmark's baseline: the ring ignores slow links
-        pg.rt.slow_links = frozenset()
+        pg.slow_links = frozenset()
         pg = world.new_group(list(range(world.size())))
     p, r = pg.size(), pg.rank()
-    t = getattr(pg.rt.transport, "parts", (pg.rt.transport,))[0]  # the first of a paired transport
+    t = getattr(pg.transport, "parts", (pg.transport,))[0]  # the first of a paired transport
     # what it published: QUIC's candidates, TCP's meeting candidates or listening address
     key = "quic/addr" if t.name == "QUIC" else f"{t.key}/meet" if getattr(t, "meeting", None) else f"{t.key}/addr"
-    advertised = pg.rt.store.get(f"{key}/{r}", 1.0).decode()  # now: rank 0's destroy empties a file store
+    advertised = pg.store.get(f"{key}/{r}", 1.0).decode()  # now: rank 0's destroy empties a file store
     wrong = 0
     in_allreduce = 0.0  # seconds inside allreduce (the rest makes and checks the data)
     t0 = time.monotonic()
@@ -66,7 +66,7 @@ def main() -> int:
             _started(os.environ["JOB_STARTED"], r, pg)
         time.sleep(pause)
     seconds = time.monotonic() - t0
-    lanes = getattr(pg.rt.transport, "lane_stats", dict)()  # erdma-quic striping: parts per lane
+    lanes = getattr(pg.transport, "lane_stats", dict)()  # erdma-quic striping: parts per lane
     paths = _paths(pg)
     print(json.dumps({"rank": r, "iters": iters, "wrong": wrong, "advertised": advertised, "seconds": seconds,
                       "allreduce_s": in_allreduce, "counters": pg.counters(),
@@ -84,7 +84,7 @@ def _paths(pg: erdma_core.ProcessGroup) -> dict[str, str]:
 
 def _transports(pg: erdma_core.ProcessGroup) -> dict[str, str]:
     """Which transport carries each peer ("TCP", "QUIC"), by peer."""
-    t = pg.rt.transport
+    t = pg.transport
     return {str(peer): how.split()[2] if len(how.split()) > 2 else t.name for peer, how in pg.paths().items()}
 
 

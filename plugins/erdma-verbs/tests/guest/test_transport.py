@@ -33,7 +33,7 @@ def cache_use(pg: Any) -> tuple[bool, int, int, int]:
     """Sending the same buffers again registers nothing new; a new buffer is registered."""
     arr = np.ones(1 << 20, np.float32)
     pg.allreduce(arr)
-    cache = pg.rt.transport.cache
+    cache = pg.transport.cache
     misses, hits = cache.misses, cache.hits
     for _ in range(2):
         pg.allreduce(arr)
