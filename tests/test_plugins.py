@@ -54,7 +54,7 @@ def fake_site(tmp_path):
 
         @hookimpl
         def erdma_register_transports(register):
-            register("fake", factory, options={"depth": Option(int, 3, "how deep", minimum=1)}, sdk=1)
+            register("fake", factory, options={"depth": Option(int, 3, "how deep", minimum=1)}, sdk=2)
 
         @hookimpl
         def erdma_choose_algorithm(op, nbytes, world_size, config):

@@ -101,15 +101,21 @@ def _plugins(args: argparse.Namespace) -> int:
     print()
     for kind in comps.by_kind:
         for name, c in sorted(comps.by_kind[kind].items()):
-            print(f"  {kind:<11} {name:<28} ({c.plugin}) {c.description}")
+            print(f"  {kind:<11} {name:<28} ({c.plugin}) {c.description}{_adapted(comps, kind, name)}")
     for op, algos in sorted(comps.algorithms.items()):
         for name, c in sorted(algos.items()):
-            print(f"  {'algorithm':<11} {op + ' ' + name:<28} ({c.plugin}) {c.description}")
+            print(f"  {'algorithm':<11} {op + ' ' + name:<28} ({c.plugin}) {c.description}"
+                  f"{_adapted(comps, 'algorithm', f'{op} {name}')}")
     for var, (plugin, doc) in sorted(comps.environment.items()):
         print(f"  {'environment':<11} {var:<28} ({plugin}) {doc}")
     for (kind, name), why in sorted(comps.refused.items()):
         print(f"  {kind:<11} {name:<28} REFUSED: {why}")
     return 0
+
+
+def _adapted(comps: Any, kind: str, name: str) -> str:
+    version = comps.adapted.get((kind, name))
+    return "" if version is None else f" [SDK {version}, through the adapter]"
 
 
 def _doctor(args: argparse.Namespace) -> int:

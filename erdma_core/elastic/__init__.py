@@ -24,11 +24,14 @@ from urllib.parse import urlparse
 from ..api.join import load_config
 from ..discovery import env_store, etcd_store, file_store, tcp_store
 from ..errors import ConfigError
+from .founding import found
 from .group import ElasticGroup
 from .membership import CasStore, ExcludedError, JobFinishedError
 from .peer_store import PeerStore
 
-__all__ = ["ElasticGroup", "ExcludedError", "JobFinishedError", "join", "open_bulletin", "open_store"]
+__all__ = [
+    "ElasticGroup", "ExcludedError", "JobFinishedError", "found", "join", "open_bulletin", "open_store",
+]  # found: write a job's first epoch on its store, as ``erdma run --elastic`` does
 
 
 def open_bulletin(url: str, conf: Any) -> Any:

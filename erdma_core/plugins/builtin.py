@@ -16,11 +16,12 @@ from ..algorithms import (
     tree,
 )
 from ..config.option import Option
+from ..protocol.config import Config
 from ..protocol.ops import OPS
 from .hookspecs import Register, RegisterAlgorithm, RegisterEnvironment, hookimpl
 
 
-def _tcp(config: Any, section: dict[str, Any]) -> Any:
+def _tcp(config: Config, section: dict[str, Any]) -> Any:
     from ..transport.tcp import TcpTransport
 
     return TcpTransport(config, section)
@@ -66,7 +67,7 @@ TCP_OPTIONS = {
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("tcp", _tcp, options=TCP_OPTIONS,
-             description="TCP connections between rank pairs (one, or a pool of them), zero-copy receive", sdk=1)
+             description="TCP connections between rank pairs (one, or a pool of them), zero-copy receive", sdk=2)
 
 
 @hookimpl
@@ -74,57 +75,57 @@ def erdma_register_discovery(register: Register) -> None:
     from .. import discovery
     from ..discovery import etcd
 
-    register("env", discovery.env_store, description="MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, as torchrun sets", sdk=1)
-    register("tcp", discovery.tcp_store, description="key-value store served by rank 0 at tcp://host:port", sdk=1,
+    register("env", discovery.env_store, description="MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, as torchrun sets", sdk=2)
+    register("tcp", discovery.tcp_store, description="key-value store served by rank 0 at tcp://host:port", sdk=2,
              check=discovery.check_tcp)
-    register("file", discovery.file_store, description="key-value store in a shared folder, file:///path", sdk=1,
+    register("file", discovery.file_store, description="key-value store in a shared folder, file:///path", sdk=2,
              check=discovery.check_file)
     register("etcd", discovery.etcd_store, options=etcd.OPTIONS,
-             description="key-value store on an etcd cluster, etcd://host:port[,host:port...]/prefix", sdk=1)
+             description="key-value store on an etcd cluster, etcd://host:port[,host:port...]/prefix", sdk=2)
 
 
 @hookimpl
 def erdma_register_traversals(register: Register) -> None:
     from ..traversal import DirectTraversal
 
-    register("direct", DirectTraversal, description="no NAT traversal: dial the listening address", sdk=1)
+    register("direct", DirectTraversal, description="no NAT traversal: dial the listening address", sdk=2)
 
 
 @hookimpl
 def erdma_register_compressors(register: Register) -> None:
     from ..compression import NoCompression
 
-    register("none", NoCompression, description="payloads sent as they are", sdk=1)
+    register("none", NoCompression, description="payloads sent as they are", sdk=2)
 
 
 @hookimpl
 def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
-    register("allreduce", "ring", ring.allreduce, description="reduce-scatter + allgather ring, chunked", sdk=1)
+    register("allreduce", "ring", ring.allreduce, description="reduce-scatter + allgather ring, chunked", sdk=2)
     register("allreduce", "halving_doubling", halving_doubling.allreduce,
-             description="recursive halving/doubling (Rabenseifner), any world size", sdk=1)
+             description="recursive halving/doubling (Rabenseifner), any world size", sdk=2)
     register("allreduce", "recursive_doubling", recursive_doubling.allreduce,
-             description="log2(p) full exchanges: fewest steps, for small messages", sdk=1)
-    register("allreduce", "tree", tree.allreduce, description="binomial reduce then binomial broadcast", sdk=1)
+             description="log2(p) full exchanges: fewest steps, for small messages", sdk=2)
+    register("allreduce", "tree", tree.allreduce, description="binomial reduce then binomial broadcast", sdk=2)
     register("allreduce", "parameter_server", parameter_server.allreduce, options=PS_OPTIONS,
-             description="push to shard servers, reduce, pull", sdk=1)
-    register("broadcast", "tree", tree.broadcast, description="binomial tree", sdk=1)
+             description="push to shard servers, reduce, pull", sdk=2)
+    register("broadcast", "tree", tree.broadcast, description="binomial tree", sdk=2)
     register("broadcast", "scatter_allgather", scatter_allgather.broadcast,
-             description="root scatters a slice to each rank, then a ring allgather (large messages, 3+ ranks)", sdk=1)
-    register("reduce", "tree", tree.reduce, description="binomial tree", sdk=1)
-    register("allgather", "ring", ring.allgather, description="ring", sdk=1)
+             description="root scatters a slice to each rank, then a ring allgather (large messages, 3+ ranks)", sdk=2)
+    register("reduce", "tree", tree.reduce, description="binomial tree", sdk=2)
+    register("allgather", "ring", ring.allgather, description="ring", sdk=2)
     register("allgather", "recursive_doubling", recursive_doubling.allgather,
-             description="log2(p) exchanges, doubling: fewest steps, for small messages", sdk=1)
-    register("reduce_scatter", "ring", ring.reduce_scatter, description="ring", sdk=1)
+             description="log2(p) exchanges, doubling: fewest steps, for small messages", sdk=2)
+    register("reduce_scatter", "ring", ring.reduce_scatter, description="ring", sdk=2)
     register("reduce_scatter", "recursive_halving", recursive_doubling.reduce_scatter,
-             description="log2(p) exchanges, halving: fewest steps, for small messages", sdk=1)
-    register("gather", "direct", direct.gather, description="root receives from every rank", sdk=1)
-    register("scatter", "direct", direct.scatter, description="root sends to every rank", sdk=1)
-    register("alltoall", "pairwise", alltoall.pairwise, description="p-1 steps of pairwise exchange", sdk=1)
+             description="log2(p) exchanges, halving: fewest steps, for small messages", sdk=2)
+    register("gather", "direct", direct.gather, description="root receives from every rank", sdk=2)
+    register("scatter", "direct", direct.scatter, description="root sends to every rank", sdk=2)
+    register("alltoall", "pairwise", alltoall.pairwise, description="p-1 steps of pairwise exchange", sdk=2)
     register("alltoall", "linear", alltoall.linear,
-             description="one step: all blocks sent and received at once (fewest waits, small messages)", sdk=1)
+             description="one step: all blocks sent and received at once (fewest waits, small messages)", sdk=2)
     register("alltoall", "sequential", alltoall.sequential,
-             description="one pair at a time in strict order (lowest peak memory)", sdk=1)
-    register("barrier", "dissemination", direct.barrier, description="log2(p) rounds of zero-byte messages", sdk=1)
+             description="one pair at a time in strict order (lowest peak memory)", sdk=2)
+    register("barrier", "dissemination", direct.barrier, description="log2(p) rounds of zero-byte messages", sdk=2)
 
 
 PS_OPTIONS = {"servers": Option(int, 1, "how many ranks serve shards (rank i serves shard i)", minimum=1)}
@@ -145,7 +146,7 @@ def erdma_register_environment(register: RegisterEnvironment) -> None:
 
 
 @hookimpl(trylast=True)
-def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
+def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Config) -> str | None:
     """The core's 'auto' policy, which the README's "Algorithms" section states for users (one statement of
     it there; the options' help points to it)."""
     if op == "allreduce" and nbytes <= config["collectives.tiny_message_bytes"]:

@@ -2,9 +2,9 @@
 
 Plugins implement hooks with ``@erdma_core.hookimpl`` in a module (or object) named by an entry point in
 the group ``erdma.plugins``. The core's own components register through these same hooks
-(``erdma_core.plugins.builtin``). Registration hooks are called once when the plugin manager is built
-(``erdma_core.plugins.manager.build_plugin_manager``); decision hooks are called at most once per
-collective, never per chunk.
+(``erdma_core.plugins.builtin``). Registration hooks are called once, when the core's plugin manager is
+built; decision hooks are called at most once per collective, never per chunk. The types named here are
+``erdma_core.sdk``'s (the contract); the bases many components build on are ``erdma_core.toolkit``'s.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
+from ..protocol.config import Config
+
 if TYPE_CHECKING:
     from ..config.option import Option
 
@@ -21,7 +23,7 @@ hookspec = pluggy.HookspecMarker("erdma")
 hookimpl = pluggy.HookimplMarker("erdma")
 
 
-Check = Callable[[Any, dict[str, Any]], None]
+Check = Callable[[Config, dict[str, Any]], None]
 """``check(config, section)``: a component's rules over the whole config (``Config``) and its own section's values,
 as ``register(..., check=)`` gives it. Called on every rank when the config is loaded (``erdma_core.load_config``:
 ``init``, ``erdma run`` before it starts any rank, ``erdma config show``), only while the component is selected,
@@ -56,22 +58,22 @@ class RegisterEnvironment(Protocol):
 def erdma_register_transports(register: Register) -> None:
     """Register transport factories.
 
-    Called by: ``erdma_core.plugins.manager.build_plugin_manager`` once, when the plugin manager is built.
+    Called by: the core's plugin manager once, when the plugin manager is built.
     Arguments: ``register(name, factory, *, options=None, description="", sdk=None, check=None)``.
     ``check(config, section)`` (every registration hook takes one; ``Check`` above says when it is called and
     what it may do) refuses settings that cannot take effect, before any rank contacts another. ``factory(config,
     section)`` returns an object that satisfies ``erdma_core.sdk.Transport`` (most subclass
-    ``erdma_core.sdk.MessageTransport``, or ``erdma_core.sdk.SocketTransport`` for stream sockets); it must be
+    ``erdma_core.toolkit.MessageTransport``, or ``erdma_core.toolkit.SocketTransport`` for stream sockets); it must be
     cheap to import and do heavy imports (aioquic, pyverbs) only when called. ``sdk`` is the version of
-    ``erdma_core.sdk`` the transport was written for, as a number: a transport that says another than
-    ``erdma_core.sdk.VERSION``, or none, is refused (logged, listed by ``erdma plugins``, a PluginError when
-    selected). A factory with the attribute ``takes_peers = True`` connects only ``ctx.peers`` when it is given
-    them and, given ``ctx.taken``, lets go of the peers it names once it names them (``MessageTransport.forget``;
-    the paired job checks both transports at once), so it may be a paired job's ``transport.fallback``
-    (erdma-quic's is). ``options`` is a dict of
-    ``erdma_core.sdk.Option`` declaring the keys of the section
+    ``erdma_core.sdk`` the transport was written for, as a number: ``erdma_core.sdk.VERSION``, or the version
+    before it, which loads through the SDK's adapter; a transport that says another, or none, is refused
+    (logged, listed by ``erdma plugins``, a PluginError when selected). A factory with the attribute
+    ``takes_peers = True`` connects only ``ctx.peers`` when it is given them and, given ``ctx.taken``, lets go
+    of the peers it names once it names them (``MessageTransport.forget``; the paired job checks both
+    transports at once), so it may be a paired job's ``transport.fallback`` (erdma-quic's is). ``options`` is a
+    dict of ``erdma_core.sdk.Option`` declaring the keys of the section
     ``[transport.<name>]``; ``section`` is that section's values, ``config`` the whole
-    ``erdma_core.config.Config``. Returns: nothing. Not firstresult, not historic: every plugin's
+    ``erdma_core.sdk.Config``. Returns: nothing. Not firstresult, not historic: every plugin's
     implementation is called.
     """
 
@@ -81,9 +83,9 @@ def erdma_register_discovery(register: Register) -> None:
     """Register discovery methods: how ranks find each other's addresses, chosen by the URL scheme of
     ``discovery.init_method`` (``env``, ``tcp``, ``file``, ...).
 
-    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(scheme,
-    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports, checked when given;
-    ``check`` as for transports).
+    Called by: the core's plugin manager, once. Arguments: ``register(scheme,
+    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports; none loads
+    as the version before; ``check`` as for transports).
     ``factory(url, rank, world_size, timeout, config)`` returns an ``erdma_core.sdk.Store`` (set, get with a
     timeout, add, close) that every rank of the job shares. A factory with the attribute ``assigns_ranks = True`` is
     called with ``rank=None`` when the process was given no rank (no ``init(rank=...)``, no ``RANK``): the ranks
@@ -97,9 +99,9 @@ def erdma_register_discovery(register: Register) -> None:
 def erdma_register_traversals(register: Register) -> None:
     """Register NAT traversal strategies.
 
-    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
-    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports, checked when given;
-    ``check`` as for transports);
+    Called by: the core's plugin manager, once. Arguments: ``register(name,
+    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports; none loads
+    as the version before; ``check`` as for transports);
     ``factory(config, section)`` returns an ``erdma_core.sdk.Traversal``: its ``advertise(host, port) ->
     (host, port)`` is called at set-up, once for each address the transport listens on (QUIC striping workers have
     one each), and returns the address peers should dial. Optionally ``udp_socket() -> socket | None``, called once
@@ -107,7 +109,7 @@ def erdma_register_traversals(register: Register) -> None:
     hole-punched NAT mapping); ``punch(host, port) -> bytes | None``; and ``udp_sockets(count) -> list``,
     more sockets prepared the same way for a transport that stripes (raises ``ConfigError`` when it cannot);
     ``candidates(host, port) -> list[Candidate]`` and ``dial_plan(candidates) -> (list[Candidate], seconds)``
-    for a strategy with several ways to reach a rank (``erdma_core.traversal.Traversal`` says how).
+    for a strategy with several ways to reach a rank (``erdma_core.sdk.Traversal`` says how).
     Returns: nothing. Every implementation is called.
     """
 
@@ -116,11 +118,11 @@ def erdma_register_traversals(register: Register) -> None:
 def erdma_register_compressors(register: Register) -> None:
     """Register compressors.
 
-    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
-    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports, checked when given;
-    ``check`` as for transports);
-    ``factory(config, section)`` returns an ``erdma_core.sdk.Compressor``. Its wire id is
-    ``erdma_core.wire.codec_id(name)``; two names with the same id are refused. The executor calls the
+    Called by: the core's plugin manager, once. Arguments: ``register(name,
+    factory, *, options=None, description="", sdk=None, check=None)`` (``sdk`` as for transports; none loads
+    as the version before; ``check`` as for transports);
+    ``factory(config, section)`` returns an ``erdma_core.sdk.Compressor``. Its wire id is the
+    CRC-32 of ``b"erdma-codec:" + name`` (0 is raw); two names with the same id are refused. The executor calls the
     configured compressor's ``encode`` for each message of at least ``compression.min_bytes`` and any installed
     compressor's ``decode`` for a message that names it. Returns: nothing. Every implementation is called.
     """
@@ -131,26 +133,27 @@ def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     """Register collective algorithms: pure schedules among the group's ranks, or offloads that run a
     collective with an endpoint outside the group (an aggregation node, a switch).
 
-    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(op, name,
+    Called by: the core's plugin manager, once. Arguments: ``register(op, name,
     schedule_fn, *, options=None, description="", offload=False, sdk=None, check=None)`` (``sdk``: the SDK version
-    it was written for; one that says another than ``erdma_core.sdk.VERSION`` is refused; ``check`` as for
+    it was written for, as for transports; one that says none loads as the version before; ``check`` as for
     transports, called while ``[collectives]`` names the algorithm for ``op``); ``op`` is one of
-    ``erdma_core.protocol.ops.COLLECTIVES``; ``options`` declares the keys of ``[algorithm.<op>.<name>]``.
+    ``erdma_core.sdk.COLLECTIVES``; ``options`` declares the keys of ``[algorithm.<op>.<name>]``.
 
-    A schedule (``offload=False``): ``schedule_fn(spec)`` takes an ``erdma_core.algorithms.schedule.Spec``
-    (the options as ``spec.options``) and returns a list of ``erdma_core.algorithms.schedule.Step`` (who
+    A schedule (``offload=False``): ``schedule_fn(spec)`` takes an ``erdma_core.sdk.Spec``
+    (the options as ``spec.options``) and returns a list of ``erdma_core.sdk.Step`` (who
     sends which slice to whom). The executor checks each schedule once (``erdma_core.engine.plans.check``)
     and refuses one it could run wrongly, naming the algorithm and this plugin.
 
-    An offload (``offload=True``, for ``erdma_core.protocol.ops.OFFLOADABLE`` ops): ``schedule_fn`` is a factory
-    ``f(ctx: erdma_core.engine.offload.OffloadContext)`` called once per process group (and factory: the same
+    An offload (``offload=True``, for ``erdma_core.sdk.OFFLOADABLE`` ops): ``schedule_fn`` is a factory
+    ``f(ctx: erdma_core.sdk.OffloadContext)`` called once per process group (and factory: the same
     factory registered for several ops makes one shared object) on the first collective that selects it,
     returning an object with ``run(call: OffloadCall) -> Fallback | None`` (called once per collective, on the
     thread that runs the group's collectives) and ``close()`` (once, when the group is destroyed). ``run``
     completes the collective in ``call.buffers`` or returns ``Fallback(algorithm, reason)``, and the core runs
     the collective with that host algorithm instead, logging and counting why; every rank must answer alike
     (they agree through ``ctx.host``). It raises ``CollectiveError`` subclasses naming rank and op on failure,
-    and never blocks past ``call.deadline``. ``erdma_core.engine.offload`` writes the contract down.
+    and never blocks past ``call.deadline``. ``erdma_core.sdk.OffloadContext`` and ``OffloadCall`` write the
+    contract down.
     Returns: nothing. Every implementation is called.
     """
 
@@ -161,16 +164,16 @@ def erdma_register_environment(register: RegisterEnvironment) -> None:
     ``ERDMA_KEYS_DIR`` of erdma-quic). Any other ``ERDMA_*`` variable that is not a config key is refused
     with an error naming it, so a typo never goes unnoticed.
 
-    Called by: ``erdma_core.plugins.manager.build_plugin_manager``, once. Arguments: ``register(name,
+    Called by: the core's plugin manager, once. Arguments: ``register(name,
     description)``. Returns: nothing. Every implementation is called.
     """
 
 
 @hookspec(firstresult=True)
-def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Any) -> str | None:
+def erdma_choose_algorithm(op: str, nbytes: int, world_size: int, config: Config) -> str | None:
     """Choose the algorithm for one collective whose config says ``auto``.
 
-    Called by: ``erdma_core.api.process_group.ProcessGroup`` before it builds a schedule, only when the
+    Called by: ``erdma_core.ProcessGroup`` before it builds a schedule, only when the
     config leaves the op on ``auto``: once per group, op and size (the answer is kept for later collectives
     of the same shape). Arguments: ``op`` (e.g. ``"allreduce"``), ``nbytes`` (bytes of the local input),
     ``world_size``, ``config`` (the effective ``Config``). Every rank calls it with the same arguments (except
@@ -197,7 +200,7 @@ def erdma_add_commands(subparsers: Any) -> None:
 
 
 @hookspec
-def erdma_doctor(config: Any) -> list[str] | None:
+def erdma_doctor(config: Config) -> list[str] | None:
     """Add to what ``erdma doctor`` reports about this host (e.g. what its NAT does, erdma-p2p).
 
     Called by: ``erdma_core.cli.main`` once per ``erdma doctor``, after the core's own lines. Arguments:

@@ -19,6 +19,7 @@ import pluggy
 
 from ..config.option import Option, did_you_mean
 from ..errors import ErdmaError, PluginError
+from ..protocol.sdk import PREVIOUS as SDK_PREVIOUS
 from ..protocol.sdk import VERSION as SDK_VERSION
 from . import hookspecs
 
@@ -80,6 +81,8 @@ class Components:
         self.skipped: dict[str, str] = {}  # installed plugins ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS left out -> dist
         # components registered for another SDK version: (kind, name) -> why (kind "algorithm": name is "op name")
         self.refused: dict[tuple[str, str], str] = {}
+        # components that run through the adapter of an earlier SDK version: (kind, name) -> that version
+        self.adapted: dict[tuple[str, str], int] = {}
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.by_kind[kind])
@@ -246,16 +249,24 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
     current = {"plugin": "builtin"}
 
     def refused(kind: str, name: str, sdk: int | None) -> bool:
-        """Whether a component written for another SDK version is refused (noted, logged): a transport must
-        say its version; other kinds are checked when they say one."""
-        if sdk == SDK_VERSION or (sdk is None and kind != "transport"):
+        """Whether a component written for another SDK version is refused (noted, logged). One written for the
+        previous version loads through its adapter (``erdma_core.sdk``: its moved names are served from the
+        toolkit), as does one of another kind than transport that says no version, as version 1 allowed."""
+        if sdk == SDK_VERSION:
             return False
         plugin = current["plugin"]
         dist = next((p.distribution for p in infos if p.name == plugin), "?")
+        if sdk == SDK_PREVIOUS or (sdk is None and kind != "transport"):
+            comps.adapted[kind, name] = SDK_PREVIOUS
+            log.info("erdma: %s %r of plugin %r (%s) was written for SDK version %d (%s): it runs through the "
+                     "adapter for that version", kind, name, plugin, dist, SDK_PREVIOUS,
+                     "it says none" if sdk is None else f"sdk={sdk}")
+            return False
         said = "says no SDK version (register(..., sdk=N))" if sdk is None else f"was written for SDK version {sdk}"
         why = (f"{kind} {name!r} of plugin {plugin!r} ({dist}) {said}; this erdma-core ({_version('erdma-core')}) "
-               f"provides SDK version {SDK_VERSION} (erdma_core.sdk.VERSION): install a release of {dist} written "
-               f"for it, or, as its author, port it to erdma_core.sdk and register it with sdk={SDK_VERSION}")
+               f"provides SDK version {SDK_VERSION} (erdma_core.sdk.VERSION) and, through an adapter, version "
+               f"{SDK_PREVIOUS}: install a release of {dist} written for one of them, or, as its author, port it to "
+               f"erdma_core.sdk and register it with sdk={SDK_VERSION}")
         comps.refused[kind, name] = why
         log.warning("erdma: refused %s", why)
         return True

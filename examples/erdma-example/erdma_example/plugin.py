@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core.sdk import Option, Register, RegisterAlgorithm, hookimpl
+from erdma_core.sdk import Config, Option, Register, RegisterAlgorithm, hookimpl
 
 
-def _unix(config: Any, section: dict[str, Any]) -> Any:
+def _unix(config: Config, section: dict[str, Any]) -> Any:
     from .unix import UnixTransport
 
     return UnixTransport(config, section)
 
 
-def _half(config: Any, section: dict[str, Any]) -> Any:
+def _half(config: Config, section: dict[str, Any]) -> Any:
     from .half import Half
 
     return Half(config, section)
@@ -29,15 +29,15 @@ def _bruck(spec: Any) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("unix", _unix, description="Unix-domain stream sockets (ranks on one host)",
-             options={"folder": Option(str, "", "where the sockets live; empty: the temp folder")}, sdk=1)
+             options={"folder": Option(str, "", "where the sockets live; empty: the temp folder")}, sdk=2)
 
 
 @hookimpl
 def erdma_register_compressors(register: Register) -> None:
     register("half", _half, description="float32/float64 sent as float16, with error feedback",
-             options={"error_feedback": Option(bool, True, "carry each step's rounding error into the next")}, sdk=1)
+             options={"error_feedback": Option(bool, True, "carry each step's rounding error into the next")}, sdk=2)
 
 
 @hookimpl
 def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
-    register("allgather", "bruck", _bruck, description="Bruck: ceil(log2 p) steps for any world size", sdk=1)
+    register("allgather", "bruck", _bruck, description="Bruck: ceil(log2 p) steps for any world size", sdk=2)

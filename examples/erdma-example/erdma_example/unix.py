@@ -10,7 +10,8 @@ import socket
 import tempfile
 from typing import Any
 
-from erdma_core.sdk import SocketTransport, TransportContext, retrying
+from erdma_core.sdk import TransportContext
+from erdma_core.toolkit import SocketTransport, retrying
 
 
 class UnixTransport(SocketTransport):

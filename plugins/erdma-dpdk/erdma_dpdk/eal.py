@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from erdma_core.sdk import ErdmaError, running
+from erdma_core.sdk import ErdmaError
+from erdma_core.toolkit import running
 
 from ._shim import ffi, lib
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core.sdk import Option, PluginError, Register, hookimpl
+from erdma_core.sdk import Config, Option, PluginError, Register, hookimpl
 
 from .backends import BACKENDS, check_options
 
@@ -42,7 +42,7 @@ OPTIONS = {
 }
 
 
-def _factory(config: Any, section: dict[str, Any]) -> Any:
+def _factory(config: Config, section: dict[str, Any]) -> Any:
     check_options(section)
     try:
         from .transport import DpdkTransport
@@ -56,12 +56,12 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("dpdk", _factory, options=OPTIONS,
-             description="DPDK userspace packet I/O (memif, af_packet) with a reliable stream in C", sdk=1,
+             description="DPDK userspace packet I/O (memif, af_packet) with a reliable stream in C", sdk=2,
              check=lambda config, section: check_options(section))
 
 
 @hookimpl
-def erdma_doctor(config: Any) -> list[str]:
+def erdma_doctor(config: Config) -> list[str]:
     from .doctor import report
 
     return report(config.section("transport.dpdk"), selected=config["transport.name"] == "dpdk")

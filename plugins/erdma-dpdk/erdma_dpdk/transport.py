@@ -29,21 +29,8 @@ import threading
 import time
 from typing import Any
 
-from erdma_core.sdk import (
-    DIRECT_BYTES,
-    ConfigError,
-    Header,
-    IntegrityError,
-    MessageTransport,
-    PeerLostError,
-    Request,
-    StreamReader,
-    TransportContext,
-    auth,
-    await_key,
-    failed_elsewhere,
-    integrity,
-)
+from erdma_core.sdk import ConfigError, Header, IntegrityError, PeerLostError, Request, TransportContext
+from erdma_core.toolkit import DIRECT_BYTES, MessageTransport, StreamReader, auth, await_key, failed_elsewhere, integrity
 
 from . import backends, eal
 from ._shim import ffi, lib

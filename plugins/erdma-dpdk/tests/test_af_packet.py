@@ -110,7 +110,7 @@ def test_what_the_bridge_drops_is_sent_again(lab):
 
 REFUSED = """
 import erdma_core
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError
 try:
     erdma_core.init({"transport.name": "dpdk", "transport.dpdk.frame_bytes": 9000}, rank=0, world_size=1,
                     init_method="file://%s/store")

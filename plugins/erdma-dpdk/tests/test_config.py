@@ -12,7 +12,7 @@ import pytest
 
 import erdma_core
 from erdma_core import load_config
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError
 
 from .conftest import needs_dpdk
 

@@ -42,7 +42,8 @@ def _small_frames(pg):
     """300 frames of 0-300 bytes each way, handed to the transport at once (below the process group, which has
     one message per peer on its way at a time), with a window of 8 packets that 30% loss keeps shut most of the
     time: those that wait for the window share packets."""
-    from erdma_core.wire import DATA, P2P_GROUP_BIT, Header
+    from erdma_core.sdk import Header
+    from erdma_core.toolkit import DATA, P2P_GROUP_BIT
 
     t, peer = pg.transport, 1 - pg.rank()
 

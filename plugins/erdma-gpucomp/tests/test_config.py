@@ -8,8 +8,8 @@ import pytest
 from conftest import make
 from erdma_gpucomp import device
 
-from erdma_core.api.join import load_config
-from erdma_core.errors import ConfigError
+from erdma_core import load_config
+from erdma_core.sdk import ConfigError
 
 NO_GPU = not device.gpu_present()
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import make
 from erdma_gpucomp.feedback import ErrorFeedback
 
-from erdma_core.compression import Site
+from erdma_core.sdk import Site
 
 SITE = Site("grad", "allreduce", "ring", 0, 0, 1000)
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import make
 from erdma_gpucomp import device, lossless, quantize
 
-from erdma_core.compression import Site
+from erdma_core.sdk import Site
 
 RNG = np.random.default_rng(7)
 SITE = Site("buf", "allreduce", "ring", 0, 0, 0)

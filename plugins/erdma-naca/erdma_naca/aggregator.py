@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from erdma_core.sdk import dtypes, integrity, reduce_ops
+from erdma_core.toolkit import dtypes, integrity, reduce_ops
 
 from . import header as H
 

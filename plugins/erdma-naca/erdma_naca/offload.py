@@ -38,8 +38,8 @@ from erdma_core.sdk import (
     OffloadContext,
     ProtocolError,
     ReduceOp,
-    dtypes,
 )
+from erdma_core.toolkit import dtypes
 
 from . import header as H
 from .link import Chunk, Link, NodeError, NodeGone, NodeRefused

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core.sdk import RegisterAlgorithm, RegisterEnvironment, hookimpl
+from erdma_core.sdk import Config, RegisterAlgorithm, RegisterEnvironment, hookimpl
 
 from .options import ENVIRONMENT, OPTIONS, settings
 
@@ -16,7 +16,7 @@ def naca(ctx: Any) -> Any:
     return Naca(ctx)
 
 
-def _check(config: Any, section: dict[str, Any]) -> None:
+def _check(config: Config, section: dict[str, Any]) -> None:
     """The nodes, the admission secret's file and the timers parse (``options.settings``)."""
     settings(config.section("algorithm.allreduce.naca"))
 
@@ -25,10 +25,10 @@ def _check(config: Any, section: dict[str, Any]) -> None:
 def erdma_register_algorithms(register: RegisterAlgorithm) -> None:
     register("allreduce", "naca", naca, offload=True, options=OPTIONS,
              description="through aggregation nodes (erdma naca serve): one round up, one down; ring on the hosts "
-                         "when none can serve", sdk=1, check=_check)
+                         "when none can serve", sdk=2, check=_check)
     for op in ("broadcast", "reduce_scatter"):
         register(op, "naca", naca, offload=True,
-                 description="through aggregation nodes; options in [algorithm.allreduce.naca]", sdk=1, check=_check)
+                 description="through aggregation nodes; options in [algorithm.allreduce.naca]", sdk=2, check=_check)
 
 
 @hookimpl

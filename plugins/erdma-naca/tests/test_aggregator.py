@@ -9,7 +9,7 @@ import pytest
 from erdma_naca import header as H
 from erdma_naca.aggregator import Aggregator
 
-from erdma_core.protocol import dtypes
+from erdma_core.toolkit import dtypes
 
 SECRET = b"node secret, 32 bytes long......"
 ADMISSION = H.admission_key(SECRET)
@@ -222,7 +222,7 @@ def test_a_job_forgotten_between_its_joins_ends_at_the_first_rank_it_lost() -> N
 @pytest.mark.parametrize("dtype, redop", [("float16", 1), ("bfloat16", 4), ("int8", 2), ("bool", 8),
                                           ("uint8", 7), ("float64", 3)])
 def test_every_dtype_reduces_like_the_core(dtype: str, redop: int) -> None:
-    from erdma_core.protocol import reduce_ops
+    from erdma_core.toolkit import reduce_ops
 
     agg = Aggregator(SECRET, 64, 16)
     job = Ranks(agg, 3)

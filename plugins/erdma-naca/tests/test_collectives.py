@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import naca_config
 
-from erdma_core.errors import MismatchError
+from erdma_core.sdk import MismatchError
 from erdma_core.testing.world import RankFailure, World
 
 SIZES = (0, 1, 1000, 5000, 70_001)  # 70001 float32: 35 chunks of 8 KiB, more than fit one datagram each

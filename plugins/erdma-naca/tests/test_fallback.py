@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import naca_config
 
-from erdma_core.errors import ConfigError
+from erdma_core.sdk import ConfigError
 from erdma_core.testing.world import RankFailure, World
 
 

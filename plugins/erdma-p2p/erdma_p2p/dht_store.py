@@ -35,7 +35,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from erdma_core.sdk import FAILED_PREFIX, CollectiveTimeoutError, ConfigError, ErdmaError
+from erdma_core.sdk import CollectiveTimeoutError, ConfigError, ErdmaError
+from erdma_core.toolkit import FAILED_PREFIX
 
 from . import records
 from .checks import bootstrap_nodes, require_secret

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from erdma_core.sdk import meet, route_source
+from erdma_core.toolkit import meet, route_source
 
 from . import stun
 from .relayed import allocate

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core.sdk import Option, Register, hookimpl
+from erdma_core.sdk import Config, Option, Register, hookimpl
 
 from .checks import check_dht, check_stun
 
@@ -70,7 +70,7 @@ DHT_OPTIONS = {
 }
 
 
-def _dht(url: str, rank: int | None, world_size: int, timeout: float, config: Any) -> Any:
+def _dht(url: str, rank: int | None, world_size: int, timeout: float, config: Config) -> Any:
     from .dht_store import dht_store
 
     return dht_store(url, rank, world_size, timeout, config)
@@ -82,7 +82,7 @@ _dht.assigns_ranks = True  # type: ignore[attr-defined]  # a process given no ra
 @hookimpl
 def erdma_register_discovery(register: Register) -> None:
     register("dht", _dht, options=DHT_OPTIONS,
-             description="a Kademlia DHT reached through bootstrap nodes (erdma dht serve): dht://HOST:PORT/JOB", sdk=1,
+             description="a Kademlia DHT reached through bootstrap nodes (erdma dht serve): dht://HOST:PORT/JOB", sdk=2,
              check=check_dht)
 
 
@@ -94,7 +94,7 @@ def erdma_add_commands(subparsers: Any) -> None:
 
 
 @hookimpl
-def erdma_doctor(config: Any) -> list[str]:
+def erdma_doctor(config: Config) -> list[str]:
     from .doctor import job_paths, report
 
     lines = report(config.section("traversal.stun"))
@@ -104,7 +104,7 @@ def erdma_doctor(config: Any) -> list[str]:
     return lines
 
 
-def _stun(config: Any, section: dict[str, Any]) -> Any:
+def _stun(config: Config | None, section: dict[str, Any]) -> Any:
     from .traversal import StunTraversal
 
     return StunTraversal(config, section)
@@ -114,4 +114,4 @@ def _stun(config: Any, section: dict[str, Any]) -> Any:
 def erdma_register_traversals(register: Register) -> None:
     register("stun", _stun, options=OPTIONS,
              description="advertise the STUN-mapped address of the data socket, punch NATs open (erdma-quic; the "
-                         "built-in TCP meets its peers from a mapped TCP port)", sdk=1, check=check_stun)
+                         "built-in TCP meets its peers from a mapped TCP port)", sdk=2, check=check_stun)

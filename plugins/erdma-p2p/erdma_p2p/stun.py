@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from erdma_core.sdk import meet, recv_exact
+from erdma_core.toolkit import meet, recv_exact
 
 MAGIC = 0x2112A442
 BINDING_REQUEST, BINDING_SUCCESS, BINDING_ERROR = 0x0001, 0x0101, 0x0111

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from erdma_core.sdk import Candidate, ConfigError, meet, route_source
+from erdma_core.sdk import Candidate, ConfigError
+from erdma_core.toolkit import meet, route_source
 
 from . import kept, stun
 from .checks import check_stun, stun_server

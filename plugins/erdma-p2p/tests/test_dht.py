@@ -21,7 +21,7 @@ from erdma_p2p.dht import DhtNode, _Storage, _valid
 from erdma_p2p.dht_store import DhtStore, dht_store, parse_url
 from erdma_p2p.lab.natlab import first_line
 
-from erdma_core.errors import CollectiveTimeoutError, ConfigError, ErdmaError
+from erdma_core.sdk import CollectiveTimeoutError, ConfigError, ErdmaError
 
 KEYS = records.JobKeys(b"secret", "job")
 KEY = KEYS.dht_key("quic/addr/1")

@@ -14,7 +14,7 @@ from typing import Any
 from erdma_p2p.dht import DhtNode
 from erdma_p2p.dht_store import DhtStore
 
-from erdma_core.elastic.founding import found
+from erdma_core.elastic import found
 from erdma_core.testing.elastic import ElasticJob, Peer, python, steps, stopped_peer_counted_out, until
 
 PEER = ("-m", "erdma_core.testing.elastic_peer")

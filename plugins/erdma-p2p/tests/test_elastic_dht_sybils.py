@@ -16,7 +16,7 @@ from erdma_p2p.dht_store import DhtStore
 from test_dht_attacks import forgers, sybils
 from test_elastic_dht import ENV, PEER, SECRET, SECTION
 
-from erdma_core.elastic.founding import found
+from erdma_core.elastic import found
 from erdma_core.testing.elastic import ElasticJob, python, steps, until
 
 STEP = re.compile(r"step (\d+) n (\d+) .* hash (\w+) ")

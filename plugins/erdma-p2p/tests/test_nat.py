@@ -294,7 +294,7 @@ PAIRED = RELAY | {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRANSPORT_FALLBACK": "quic"}
 def relayed_path(tmp: Path, rank: int, timeout: float = CONNECT_S + 60) -> None:
     """Wait until ``rank`` of the job ``run_job(lab, tmp, ...)`` runs has published a path through the relay
     (erdma-quic publishes ``paths/RANK`` again when a link comes back, in the job's file store)."""
-    from erdma_core.discovery import FileStore
+    from erdma_core.testing import FileStore
 
     store, end = FileStore(str(tmp / "store")), time.monotonic() + timeout
     while " relayed" not in _read(store, f"paths/{rank}"):

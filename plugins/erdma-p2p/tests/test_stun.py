@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from erdma_p2p import stun
 
-from erdma_core.net import meet
+from erdma_core.toolkit import meet
 
 TXID = bytes(range(12))
 
@@ -131,7 +131,7 @@ def test_tcp_meets_its_peers_from_the_port_the_stun_traversal_prepared(coturn):
 def test_tcp_refuses_stun_settings_it_cannot_keep(changes, message):
     from erdma_p2p.traversal import StunTraversal
 
-    from erdma_core.errors import ConfigError
+    from erdma_core.sdk import ConfigError
 
     section = {"server": "127.0.0.1:3478", "timeout": 1.0, "bind_address": "", "punch": True, "port": 0,
                "check_server": "", "relay": "", "relay_user": "", "relay_password": "", "relay_when": "fallback",

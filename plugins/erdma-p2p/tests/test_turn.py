@@ -201,7 +201,7 @@ SECTION = {"server": "127.0.0.1:3478", "timeout": 1.0, "bind_address": "", "punc
 def test_relay_settings_that_cannot_work_are_refused_naming_the_key(changes, message):
     from erdma_p2p.traversal import StunTraversal
 
-    from erdma_core.errors import ConfigError
+    from erdma_core.sdk import ConfigError
 
     with pytest.raises(ConfigError) as err:
         StunTraversal(None, SECTION | changes)
@@ -210,7 +210,7 @@ def test_relay_settings_that_cannot_work_are_refused_naming_the_key(changes, mes
 
 def test_the_classification_setting_of_old_is_refused_naming_the_choices():
     from erdma_core import load_config
-    from erdma_core.errors import ConfigError
+    from erdma_core.sdk import ConfigError
 
     with pytest.raises(ConfigError) as err:
         load_config({"traversal.name": "stun", "traversal.stun.relay_when": "dependent-mapping"})
@@ -224,7 +224,7 @@ def test_candidates_and_the_order_a_dialler_tries_them():
     from erdma_p2p import stun
     from erdma_p2p.traversal import StunTraversal
 
-    from erdma_core.net.addresses import Candidate
+    from erdma_core.sdk import Candidate
 
     t = StunTraversal(None, SECTION | {"bind_address": "10.1.0.2"})
     t.mapped, t.local_port, t.relayed = stun.Mapped("198.51.100.10", 4000), 5000, stun.Mapped("198.51.100.1", 6000)

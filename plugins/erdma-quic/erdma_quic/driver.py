@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from erdma_core.sdk import Request, WakePipe
+from erdma_core.sdk import Request
+from erdma_core.toolkit import WakePipe
 
 from .endpoint import UdpPort
 from .mesh import Event, Mesh

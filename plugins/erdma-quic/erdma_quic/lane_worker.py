@@ -24,7 +24,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from erdma_core.sdk import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError, Request, running
+from erdma_core.sdk import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError, Request
+from erdma_core.toolkit import running
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import parcels, tls

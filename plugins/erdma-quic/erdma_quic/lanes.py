@@ -30,7 +30,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from erdma_core.sdk import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError, Request, addresses
+from erdma_core.sdk import CollectiveTimeoutError, ErdmaError, PeerLostError, ProtocolError, Request
+from erdma_core.toolkit import addresses
 
 from . import parcels
 

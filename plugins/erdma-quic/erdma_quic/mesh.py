@@ -41,7 +41,8 @@ from aioquic.quic.connection import QuicConnection, QuicConnectionState
 from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import SessionTicket
 
-from erdma_core.sdk import HELLO_ACCEPTED, HELLO_REQUEST, Hello, PeerLostError, ProtocolError, Request
+from erdma_core.sdk import PeerLostError, ProtocolError, Request
+from erdma_core.toolkit import HELLO_ACCEPTED, HELLO_REQUEST, Hello
 
 from .congestion import attach
 from .credentials import CredentialError

@@ -15,7 +15,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from erdma_core.sdk import running
+from erdma_core.toolkit import running
 
 _DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 _counter = itertools.count()

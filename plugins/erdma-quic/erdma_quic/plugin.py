@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from erdma_core.sdk import Option, Register, RegisterEnvironment, hookimpl
+from erdma_core.sdk import Config, Option, Register, RegisterEnvironment, hookimpl
 
 CONGESTION = ("bbr", "cubic", "reno")
 OPTIONS = {
@@ -57,7 +57,7 @@ OPTIONS = {
 }
 
 
-def _factory(config: Any, section: dict[str, Any]) -> Any:
+def _factory(config: Config, section: dict[str, Any]) -> Any:
     from .transport import QuicTransport
 
     return QuicTransport(config, section)
@@ -66,7 +66,7 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 _factory.takes_peers = True  # type: ignore[attr-defined]  # connects only ctx.peers: a paired job's fallback
 
 
-def _check(config: Any, section: dict[str, Any]) -> None:
+def _check(config: Config, section: dict[str, Any]) -> None:
     from .checks import check
 
     check(config, section)
@@ -76,7 +76,7 @@ def _check(config: Any, section: dict[str, Any]) -> None:
 def erdma_register_transports(register: Register) -> None:
     register("quic", _factory, options=OPTIONS,
              description="QUIC on the compiled ngtcp2 engine (aioquic where not built): mutual TLS 1.3, each message on "
-                      "streams of its own (parts of part_bytes), one UDP socket per rank (and per worker lane)", sdk=1,
+                      "streams of its own (parts of part_bytes), one UDP socket per rank (and per worker lane)", sdk=2,
              check=_check)
 
 

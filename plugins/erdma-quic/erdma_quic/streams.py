@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from erdma_core.sdk import DATA, FRAME, HELLO, MAX_CONTROL_BYTES, FrameInbox, Header, Hello, ProtocolError
+from erdma_core.sdk import Header, ProtocolError
+from erdma_core.toolkit import DATA, FRAME, HELLO, MAX_CONTROL_BYTES, FrameInbox, Hello
 
 PREFIX = struct.Struct("<BQQQ")
 KIND_HELLO, KIND_PART = 1, 2

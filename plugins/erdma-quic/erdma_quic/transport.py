@@ -23,15 +23,12 @@ from erdma_core.sdk import (
     CollectiveTimeoutError,
     ConfigError,
     Header,
-    MessageTransport,
     ProtocolError,
     Request,
     TransportContext,
     UnreachableError,
-    addresses,
-    failed_elsewhere,
-    verdicts,
 )
+from erdma_core.toolkit import MessageTransport, addresses, failed_elsewhere, verdicts
 
 from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioquic
 from . import tls

@@ -17,7 +17,7 @@ from erdma_quic.plugin import OPTIONS
 from erdma_quic.streams import ALPNS
 from erdma_quic.transport import QuicTransport, engine_name
 
-from erdma_core.transport.base import TransportContext
+from erdma_core.sdk import TransportContext
 
 
 class MemoryStore:

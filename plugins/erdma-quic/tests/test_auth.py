@@ -17,8 +17,8 @@ from erdma_quic.streams import hello_stream
 from helpers import MemoryStore, options, raw_dial, start, wait_for
 
 from erdma_core.cli.main import main as erdma_main
-from erdma_core.errors import CollectiveTimeoutError, ConfigError, ProtocolError
-from erdma_core.wire import DATA, HELLO_REQUEST, Header, Hello
+from erdma_core.sdk import CollectiveTimeoutError, ConfigError, Header, ProtocolError
+from erdma_core.toolkit import DATA, HELLO_REQUEST, Hello
 
 JOB = 0x1234_5678_9ABC_DEF0
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from helpers import MemoryStore, options, start
 
-from erdma_core.wire import DATA, Header
+from erdma_core.sdk import Header
+from erdma_core.toolkit import DATA
 
 JOB = 77
 

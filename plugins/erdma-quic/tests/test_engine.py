@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from erdma_quic import credentials
 
-from erdma_core.errors import PluginError
+from erdma_core.sdk import PluginError
 
 HAVE_NGTCP2 = shutil.which("pkg-config") is not None and subprocess.run(
     ["pkg-config", "--exists", "libngtcp2", "libngtcp2_crypto_gnutls", "gnutls"], check=False).returncode == 0

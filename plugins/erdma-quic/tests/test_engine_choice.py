@@ -17,7 +17,7 @@ from erdma_quic.ngtcp2.connection import loaded
 from erdma_quic.ngtcp2.mesh_connection import EngineFactory
 from helpers import options
 
-from erdma_core.errors import PluginError
+from erdma_core.sdk import PluginError
 
 PACKAGES = "apt-get install libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev"
 

@@ -14,7 +14,8 @@ from erdma_quic import gso
 from erdma_quic.gso import GsoPaths
 from helpers import MemoryStore, options, start
 
-from erdma_core.wire import DATA, Header
+from erdma_core.sdk import Header
+from erdma_core.toolkit import DATA
 
 PEER = ("10.0.0.2", 47000)
 SIZE = 1452

@@ -15,11 +15,8 @@ from erdma_quic import parcels
 from erdma_quic.streams import Inbound, message_parts, numbered
 from helpers import MemoryStore, options, start
 
-from erdma_core.errors import AbortedError, ConfigError, ErdmaError, PeerLostError, ProtocolError
-from erdma_core.transport.base import TransportContext
-from erdma_core.transport.frames import FrameInbox
-from erdma_core.transport.mailbox import Mailbox
-from erdma_core.wire import BYE, DATA, Header
+from erdma_core.sdk import AbortedError, ConfigError, ErdmaError, Header, PeerLostError, ProtocolError, TransportContext
+from erdma_core.toolkit import BYE, DATA, FrameInbox, Mailbox
 
 JOB = 91
 

@@ -20,11 +20,8 @@ from erdma_quic.tls import Tls
 from erdma_quic.transport import connection_for, settings
 from helpers import job_alpn, options
 
-from erdma_core.errors import PeerLostError
-from erdma_core.transport.frames import FrameInbox
-from erdma_core.transport.mailbox import Mailbox
-from erdma_core.transport.request import Request
-from erdma_core.wire import DATA, Header
+from erdma_core.sdk import Header, PeerLostError, Request
+from erdma_core.toolkit import DATA, FrameInbox, Mailbox
 
 JOB = 0x5EED
 
@@ -454,7 +451,7 @@ def test_the_transport_keeps_no_matching_abort_or_bye_of_its_own():
     """They are the core's (MessageTransport), as for TCP; QUIC adds set-up, posting and shutdown."""
     from erdma_quic.transport import QuicTransport
 
-    from erdma_core.transport.base import MessageTransport
+    from erdma_core.toolkit import MessageTransport
 
     assert issubclass(QuicTransport, MessageTransport)
     assert not {"connect", "isend", "irecv", "begin", "abort", "close", "peer_lost"} & set(vars(QuicTransport))

@@ -11,10 +11,8 @@ import pytest
 from erdma_quic.streams import HEAD_BYTES, KIND_PART, PREFIX, Inbound, hello_stream, message_parts, numbered
 from erdma_quic.tls import ALPN
 
-from erdma_core.errors import PeerLostError, ProtocolError
-from erdma_core.transport.frames import FrameInbox
-from erdma_core.transport.mailbox import Mailbox
-from erdma_core.wire import BYE, DATA, HELLO_REQUEST, Header, Hello
+from erdma_core.sdk import Header, PeerLostError, ProtocolError
+from erdma_core.toolkit import BYE, DATA, HELLO_REQUEST, FrameInbox, Hello, Mailbox
 
 JOB = 77
 

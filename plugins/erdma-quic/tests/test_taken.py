@@ -10,8 +10,8 @@ import time
 import numpy as np
 from helpers import MemoryStore, options, start, wait_for
 
-from erdma_core.errors import ConfigError
-from erdma_core.wire import DATA, Header
+from erdma_core.sdk import ConfigError, Header
+from erdma_core.toolkit import DATA
 
 JOB = 91
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from erdma_core.sdk import FRAME, ConfigError, Option, PluginError, Register, hookimpl
+from erdma_core.sdk import Config, ConfigError, Option, PluginError, Register, hookimpl
+from erdma_core.toolkit import FRAME
 
 OPTIONS = {
     "device": Option(str, "", "RDMA device (e.g. mlx5_0, rxe0); empty: the first the host has"),
@@ -40,14 +41,14 @@ OPTIONS = {
 HEADER_BYTES = FRAME.size  # the core's frame header, which a slot carries too
 
 
-def _check(config: Any, section: dict[str, Any]) -> None:
+def _check(config: Config, section: dict[str, Any]) -> None:
     if HEADER_BYTES + section["zero_copy_bytes"] > section["slot_bytes"]:
         raise ConfigError(f"config key 'transport.verbs.zero_copy_bytes': {section['zero_copy_bytes']} plus the "
                           f"{HEADER_BYTES}-byte header must fit in transport.verbs.slot_bytes ({section['slot_bytes']})"
                           "; lower it, or raise slot_bytes")
 
 
-def _factory(config: Any, section: dict[str, Any]) -> Any:
+def _factory(config: Config, section: dict[str, Any]) -> Any:
     _check(config, section)
     try:
         from .transport import VerbsTransport
@@ -61,12 +62,12 @@ def _factory(config: Any, section: dict[str, Any]) -> Any:
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("verbs", _factory, options=OPTIONS,
-             description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits", sdk=1,
+             description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits", sdk=2,
              check=_check)
 
 
 @hookimpl
-def erdma_doctor(config: Any) -> list[str]:
+def erdma_doctor(config: Config) -> list[str]:
     from .doctor import report
 
     return report(config.section("transport.verbs"), selected=config["transport.name"] == "verbs")

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from erdma_core.sdk import address_of
+from erdma_core.toolkit import address_of
 
 
 class Region:

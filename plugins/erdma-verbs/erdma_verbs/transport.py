@@ -34,18 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.sdk import (
-    FRAME,
-    ConfigError,
-    Header,
-    MessageTransport,
-    PeerLostError,
-    ProtocolError,
-    Request,
-    StreamReader,
-    TransportContext,
-    await_key,
-)
+from erdma_core.sdk import ConfigError, Header, PeerLostError, ProtocolError, Request, TransportContext
+from erdma_core.toolkit import FRAME, MessageTransport, StreamReader, await_key
 
 from . import rc
 from .regcache import Region, RegistrationCache

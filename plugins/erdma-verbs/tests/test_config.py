@@ -9,7 +9,7 @@ import pytest
 
 import erdma_core
 from erdma_core import load_config
-from erdma_core.errors import ConfigError, PluginError
+from erdma_core.sdk import ConfigError, PluginError
 
 
 def test_the_options_are_declared_with_their_defaults():
@@ -57,7 +57,7 @@ def test_a_zero_copy_threshold_that_does_not_fit_a_slot_is_refused(tmp_path):
 def test_the_header_size_the_plugin_assumes_is_the_cores():
     from erdma_verbs.plugin import HEADER_BYTES
 
-    from erdma_core.wire import FRAME
+    from erdma_core.toolkit import FRAME
 
     assert FRAME.size == HEADER_BYTES
 
