@@ -30,6 +30,10 @@ def install_plugin(tmp_path, monkeypatch):
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: erdma-{name}\nVersion: 0.1\n")
         (info / "entry_points.txt").write_text(f"[erdma.plugins]\n{name} = {module}\n")
         monkeypatch.syspath_prepend(str(site))
+        # a distribution installed into a running process: stevedore lists a group's entry points once per process
+        from stevedore import ExtensionManager
+
+        monkeypatch.setattr(ExtensionManager, "ENTRY_POINT_CACHE", {})
         names.append(name)
         monkeypatch.setenv("ERDMA_PLUGINS", ",".join(names))
         return site

@@ -100,8 +100,7 @@ def test_env_overrides(monkeypatch, var, value, key, expected):
     ('[collectives]\nallreduce = "rnig"\n', "config key 'collectives.allreduce': invalid value 'rnig'; valid "
                                              "choices: auto, halving_doubling, parameter_server, recursive_doubling, "
                                              "ring, tree (did you mean 'ring'?)"),
-    ('[transport]\nname = "quik"\n', "config key 'transport.name': invalid value 'quik'; valid choices: tcp; "
-                                      "did you mean 'quic'? it is provided by `pip install erdma-quic`"),
+    ('[transport]\nname = "quik"\n', "config key 'transport.name': invalid value 'quik'; valid choices: tcp; "),
     ('[transport.tcp]\nnodelay = "yes"\n', "config key 'transport.tcp.nodelay': value 'yes' is a str, expected bool"),
     ("[transport\n", "is not valid TOML"),
 ])
@@ -111,16 +110,24 @@ def test_bad_file_values(tmp_path, toml, message):
     assert message in str(info.value)
 
 
-def _left_out(dist: str, plugin: str) -> str:
-    """What an unknown name provided by ``dist`` is told: install it, or (installed, and left out here by the
-    conftest's ERDMA_DISABLE_PLUGINS) that it is left out."""
+def _left_out(dist: str, plugin: str, kind: str = "transport", name: str | None = None) -> str:
+    """What an unknown name provided by ``dist`` is told: that no installed plugin provides it, or (installed,
+    and left out here by the conftest's ERDMA_DISABLE_PLUGINS) which plugin does and that it is left out."""
     import importlib.metadata
 
     try:
         version = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
-        return f"it is provided by `pip install {dist}`"
-    return f"{dist} {version} is installed, but its plugin {plugin!r} is left out by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS"
+        return (f"no installed plugin provides {kind} {name or plugin!r} (eRDMA's plugins are distributions of their "
+                "own: README.md, \"Plugins\", lists what each provides)")
+    return f"plugin {plugin!r} ({dist} {version}) provides it, but is left out by ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS"
+
+
+def test_a_misspelt_plugin_component_is_told_the_plugin_that_provides_the_name_it_resembles(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, '[transport]\nname = "quik"\n'))
+    said = _left_out("erdma-quic", "quic", name="quik")
+    assert (said if said.startswith("no installed") else f"did you mean 'quic'? {said}") in str(info.value)
 
 
 @pytest.mark.parametrize("var,value,message", [

@@ -72,7 +72,8 @@ def fake_site(tmp_path):
         info = tmp_path / f"{dist}-0.3.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.3\n")
-        (info / "entry_points.txt").write_text(f"[erdma.plugins]\n{name} = {module}\n")
+        provides = "\n[erdma.components]\ncompressor.fakecodec = brokenplug\n" if name == "broken" else ""
+        (info / "entry_points.txt").write_text(f"[erdma.plugins]\n{name} = {module}\n{provides}")
     return tmp_path
 
 
@@ -157,15 +158,24 @@ def test_erdma_plugins_command_lists_plugins_and_errors(fake_site):
 
 
 def test_selected_name_from_a_plugin_that_failed_to_load_says_why(fake_site):
-    """Before: "invalid value 'fp16'; valid choices: none", and not a word of the plugin that failed."""
+    """Before: "invalid value 'fakecodec'; valid choices: none", and not a word of the plugin that failed. The
+    plugin's metadata says it provides the name; a name no plugin declares is told of every plugin that failed."""
     r = py(fake_site, '''
         import erdma_core
-        erdma_core.load_config({"compression.name": "fp16"})
+        for name in ("fakecodec", "unheard"):
+            try:
+                erdma_core.load_config({"compression.name": name})
+            except erdma_core.ConfigError as exc:
+                print(exc)
     ''', ERDMA_PLUGINS="broken")
-    assert r.returncode != 0
-    assert ("config key 'compression.name': invalid value 'fp16'; valid choices: none; plugin 'broken' "
-            "(erdma-broken 0.3) is installed but failed to load, so what it provides is missing: ImportError: "
-            "brokenplug needs libnothing") in r.stderr
+    assert r.returncode == 0, r.stderr
+    named, unheard = r.stdout.splitlines()
+    assert named.endswith("config key 'compression.name': invalid value 'fakecodec'; valid choices: none; plugin "
+                          "'broken' (erdma-broken) provides it, but failed to load: ImportError: brokenplug needs "
+                          "libnothing"), named
+    assert unheard.endswith("invalid value 'unheard'; valid choices: none; plugin 'broken' (erdma-broken 0.3) is "
+                            "installed but failed to load, so what it provides is missing: ImportError: brokenplug "
+                            "needs libnothing"), unheard
 
 
 def test_every_dotted_name_in_the_hook_contracts_resolves():

@@ -388,3 +388,27 @@ def test_a_plugin_written_for_sdk_version_1_loads_through_the_adapter_and_runs(t
     assert ("transport 'oldunix' of plugin 'v1plug' (erdma-v1plug) was written for SDK version 1 (sdk=1): it runs "
             "through the adapter for that version") in r.stderr
     assert "compressor 'same' of plugin 'v1plug' (erdma-v1plug) was written for SDK version 1 (it says none)" in r.stderr
+
+
+def test_each_in_tree_plugins_metadata_says_what_it_registers() -> None:
+    """``erdma.components`` (what a plugin's distribution says it provides: the core's hints read it) and what
+    the plugin registers are the same names, for every in-tree plugin installed here."""
+    code = textwrap.dedent('''
+        import json
+        from erdma_core.plugins import components
+        c = components()
+        made = {f"{comp.kind}.{comp.op + '.' if comp.op else ''}{comp.name}": comp.plugin
+                for kind in [*c.by_kind.values(), *c.algorithms.values()] for comp in kind.values()}
+        print(json.dumps({"said": {k: v[0] for k, v in c.provided.items()},
+                          "made": {k: p for k, p in made.items() if p != "builtin"}}))
+    ''')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}  # every installed plugin
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    out = json.loads(r.stdout)
+    said, made = out["said"], out["made"]
+    in_tree = {p.parent.name.removeprefix("erdma-") for p in PLUGINS} | {"example"}
+    assert {k: v for k, v in said.items() if v in in_tree} == {k: v for k, v in made.items() if v in in_tree}
+    assert len(said) >= 4, said  # (at least one in-tree plugin is installed where the suite runs)

@@ -1,4 +1,8 @@
-"""Plugin loading: stevedore finds entry points in ``erdma.plugins``, pluggy validates and dispatches.
+"""Plugin loading, one path: stevedore lists and loads the entry points of ``erdma.plugins``, pluggy holds
+their hooks and calls them, and each component's plugin is the name pluggy registered it under. What a
+plugin provides is its distribution's metadata (entry points ``erdma.components``: ``"transport.quic" =
+"erdma_quic.plugin"``), read through stevedore too, so the core names the plugin a missing name needs
+without a table of its own.
 
 Environment switches: ``ERDMA_PLUGINS`` (comma list: load only these external plugins),
 ``ERDMA_DISABLE_PLUGINS`` (comma list: skip these), ``ERDMA_TRACE_PLUGINS=1`` (log every hook call).
@@ -7,7 +11,6 @@ Environment switches: ``ERDMA_PLUGINS`` (comma list: load only these external pl
 from __future__ import annotations
 
 import difflib
-import importlib.metadata
 import logging
 import os
 import sys
@@ -27,15 +30,7 @@ log = logging.getLogger("erdma.plugins")
 ENTRY_POINT_GROUP = "erdma.plugins"
 KINDS = ("transport", "discovery", "traversal", "compressor")
 SECTION = {"transport": "transport", "discovery": "discovery", "traversal": "traversal", "compressor": "compression"}
-# Components we know of that live in distributions of their own: the advice for "not installed".
-KNOWN: dict[str, dict[str, str]] = {
-    "transport": {"quic": "erdma-quic", "verbs": "erdma-verbs", "dpdk": "erdma-dpdk"},
-    "discovery": {"dht": "erdma-p2p"},
-    "traversal": {"ice": "erdma-p2p", "stun": "erdma-p2p", "holepunch": "erdma-p2p", "turn": "erdma-p2p"},
-    "compressor": {name: "erdma-gpucomp" for name in (
-        "fp16", "bf16", "int8", "int4", "topk", "lz4", "cascaded", "bitcomp", "ans", "gdeflate", "zstd")},
-    "algorithm": {"naca": "erdma-naca"},
-}
+COMPONENTS_GROUP = "erdma.components"  # what each plugin provides: "<kind>.<name>" -> its plugin module
 
 
 @attrs.frozen(eq=False)
@@ -79,6 +74,8 @@ class Components:
         self.codecs: dict[int, Component] = {}  # compressors by wire codec id
         self.environment: dict[str, tuple[str, str]] = {}  # ERDMA_* variable -> (plugin, description)
         self.skipped: dict[str, str] = {}  # installed plugins ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS left out -> dist
+        # what installed plugins say they provide (their metadata): "transport.quic" -> (plugin, distribution)
+        self.provided: dict[str, tuple[str, str]] = {}
         # components registered for another SDK version: (kind, name) -> why (kind "algorithm": name is "op name")
         self.refused: dict[tuple[str, str], str] = {}
         # components that run through the adapter of an earlier SDK version: (kind, name) -> that version
@@ -88,38 +85,46 @@ class Components:
         return sorted(self.by_kind[kind])
 
     def hint(self, kind: str) -> Callable[[str], str]:
-        """Advice for an unknown name: the load error of an installed plugin that failed (it may be the one
-        that provides the name), or which distribution provides it, or the known name it resembles."""
+        """Advice for an unknown name: why it is refused, or which installed plugin provides it (its
+        metadata says) and why it is missing (it failed to load, or is left out), or the name an installed
+        plugin provides that it resembles; else that no installed plugin provides it."""
+        def provider(name: str) -> tuple[str, str] | None:
+            if kind == "algorithm":
+                return next((v for k, v in self.provided.items() if k.startswith("algorithm.")
+                             and k.rsplit(".", 1)[1] == name), None)
+            return self.provided.get(f"{kind}.{name}")
+
+        def why_missing(plugin: str, dist: str) -> str:
+            info = next((p for p in self.plugins if p.name == plugin), None)
+            if info is not None and info.error:
+                return f"plugin {plugin!r} ({dist}) provides it, but failed to load: {info.error}"
+            if plugin in self.skipped:
+                return (f"plugin {plugin!r} ({dist} {_version(dist)}) provides it, but is left out by "
+                        "ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS")
+            return f"plugin {plugin!r} ({dist}) says it provides it, but registered no such {kind} on this host"
+
         def advise(name: str) -> str:
             refusal = self.refused.get((kind, name)) or next(
                 (why for (k, n), why in self.refused.items() if k == kind == "algorithm" and n.endswith(f" {name}")),
                 None)
             if refusal:
                 return f"; it is refused: {refusal}"
-            known = KNOWN.get(kind, {})
-            dist = known.get(name)
+            found = provider(name)
+            if found is not None:
+                return "; " + why_missing(*found)
             failed = [p for p in self.plugins if p.error]
-            mine = [p for p in failed if p.distribution == dist]
-            if mine:
-                return f"; {dist} is installed but failed to load: {mine[0].error}"
             if failed:
                 return "".join(f"; plugin {p.name!r} ({p.distribution} {p.version}) is installed but failed to load, "
                                f"so what it provides is missing: {p.error}" for p in failed)
-            if dist is not None:
-                try:
-                    version = importlib.metadata.version(dist)
-                except importlib.metadata.PackageNotFoundError:
-                    return f"; it is provided by `pip install {dist}`"
-                off = sorted(n for n, d in self.skipped.items() if d == dist)
-                if off:
-                    return (f"; {dist} {version} is installed, but its plugin {off[0]!r} is left out by "
-                            "ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS")
-                return f"; {dist} {version} is installed but does not provide {kind} {name!r} yet (see its README)"
-            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+            declared = [k.rsplit(".", 1)[1] for k in self.provided if k.startswith(f"{kind}.")]
+            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
             registered = self.by_kind[kind] if kind in self.by_kind else {n for a in self.algorithms.values() for n in a}
-            if not close or close[0] in registered:
-                return ""
-            return f"; did you mean {close[0]!r}? it is provided by `pip install {known[close[0]]}`"
+            if close and close[0] in registered:
+                return ""  # the valid choices, and the did-you-mean beside them, say it
+            if close and provider(close[0]) is not None:
+                return f"; did you mean {close[0]!r}? " + why_missing(*provider(close[0]))  # type: ignore[misc]
+            return (f"; no installed plugin provides {kind} {name!r} (eRDMA's plugins are distributions of their "
+                    "own: README.md, \"Plugins\", lists what each provides)")
         return advise
 
     def get(self, kind: str, name: str) -> Component:
@@ -197,11 +202,16 @@ def _env_list(name: str) -> set[str] | None:
     return None if raw is None else {p.strip() for p in raw.split(",") if p.strip()}
 
 
+def _listed(group: str) -> list[Any]:
+    """The entry points of ``group``, as stevedore lists them (nothing is loaded)."""
+    from stevedore import NamedExtensionManager
+
+    return list(NamedExtensionManager(group, names=[], invoke_on_load=False).list_entry_points())
+
+
 def build_plugin_manager() -> Components:
     """Build a fresh plugin manager: built-ins first, then every allowed entry point, then collect components."""
-    from importlib.metadata import entry_points
-
-    from stevedore import ExtensionManager, NamedExtensionManager
+    from stevedore import NamedExtensionManager
 
     from . import builtin
 
@@ -216,8 +226,7 @@ def build_plugin_manager() -> Components:
         log.warning("erdma plugin %r (%s) failed to load, skipped: %s: %s", ep.name, dist, type(exc).__name__, exc)
         infos.append(PluginInfo(ep.name, dist, _version(dist), (), f"{type(exc).__name__}: {exc}"))
 
-    ExtensionManager.ENTRY_POINT_CACHE.pop(ENTRY_POINT_GROUP, None)  # stevedore's, filled once per process
-    eps = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    eps = {ep.name: ep for ep in _listed(ENTRY_POINT_GROUP)}
     names = sorted(eps)
     unknown = sorted((allow or set()) - set(names))  # a plugin asked for and missing (disabling one is harmless)
     if unknown:
@@ -239,6 +248,11 @@ def build_plugin_manager() -> Components:
         pm.enable_tracing()
     comps = _collect(pm, infos)
     comps.skipped = {n: _dist_of(eps[n]) for n in set(names) - set(wanted)}
+    by_module = {ep.value: name for name, ep in eps.items()}
+    for ep in _listed(COMPONENTS_GROUP):  # what each installed plugin says it provides
+        plugin = by_module.get(ep.value)
+        if plugin is not None:
+            comps.provided[ep.name] = (plugin, _dist_of(eps[plugin]))
     return comps
 
 
