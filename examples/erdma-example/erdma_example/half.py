@@ -1,7 +1,7 @@
 """A lossy compressor: float32 and float64 travel as float16 (half or a quarter of the bytes). The rounding
 error of each send is kept per ``Site`` and added to the next send from the same site (error feedback), so
-over many steps nothing is lost; values beyond float16's range are clipped, and the clipped part is carried
-over the same way."""
+over many steps nothing is lost; finite values beyond float16's range are clipped, and the clipped part is
+carried over the same way; inf and nan arrive as they were sent."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ class Half:
             return None  # other dtypes go raw
         keep = self.feedback and site is not None
         x = data + self.residuals[site] if keep and site in self.residuals else data
-        half = np.clip(x, -_MAX, _MAX).astype(np.float16)
+        finite = np.isfinite(x)  # inf and nan travel as they are (an overflow must stay visible), never clipped
+        half = np.where(finite, np.clip(x, -_MAX, _MAX), x).astype(np.float16)
         if keep:
-            self.residuals[site] = x - half
+            self.residuals[site] = np.where(finite, x - half, 0)
         return Encoded(half)
 
     def decode(self, payload: memoryview, meta: bytes, dtype: str, out: np.ndarray) -> None:

@@ -11,6 +11,7 @@ import pytest
 from erdma_example.half import Half
 
 from erdma_core.sdk import Site
+from erdma_core.testing.compressor_conformance import CompressorConformance
 
 SITE = Site(key="grad", op="allreduce", algorithm="ring", step=0, offset=0, count=4)
 
@@ -72,3 +73,9 @@ def test_a_compressed_job_leaves_every_rank_with_the_same_bits(erdma_world: Any,
                                "collectives.chunk_bytes": 65536})
     results = world.run(compressed_job)
     assert all(r == results[0] for r in results)
+
+
+class TestHalfConformance(CompressorConformance):
+    """The core's compressor conformance kit, as a third party's compressor runs it."""
+
+    compressor, encodes, tolerance = "half", ("float32", "float64"), 1e-3

@@ -42,7 +42,10 @@ MAGIC = b"eRD2"
 _HEAD = struct.Struct("!4sQdB32s20s12s")
 _SIGNATURE = 64
 _GCM_TAG = 16
-MAX_RECORD = 64 << 10  # bytes of a whole record (values are addresses and small job entries)
+# bytes of a whole record (values are addresses and small job entries): what one store RPC carries, as rpcudp
+# packs it (at most 8,192 bytes of msgpack: the call's name, the node's id, the key and the record)
+MAX_RECORD = 8192 - 128
+MAX_VALUE = MAX_RECORD - _SIGNATURE - _HEAD.size - _GCM_TAG  # bytes of value one record holds
 DELETED = 1
 
 
@@ -75,7 +78,7 @@ class JobKeys:
                           os.urandom(12))
         body = head + self._aead.encrypt(head[-12:], value, head)
         if len(body) + _SIGNATURE > MAX_RECORD:
-            raise ValueError(f"a DHT record holds at most {MAX_RECORD - _SIGNATURE - _HEAD.size - _GCM_TAG} bytes "
+            raise ValueError(f"a DHT record holds at most {MAX_VALUE} bytes "
                              f"of value; got {len(value)}")
         return body + self._signer.sign(body)
 
