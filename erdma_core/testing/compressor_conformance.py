@@ -63,7 +63,7 @@ def as_float(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def relative_error(got: np.ndarray, want: np.ndarray, dtype: str) -> float:
     a, b = as_float(got, dtype), as_float(want, dtype)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return float(np.linalg.norm(a - b)) / max(float(np.linalg.norm(b)), 1e-30)
 
 
 class CompressorConformance:
