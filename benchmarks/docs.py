@@ -207,13 +207,19 @@ def build(src: Path, dest: Path) -> str:
 
 
 def _run_section(run: Path, images: Path, meta: dict[str, Any]) -> list[str]:
+    """The run's tables and plots go to a page of their own beside this one (``benchmarks/run-NAME.md``); the
+    page keeps the run's heading, when and where it ran, and the link (the summary above holds its rows)."""
     text = (run / "report.md").read_text()
     for png in sorted((run / "plots").glob("*.png")):
         target = images / f"{run.name}-{png.name}"
         shutil.copy(png, target)
-        text = text.replace(f"(plots/{png.name})", f"(benchmarks/{target.name})")
+        text = text.replace(f"(plots/{png.name})", f"({target.name})")
     made = meta.get("time", "?") + (f", commit {meta['commit']}" if meta.get("commit") else "")
-    return [f"## Run `{run.name}`", "", f"Run on {made}.", "", text]
+    detail = images / f"run-{run.name}.md"
+    detail.write_text("\n".join([f"# Run `{run.name}`", "", f"Run on {made}. Generated with docs/benchmarks.md "
+                                  "(`python -m benchmarks.docs`); its summary holds this run's rows.", "", text]))
+    return [f"## Run `{run.name}`", "", f"Run on {made}. Its tables and plots: [{detail.name}](benchmarks/{detail.name}).",
+            ""]
 
 
 def update(run: Path, dest: Path) -> str:
@@ -230,8 +236,8 @@ def update(run: Path, dest: Path) -> str:
     start = lines.index(head)
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     images = dest.parent / "benchmarks"
-    for old in images.glob(f"{run.name}-*.png"):
-        old.unlink()
+    for old in [*images.glob(f"{run.name}-*.png"), images / f"run-{run.name}.md"]:
+        old.unlink(missing_ok=True)
     section = "\n".join(_run_section(run, images, data["meta"])).split("\n")
     lines[start:end] = section + ([""] if end < len(lines) else [])
     # the summary: this run's (scenario, cc, ranks, op) rows out, its new rows in where the first old one stood

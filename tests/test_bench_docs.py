@@ -37,10 +37,14 @@ def test_update_replaces_one_runs_section_rows_plots_and_command(tmp_path: Path)
 
     assert "| wan | bbr | 4 | allreduce | 1M | - | 1.25 |" in after and "2.00" not in after
     assert "| lan | bbr | 4 | allreduce | 1M | - | 0.50 |" in after
-    assert "new wan table" in after and "old wan table" not in after and "Run on day 2, commit abc1234." in after
+    detail = (page.parent / "benchmarks" / "run-wan.md").read_text()  # the run's tables: a page beside it
+    assert "new wan table" in detail and "old wan table" not in detail and "old wan table" not in after
+    assert "Run on day 2, commit abc1234." in after and "(benchmarks/run-wan.md)" in after
+    assert "old lan table" in (page.parent / "benchmarks" / "run-lan.md").read_text()
     assert after.split("## Run `lan`")[1].split("## Run `wan`")[0] == before.split("## Run `lan`")[1].split(
         "## Run `wan`")[0]
     assert "python -m benchmarks.run --scenarios wan --out bench-results/docs/wan" in after
     assert "python -m benchmarks.run --scenarios lan --out bench-results/docs/lan" in after
-    assert sorted(p.name for p in (page.parent / "benchmarks").iterdir()) == ["lan-lan-old.png", "wan-wan-new.png"]
-    assert "(benchmarks/wan-wan-new.png)" in after
+    assert sorted(p.name for p in (page.parent / "benchmarks").iterdir()) == [
+        "lan-lan-old.png", "run-lan.md", "run-wan.md", "wan-wan-new.png"]
+    assert "(wan-wan-new.png)" in detail
