@@ -29,12 +29,13 @@ def test_core_layout_shows_the_layers():
     line are packages of their own; only the interfaces every layer shares sit at the top (before: 21 flat
     modules, one of them a setup.py holding init)."""
     core = ROOT / "erdma_core"
-    assert sorted(p.stem for p in core.glob("*.py")) == ["__init__", "compression", "errors", "logs", "sdk", "torch",
-                                                         "torchft", "traversal"]  # (torch, torchft: the framework
-    # front ends; sdk: what plugins may use; logs: ERDMA_DEBUG)
+    assert sorted(p.stem for p in core.glob("*.py")) == ["__init__", "compression", "errors", "logs", "sdk", "toolkit",
+                                                         "torch", "torchft", "traversal", "wire"]
+    # (torch, torchft: the framework front ends; sdk: the plugin contract, toolkit: what plugins build on; logs:
+    # ERDMA_DEBUG; wire: the wire format that security and the transports stand on)
     assert sorted(p.name for p in core.iterdir() if (p / "__init__.py").is_file()) == [
-        "algorithms", "api", "cli", "config", "discovery", "elastic", "engine", "plugins", "protocol", "testing",
-        "transport"]
+        "algorithms", "api", "cli", "config", "discovery", "elastic", "engine", "net", "plugins", "protocol",
+        "security", "testing", "transport"]
 
 
 def test_stream_transports_write_only_set_up_and_byte_movement():

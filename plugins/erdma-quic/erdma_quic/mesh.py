@@ -1090,6 +1090,15 @@ class Mesh:
             if link is not None and link.session is s and link.addr != link.plan[-1]:
                 self._try_next(link, s.failure)
                 return
+            unanswered = ev.error_code == QuicErrorCode.INTERNAL_ERROR and ev.reason_phrase == "Idle timeout"
+            if link is not None and link.session is s and unanswered and not self.closing:
+                # the listener dropped the handshake unfinished (its table of handshakes full: a flood from this
+                # rank's address) or nothing came back: not a refusal; dial again, the caller's connect timeout
+                # bounds it
+                log.info("rank %d: the handshake with rank %d at %s:%d went unanswered; dialling again",
+                         self.s.rank, s.rank, *s.addr[:2])
+                self._dial(link)
+                return
             self._events.append(Refused(s.rank, s.addr, s.failure))
 
     def _detach(self, s: Session) -> None:

@@ -13,7 +13,8 @@ from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
 PACKAGES = ("libngtcp2", "libngtcp2_crypto_gnutls", "gnutls")
-SOURCES = ("shim.c", "tickets.c", "demux.c")
+SOURCES = ("shim.c", "tickets.c", "demux.c", "sockio.c")
+HEADERS = ("demux.h", "sockio.h", "shim.h")  # cffi's declarations, in this order
 
 
 def flags() -> tuple[list[str], list[str]]:
@@ -25,8 +26,12 @@ def flags() -> tuple[list[str], list[str]]:
 
 
 def declarations() -> str:
-    text = (HERE / "shim.h").read_text()
-    return text.split("/* cdef-begin */", 1)[1].split("/* cdef-end */", 1)[0]
+    """What cffi sees: the marked part of each header, the types before what uses them."""
+    parts = []
+    for name in HEADERS:
+        text = (HERE / name).read_text()
+        parts.append(text.split("/* cdef-begin */", 1)[1].split("/* cdef-end */", 1)[0])
+    return "\n".join(parts)
 
 
 def builder(extra: tuple[str, ...] = ()) -> FFI:
@@ -34,7 +39,8 @@ def builder(extra: tuple[str, ...] = ()) -> FFI:
     cflags, libs = flags()
     ffi = FFI()
     ffi.cdef(declarations())
-    ffi.set_source("erdma_quic.ngtcp2._shim", '#include "shim.h"', sources=[os.path.relpath(HERE / name) for name in SOURCES],
+    ffi.set_source("erdma_quic.ngtcp2._shim", "".join(f'#include "{h}"\n' for h in HEADERS),
+                   sources=[os.path.relpath(HERE / name) for name in SOURCES],
                    include_dirs=[str(HERE)], extra_compile_args=[*cflags, "-O2", "-Wall", *extra],
                    extra_link_args=[*libs, *extra])
     return ffi

@@ -5,6 +5,7 @@
  * connections and handshakes; unknown ids) itself. Open addressing, linear probing, tombstones. */
 #define _GNU_SOURCE
 #include "demux.h"
+#include "sockio.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -20,7 +21,7 @@ enum { EMPTY = 0, USED = 1, GONE = 2 };
 
 typedef struct {
   uint64_t key;
-  eq_conn *conn;
+  void *conn;
   int state;
 } slot_t;
 
@@ -29,6 +30,7 @@ typedef struct {
 struct eq_demux {
   pthread_mutex_t lock;
   int refs; /* its Python owner and each connection in it (atomic) */
+  demux_reader read; /* where a datagram for a connection in it goes (set by demux_ref) */
   slot_t *slots;
   size_t cap, used, filled; /* used: live entries; filled: live and tombstones */
 };
@@ -62,7 +64,8 @@ eq_demux *eq_demux_new(void) {
   return d;
 }
 
-eq_demux *demux_ref(eq_demux *d) {
+eq_demux *demux_ref(eq_demux *d, demux_reader read) {
+  __atomic_store_n(&d->read, read, __ATOMIC_RELEASE);
   __atomic_add_fetch(&d->refs, 1, __ATOMIC_RELAXED);
   return d;
 }
@@ -94,7 +97,7 @@ static int grow(eq_demux *d) {
   return 0;
 }
 
-static int add(eq_demux *d, const uint8_t *cid, eq_conn *c) {
+static int add(eq_demux *d, const uint8_t *cid, void *c) {
   if ((d->filled + 1) * 2 > d->cap && grow(d) != 0) return -1;
   uint64_t key = key_of(cid);
   size_t i = slot_of(d, key), free_at = (size_t)-1;
@@ -114,7 +117,7 @@ static int add(eq_demux *d, const uint8_t *cid, eq_conn *c) {
   return 0;
 }
 
-int demux_add(eq_demux *d, const uint8_t *cid, eq_conn *c) {
+int demux_add(eq_demux *d, const uint8_t *cid, void *c) {
   pthread_mutex_lock(&d->lock);
   int rv = add(d, cid, c);
   pthread_mutex_unlock(&d->lock);
@@ -134,7 +137,7 @@ void demux_remove(eq_demux *d, const uint8_t *cid) {
   pthread_mutex_unlock(&d->lock);
 }
 
-void demux_forget(eq_demux *d, eq_conn *c) {
+void demux_forget(eq_demux *d, void *c) {
   pthread_mutex_lock(&d->lock);
   for (size_t i = 0; i < d->cap; i++)
     if (d->slots[i].state == USED && d->slots[i].conn == c) d->slots[i].state = GONE, d->slots[i].conn = NULL, d->used--;
@@ -146,8 +149,9 @@ static void route(eq_demux *d, const uint8_t *buf, size_t at, size_t len, const 
                   uint64_t now, eq_recv_out *o) {
   const uint8_t *data = buf + at;
   slot_t *s = len > CID_LEN && !(data[0] & 0x80) ? find(d, key_of(data + 1)) : NULL;
-  if (s) {
-    int64_t token = eq_conn_read_one(s->conn, data, len, from, now);
+  demux_reader read = __atomic_load_n(&d->read, __ATOMIC_ACQUIRE);
+  if (s && read) {
+    int64_t token = read(s->conn, data, len, from, now);
     size_t k = 0;
     while (k < o->ntouched && o->touched[k] != token) k++;
     if (k == o->ntouched && k < o->cap) o->touched[o->ntouched++] = token;
@@ -169,7 +173,7 @@ int eq_demux_recv(eq_demux *d, int fd, uint8_t *buf, size_t stride, size_t max, 
     struct cmsghdr align;
   } ctrl[MAX_BATCH];
   o->ntouched = o->nothers = 0;
-  int got = recv_batch(fd, buf, stride, max, msgs, iov, from, ctrl[0].buf, sizeof(ctrl[0]));
+  int got = sockio_recv_batch(fd, buf, stride, max, msgs, iov, from, ctrl[0].buf, sizeof(ctrl[0]));
   if (got <= 0) return got;
   int datagrams = 0;
   pthread_mutex_lock(&d->lock);

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "shim.h"
 #include "demux.h"
+#include "sockio.h"
 #include "tickets.h"
 
 #include <arpa/inet.h>
@@ -22,7 +23,6 @@
 
 #define PRIORITY "NORMAL:-VERS-ALL:+VERS-TLS1.3"
 #define CID_LEN 8
-#define MAX_BATCH 1024
 
 /* Messages travel on a few long-lived unidirectional streams per direction ("channels"), each message
  * prefixed by its length (8 bytes, little-endian): ngtcp2 0.12 never closes a stream the peer opened (fixed
@@ -104,32 +104,14 @@ static void say(char *err, size_t errlen, const char *what, const char *detail) 
   if (err && errlen) snprintf(err, errlen, "%s: %s", what, detail);
 }
 
-static int to_addr(struct sockaddr_storage *ss, const char *host, int port) {
-  memset(ss, 0, sizeof(*ss));
-  struct sockaddr_in *v4 = (struct sockaddr_in *)ss;
-  struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
-  if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons((uint16_t)port);
-    return 0;
-  }
-  if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons((uint16_t)port);
-    return 0;
-  }
-  return -1;
-}
-
-static socklen_t addr_len(const struct sockaddr_storage *ss) {
-  return ss->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-}
+static int64_t read_one(void *conn, const uint8_t *data, size_t len, const struct sockaddr_storage *from,
+                        uint64_t now);
 
 static void set_path(eq_conn *c) {
   c->path.local.addr = (ngtcp2_sockaddr *)&c->local;
-  c->path.local.addrlen = addr_len(&c->local);
+  c->path.local.addrlen = sockio_addr_len(&c->local);
   c->path.remote.addr = (ngtcp2_sockaddr *)&c->remote;
-  c->path.remote.addrlen = addr_len(&c->remote);
+  c->path.remote.addrlen = sockio_addr_len(&c->remote);
 }
 
 /* the path ngtcp2 now uses (it moves to a peer's new address once that is validated) */
@@ -142,7 +124,7 @@ static void follow_path(eq_conn *c) {
 }
 
 static int same_addr(const struct sockaddr_storage *a, const ngtcp2_addr *b) {
-  return addr_len(a) == b->addrlen && memcmp(a, b->addr, b->addrlen) == 0;
+  return sockio_addr_len(a) == b->addrlen && memcmp(a, b->addr, b->addrlen) == 0;
 }
 
 static eq_event *push_event(eq_conn *c, int kind) {
@@ -560,12 +542,12 @@ static eq_conn *new_conn(const eq_config *cfg, const char *lh, int lp, const cha
   c->datagram = cfg->datagram, c->head = cfg->head, c->place_from = cfg->place_from;
   c->nchannels = cfg->channels < 1 ? 1 : cfg->channels > MAX_CHANNELS ? MAX_CHANNELS : (int)cfg->channels;
   for (int k = 0; k < MAX_CHANNELS; k++) c->channels[k].stream = -1;
-  if (to_addr(&c->local, lh, lp) || to_addr(&c->remote, rh, rp)) {
+  if (sockio_to_addr(&c->local, lh, lp) || sockio_to_addr(&c->remote, rh, rp)) {
     say(err, errlen, "address", "not an IPv4 or IPv6 literal");
     free(c);
     return NULL;
   }
-  c->demux = cfg->demux ? demux_ref(cfg->demux) : NULL, c->token = cfg->token; /* eq_free lets go of it */
+  c->demux = cfg->demux ? demux_ref(cfg->demux, read_one) : NULL, c->token = cfg->token; /* eq_free lets go of it */
   set_path(c);
   if (tls_init(c, cfg, server, err, errlen) != 0) {
     eq_free(c);
@@ -703,7 +685,7 @@ static int read_from(eq_conn *c, const uint8_t *data, size_t len, const struct s
   if (c->ended) return -1;
   ngtcp2_path path = c->path;
   path.remote.addr = (ngtcp2_sockaddr *)from;
-  path.remote.addrlen = addr_len(from);
+  path.remote.addrlen = sockio_addr_len(from);
   /* ngtcp2 decides whether a new address is the peer's (it validates the path before it moves there) */
   int rv = ngtcp2_conn_read_pkt(c->conn, &path, NULL, data, len, now);
   if (rv == NGTCP2_ERR_DISCARD_PKT || rv == NGTCP2_ERR_DROP_CONN) return 0;
@@ -714,12 +696,14 @@ static int read_from(eq_conn *c, const uint8_t *data, size_t len, const struct s
 
 int eq_read_from(eq_conn *c, const uint8_t *data, size_t len, const char *host, int port, uint64_t now) {
   struct sockaddr_storage from;
-  if (to_addr(&from, host, port)) return 0;
+  if (sockio_to_addr(&from, host, port)) return 0;
   return read_from(c, data, len, &from, now);
 }
 
-int64_t eq_conn_read_one(eq_conn *c, const uint8_t *data, size_t len, const struct sockaddr_storage *from,
-                         uint64_t now) {
+/* the receive table's reader (demux_ref): one datagram into the connection it routed it to */
+static int64_t read_one(void *conn, const uint8_t *data, size_t len, const struct sockaddr_storage *from,
+                        uint64_t now) {
+  eq_conn *c = conn;
   read_from(c, data, len, from, now);
   return c->token;
 }
@@ -902,18 +886,6 @@ void eq_close(eq_conn *c, uint64_t code, const char *reason, uint64_t now) {
   ended(c, EQ_BY_US, code, reason, n);
 }
 
-void eq_address(const struct sockaddr_storage *ss, char *host, int *port) {
-  if (ss->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
-    inet_ntop(AF_INET6, &a->sin6_addr, host, 46);
-    *port = ntohs(a->sin6_port);
-  } else {
-    const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
-    inet_ntop(AF_INET, &a->sin_addr, host, 46);
-    *port = ntohs(a->sin_port);
-  }
-}
-
 int eq_destination(eq_conn *c, char *host, int *port) {
   eq_address(&c->dest, host, port);
   return 0;
@@ -969,130 +941,4 @@ uint64_t eq_rtt(eq_conn *c) {
   ngtcp2_conn_stat st;
   ngtcp2_conn_get_conn_stat(c->conn, &st);
   return st.smoothed_rtt;
-}
-
-/* ---- batch I/O ------------------------------------------------------------------------------------------ */
-static int send_batch(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
-                      int port) {
-  struct sockaddr_storage to;
-  if (to_addr(&to, host, port)) return -EINVAL;
-  struct mmsghdr msgs[MAX_BATCH];
-  struct iovec iov[MAX_BATCH];
-  size_t done = 0;
-  while (done < count) {
-    size_t n = count - done < MAX_BATCH ? count - done : MAX_BATCH;
-    memset(msgs, 0, n * sizeof(msgs[0]));
-    const uint8_t *at = buf;
-    if (!stride) /* packed: skip what was sent */
-      for (size_t i = 0; i < done; i++) at += lens[i];
-    for (size_t i = 0; i < n; i++) {
-      iov[i].iov_base = (void *)(stride ? buf + (done + i) * stride : at);
-      if (!stride) at += lens[done + i];
-      iov[i].iov_len = lens[done + i];
-      msgs[i].msg_hdr.msg_name = &to;
-      msgs[i].msg_hdr.msg_namelen = addr_len(&to);
-      msgs[i].msg_hdr.msg_iov = &iov[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-    }
-    int sent = sendmmsg(fd, msgs, (unsigned)n, MSG_DONTWAIT);
-    if (sent < 0) {
-      if (errno == EINTR) continue;
-      return done ? (int)done : -errno;
-    }
-    done += (size_t)sent;
-    if ((size_t)sent < n) break; /* the socket's buffer is full: the rest is lost, as on a wire */
-  }
-  return (int)done;
-}
-
-int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
-                int port) {
-  return send_batch(fd, buf, stride, lens, count, host, port);
-}
-
-#define GSO_SEGMENTS 64   /* UDP_MAX_SEGMENTS */
-#define GSO_BYTES 65000   /* one GSO send is one IP packet before it is cut: under 64 KiB */
-
-int eq_sendmmsg_gso(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
-                    int port) {
-  struct sockaddr_storage to;
-  if (to_addr(&to, host, port)) return -EINVAL;
-  struct mmsghdr msgs[MAX_BATCH];
-  struct iovec iov[MAX_BATCH];
-  size_t first[MAX_BATCH + 1]; /* message m carries datagrams first[m] .. first[m + 1] - 1 */
-  union {
-    char buf[CMSG_SPACE(sizeof(uint16_t))];
-    struct cmsghdr align;
-  } ctrl[MAX_BATCH];
-  size_t done = 0;
-  while (done < count) {
-    size_t n = 0, i = done;
-    memset(msgs, 0, sizeof(msgs[0]) * (count - done < MAX_BATCH ? count - done : MAX_BATCH));
-    while (i < count && n < MAX_BATCH) { /* datagrams are contiguous while each before the last fills its stride */
-      size_t seg = lens[i], j = i + 1, total = seg;
-      while (j < count && j - i < GSO_SEGMENTS && lens[j - 1] == seg && seg == stride && lens[j] <= seg &&
-             total + lens[j] <= GSO_BYTES)
-        total += lens[j++];
-      first[n] = i;
-      iov[n].iov_base = (void *)(buf + i * stride);
-      iov[n].iov_len = total;
-      struct msghdr *h = &msgs[n].msg_hdr;
-      h->msg_name = &to;
-      h->msg_namelen = addr_len(&to);
-      h->msg_iov = &iov[n];
-      h->msg_iovlen = 1;
-      if (j - i > 1) {
-        h->msg_control = ctrl[n].buf;
-        h->msg_controllen = sizeof(ctrl[n].buf);
-        struct cmsghdr *cm = CMSG_FIRSTHDR(h);
-        cm->cmsg_level = SOL_UDP, cm->cmsg_type = UDP_SEGMENT, cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t size = (uint16_t)seg;
-        memcpy(CMSG_DATA(cm), &size, sizeof(size));
-      }
-      n++, i = j;
-    }
-    first[n] = i;
-    int sent = sendmmsg(fd, msgs, (unsigned)n, MSG_DONTWAIT);
-    if (sent < 0) {
-      if (errno == EINTR) continue;
-      return done ? (int)done : -errno;
-    }
-    done = first[sent];
-    if ((size_t)sent < n) break; /* the socket's buffer is full: the rest is lost, as on a wire */
-  }
-  return (int)done;
-}
-
-int eq_sendmmsg_packed(int fd, const uint8_t *buf, const size_t *lens, size_t count, const char *host, int port) {
-  return send_batch(fd, buf, 0, lens, count, host, port);
-}
-
-int recv_batch(int fd, uint8_t *buf, size_t stride, size_t max, struct mmsghdr *msgs, struct iovec *iov,
-               struct sockaddr_storage *from, char *ctrl, size_t ctrl_len) {
-  memset(msgs, 0, max * sizeof(msgs[0]));
-  for (size_t i = 0; i < max; i++) {
-    iov[i].iov_base = buf + i * stride;
-    iov[i].iov_len = stride;
-    msgs[i].msg_hdr.msg_name = &from[i];
-    msgs[i].msg_hdr.msg_namelen = sizeof(from[i]);
-    msgs[i].msg_hdr.msg_iov = &iov[i];
-    msgs[i].msg_hdr.msg_iovlen = 1;
-    if (ctrl) msgs[i].msg_hdr.msg_control = ctrl + i * ctrl_len, msgs[i].msg_hdr.msg_controllen = ctrl_len;
-  }
-  int got = recvmmsg(fd, msgs, (unsigned)max, MSG_DONTWAIT, NULL);
-  if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
-  return got;
-}
-
-int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts, int *ports) {
-  if (max > MAX_BATCH) max = MAX_BATCH;
-  struct mmsghdr msgs[MAX_BATCH];
-  struct iovec iov[MAX_BATCH];
-  struct sockaddr_storage from[MAX_BATCH];
-  int got = recv_batch(fd, buf, stride, max, msgs, iov, from, NULL, 0);
-  for (int i = 0; i < got; i++) {
-    lens[i] = msgs[i].msg_len;
-    eq_address(&from[i], hosts + (size_t)i * 46, &ports[i]);
-  }
-  return got;
 }

@@ -1,17 +1,17 @@
 /* erdma-quic's compiled QUIC engine: one ngtcp2 connection (TLS 1.3 through GnuTLS) behind a sans-IO surface
  * that moves whole messages. Python hands a message (its memory stays the caller's until EQ_ACKED) and gets
  * whole messages back (EQ_MESSAGE); datagrams go in and out in batches; the time is an argument (ns) and the
- * next deadline is returned (eq_expiry). Nothing here touches a socket except eq_sendmmsg / eq_recvmmsg,
- * the thin batch I/O a driver may use. The declarations between the markers are what cffi sees. */
+ * next deadline is returned (eq_expiry). Nothing here touches a socket: the thin batch I/O a driver may use is sockio.h's. The declarations between the markers are what cffi sees. */
 #ifndef ERDMA_QUIC_SHIM_H
 #define ERDMA_QUIC_SHIM_H
 #include <stddef.h>
 #include <stdint.h>
 
+#include "demux.h" /* eq_demux: the receive table a connection keeps its ids in */
+
 /* cdef-begin */
 typedef struct eq_conn eq_conn;
 typedef struct eq_tickets eq_tickets;
-typedef struct eq_demux eq_demux;
 
 /* EQ_HEAD: a message's first eq_config.head bytes came (data, len) before the rest; the caller may give the
  * rest a place with eq_place, and then gets EQ_PLACED when all of it is there (else the whole message comes
@@ -63,29 +63,6 @@ typedef struct {
   size_t place_from;     /* only a message at least this long does (a short one costs the caller more in
                           * events than the copy it saves) */
 } eq_config;
-
-/* What eq_demux_recv leaves for its caller, in arrays of cap entries: the tokens of the connections that took
- * datagrams (ntouched, each once), and the datagrams it did not route (nothers): the k-th at byte others[k] of
- * the batch buffer, olens[k] long, from hosts + 46 * k, ports[k]. */
-typedef struct {
-  int64_t *touched;
-  size_t *others, *olens;
-  char *hosts;
-  int *ports;
-  size_t cap, ntouched, nothers;
-  uint64_t coalesced; /* datagrams that came in a message with others (UDP GRO), counted up */
-} eq_recv_out;
-
-/* An endpoint's table from connection ids to its connections, which keep it current; each connection holds a
- * reference to it, so eq_demux_free (the owner's) frees it only once the last connection in it is freed.
- * eq_demux_recv reads up to max messages waiting on fd (recvmmsg, not waiting) into buf (stride bytes each);
- * a message the kernel coalesced (UDP GRO, where the socket asked for it) is split into its datagrams. Each
- * short-header datagram to one of the table's connections goes into it at once (from its sender's address,
- * as eq_read_from); the rest are left in o (cap must be at least max * 64, GRO's most datagrams per
- * message). Returns datagrams read (0: none waiting) or -errno. */
-eq_demux *eq_demux_new(void);
-void eq_demux_free(eq_demux *d);
-int eq_demux_recv(eq_demux *d, int fd, uint8_t *buf, size_t stride, size_t max, uint64_t now, eq_recv_out *o);
 
 /* A listener's ticket keys and its record of 0-RTT first flights (each one's early data is accepted once,
  * for as long as a ticket lives): one per endpoint, shared by its connections, used from one thread at a
@@ -144,19 +121,5 @@ size_t eq_queued(eq_conn *c);              /* messages queued and not yet acknow
 uint64_t eq_cwnd(eq_conn *c);
 uint64_t eq_rtt(eq_conn *c);               /* smoothed RTT, ns */
 
-/* batch I/O on a UDP socket: sendmmsg of count datagrams to host:port, the i-th at buf + i * stride, lens[i]
- * long; returns datagrams sent (>= 0) or -errno */
-int eq_sendmmsg(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
-                int port);
-/* eq_sendmmsg with UDP GSO: each run of datagrams of one size (the last may be shorter), as many as one GSO
- * send takes (64, under 64 KiB), goes as one message; returns datagrams sent, or -errno (-EIO and others where
- * the socket or the path cannot take GSO: send them with eq_sendmmsg) */
-int eq_sendmmsg_gso(int fd, const uint8_t *buf, size_t stride, const size_t *lens, size_t count, const char *host,
-                    int port);
-/* the same for datagrams packed back to back in buf (the i-th is lens[i] long) */
-int eq_sendmmsg_packed(int fd, const uint8_t *buf, const size_t *lens, size_t count, const char *host, int port);
-/* recvmmsg of up to max datagrams without waiting; hosts get each sender's address (46 bytes each), ports its
- * port; returns how many (0: none waiting) or -errno */
-int eq_recvmmsg(int fd, uint8_t *buf, size_t stride, size_t *lens, size_t max, char *hosts, int *ports);
 /* cdef-end */
 #endif
