@@ -194,3 +194,39 @@ def test_a_newcomers_path_check_is_kept_among_it_and_the_members_it_asked_not_on
     finally:
         for s in (member, newcomer, other):
             s.close()
+
+
+def test_a_member_that_is_no_longer_member_0_stops_keeping_the_latest_epoch_hint():
+    """Member 0 of the newest record writes ``epoch/latest`` and keeps it written (a DHT loses keys); once a
+    newer record has another member 0, it stops keeping it, else its stale number could outlast the new one's.
+    An older record learned late changes nothing."""
+    class Keeping(Bulletin):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: set[str] = set()
+
+        def keep(self, key: str) -> None:
+            self.kept.add(key)
+
+        def unkeep(self, key: str) -> None:
+            self.kept.discard(key)
+
+    bulletin = Keeping()
+    store = peer_store.PeerStore(bulletin, b"s" * 32, "job", host="127.0.0.1", advertise="127.0.0.1")
+    keys, latest = Keys("job"), Keys("job")("epoch", "latest")
+    me, other = store.member_id, "peer-b"
+    try:
+        def learn(epoch: int, members: list[str]) -> None:
+            record = Record(epoch, tuple(Member(m, m, True) for m in members), 1)
+            store._learned(keys("epoch", epoch), "epoch", record.encode())
+
+        learn(3, [me, other])
+        assert bulletin.data[latest] == b"3" and latest in bulletin.kept
+        learn(4, [other, me])  # the other is member 0 now
+        assert latest not in bulletin.kept and bulletin.data[latest] == b"3"  # (the new member 0 writes it)
+        learn(2, [me, other])  # an older record, learned late: not a reason to write or keep the hint again
+        assert latest not in bulletin.kept and bulletin.data[latest] == b"3"
+        learn(5, [me])  # member 0 again
+        assert bulletin.data[latest] == b"5" and latest in bulletin.kept
+    finally:
+        store.close()

@@ -90,7 +90,8 @@ class PeerStore:
         self._regs = Registers(self.member_id, self.mesh.channel(0), retired=self._retired)
         self._boards = Boards(self.member_id, self.mesh.channel(BOARDS), self._epoch_members)
         self._requests: dict[int, tuple[str, ...]] = {}  # path check n: the newcomer and the members it asked
-        self._hinted = 0  # the latest epoch this member wrote as ``epoch/latest`` (it was the record's member 0)
+        self._newest = 0  # the newest epoch whose record this member learned
+        self._hinting = False  # it writes ``epoch/latest`` (it is that record's member 0) and keeps it written
         self._probes = Boards(self.member_id, self.mesh.channel(PROBES), self._requests.get, what="path check")
         try:
             bulletin.set(self.keys("mesh", self.member_id), f"{advertise} {self.mesh.address[1]}".encode())
@@ -338,15 +339,21 @@ class PeerStore:
             with self._lock:
                 self._records[record.epoch] = record
                 self._held_records.add(record.epoch)
-                hint = record.index(self.member_id) == 0 and record.epoch > self._hinted
-                if hint:
-                    self._hinted = record.epoch
+                newest = record.epoch > self._newest
+                self._newest = max(self._newest, record.epoch)
+                hint = newest and record.index(self.member_id) == 0
+                handed_on = newest and not hint and self._hinting  # another member is member 0 now
+                self._hinting = hint or (self._hinting and not handed_on)
             self._bulletin.set(key, value)  # for newcomers and members that fell behind
             if hint:  # the latest epoch, for newcomers (``admission.latest``): the DHT loses old records, so
                 self._bulletin.set(self.keys("epoch", "latest"), str(record.epoch).encode())  # the ones it holds
                 keep = getattr(self._bulletin, "keep", None)  # have gaps; written again while this member runs
                 if keep is not None:
                     keep(self.keys("epoch", "latest"))
+            elif handed_on:  # its hint is stale from now on: written again, it could outlast the new member 0's
+                unkeep = getattr(self._bulletin, "unkeep", None)
+                if unkeep is not None:
+                    unkeep(self.keys("epoch", "latest"))
             return
         epoch, step = int(parts[1]), int(parts[2])
         with self._lock:

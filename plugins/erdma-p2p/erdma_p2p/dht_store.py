@@ -227,6 +227,11 @@ class DhtStore:
             self._keeper = threading.Thread(target=self._keep, name="erdma-dht-keep", daemon=True)
             self._keeper.start()
 
+    def unkeep(self, key: str) -> None:
+        """Stop writing ``key`` again (another process writes it now: an elastic job's ``epoch/latest`` once
+        this peer is no longer the record's member 0). What the DHT holds stays until it expires."""
+        self._kept.discard(key)
+
     def _keep(self) -> None:
         while not self._closing.wait(KEEP_S):
             for key in list(self._kept):
