@@ -209,7 +209,7 @@ def _transport(comps: Components, conf: cfg.Config) -> Any:
     for t, role in ((first, "name"), (second, "fallback")):
         if not isinstance(t, MessageTransport):
             raise ConfigError(f"config key 'transport.{role}': value {conf[f'transport.{role}']!r} is not a message "
-                              "transport (erdma_core.sdk.MessageTransport), which a paired job needs on both sides; "
+                              "transport (erdma_core.toolkit.MessageTransport), which a paired job needs on both sides; "
                               "valid here: transport.name = \"tcp\", transport.fallback = \"quic\"")
     return PairedTransport(first, second)
 

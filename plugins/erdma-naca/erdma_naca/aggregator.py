@@ -13,7 +13,7 @@ waits for a contribution that cannot come.
 Freshness: a JOIN counts only with a cookie the node gave the JOIN's source address moments before
 (CHALLENGE; the node keeps nothing until then), and only then does the rank's address change: results go to
 the address of the rank's last JOIN, never to where a datagram came from. Every datagram of a rank carries
-a counter the node takes once (``erdma_core.sdk.integrity.Window``), so a recorded datagram sent
+a counter the node takes once (``erdma_core.toolkit.integrity.Window``), so a recorded datagram sent
 again, from anywhere, is dropped: it neither moves a result nor keeps a job alive. No answer is larger than the authenticated
 datagram that caused it, or, for a datagram the node cannot authenticate (a JOIN, DATA of a job it does not
 know), than that datagram.
