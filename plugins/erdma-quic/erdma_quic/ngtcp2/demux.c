@@ -145,11 +145,10 @@ void demux_forget(eq_demux *d, void *c) {
 }
 
 /* one datagram of a batch: into its connection (a short header with a known id) or left for the caller */
-static void route(eq_demux *d, const uint8_t *buf, size_t at, size_t len, const struct sockaddr_storage *from,
-                  uint64_t now, eq_recv_out *o) {
+static void route(eq_demux *d, demux_reader read, const uint8_t *buf, size_t at, size_t len,
+                  const struct sockaddr_storage *from, uint64_t now, eq_recv_out *o) {
   const uint8_t *data = buf + at;
   slot_t *s = len > CID_LEN && !(data[0] & 0x80) ? find(d, key_of(data + 1)) : NULL;
-  demux_reader read = __atomic_load_n(&d->read, __ATOMIC_ACQUIRE);
   if (s && read) {
     int64_t token = read(s->conn, data, len, from, now);
     size_t k = 0;
@@ -177,6 +176,7 @@ int eq_demux_recv(eq_demux *d, int fd, uint8_t *buf, size_t stride, size_t max, 
   if (got <= 0) return got;
   int datagrams = 0;
   pthread_mutex_lock(&d->lock);
+  demux_reader read = __atomic_load_n(&d->read, __ATOMIC_ACQUIRE); /* once a batch, not per datagram */
   for (int i = 0; i < got; i++) {
     size_t len = msgs[i].msg_len, seg = len;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msgs[i].msg_hdr); cm; cm = CMSG_NXTHDR(&msgs[i].msg_hdr, cm))
@@ -187,7 +187,7 @@ int eq_demux_recv(eq_demux *d, int fd, uint8_t *buf, size_t stride, size_t max, 
       }
     if (seg < len) o->coalesced += (len + seg - 1) / seg;
     for (size_t off = 0; off < len; off += seg, datagrams++)
-      route(d, buf, (size_t)i * stride + off, len - off < seg ? len - off : seg, &from[i], now, o);
+      route(d, read, buf, (size_t)i * stride + off, len - off < seg ? len - off : seg, &from[i], now, o);
   }
   pthread_mutex_unlock(&d->lock);
   return datagrams;
