@@ -24,7 +24,7 @@ from ..engine.offload import OffloadCall
 from ..engine.program import chunk_bytes
 from ..engine.runner import Compiled, Runner
 from ..engine.runtime import Runtime
-from ..errors import AbortedError, ErdmaError, PluginError
+from ..errors import AbortedError, CollectiveError, ErdmaError, PeerLostError, PluginError
 from ..protocol import reduce_ops
 from ..protocol.reduce_ops import ReduceOp
 from .serial import Serial
@@ -444,17 +444,29 @@ class ProcessGroup:
         if self.group_id == 0:
             self.rt.close()
 
-    def abort(self) -> None:
+    def abort(self, *, lost: int | None = None, why: str = "") -> None:
         """Tear the group down now, without waiting on peers (torch's ``abort()``; torchft reconfigures this
         way). Every op queued or running on the job's transport fails with ``AbortedError``, the peers are told
         (their ops fail naming this rank: AbortedError, or PeerLostError where the closed connection overtakes
         the word), and the threads and connections are released before this returns.
-        As a failure does, it ends the job's transport: every group on it, subgroups included."""
+        As a failure does, it ends the job's transport: every group on it, subgroups included.
+
+        ``lost``: a rank of this group the caller knows is gone (an elastic member whose signs of life lapsed;
+        ``why`` says how it knows). The ops then fail with ``PeerLostError`` naming it, and neither the word to
+        the peers nor the close waits on it (a QUIC close otherwise waits up to 2 s for its acknowledgements)."""
         if self._ended is not None and self.rt.closed:
             return
+        if lost is not None and not 0 <= lost < self.size():
+            raise ValueError(f"abort(lost={lost!r}): not a rank of {self.label} (0..{self.size() - 1})")
         self._ended = "aborted"
-        self.rt.abort(AbortedError(f"rank {self.rt.rank}: {self.label} was aborted by the caller "
-                                   "(ProcessGroup.abort())", rank=self.rt.rank))
+        rank = self.rt.rank
+        if lost is None:
+            error: CollectiveError = AbortedError(f"rank {rank}: {self.label} was aborted by the caller "
+                                                  "(ProcessGroup.abort())", rank=rank)
+        else:
+            error = PeerLostError(f"rank {rank}: {self.label} was aborted by the caller: rank {lost} is gone"
+                                  + (f" ({why})" if why else ""), peer=self.ranks[lost], rank=rank)
+        self.rt.abort(error)
         self._release()
 
     def _release(self) -> None:

@@ -249,9 +249,12 @@ class ElasticGroup:
         has gone on to an epoch without it meanwhile, or does not judge yet). Between the caller's calls, the
         same round's ``_ahead`` then recovers ahead of it."""
         pg, record, liveness = self._pg, self.record, self.liveness
-        if pg is not None and record is not None and liveness is not None and self._judges(record) \
-                and any(m.id in liveness.lapsed() for m in record.members):
-            pg.abort()
+        if pg is None or record is None or liveness is None or not self._judges(record):
+            return
+        lapsed = [i for i, m in enumerate(record.members) if m.id in liveness.lapsed()]
+        if lapsed:  # (named: neither the word to the peers nor the close waits on the lapsed member)
+            pg.abort(lost=lapsed[0], why=f"no sign of member {record.members[lapsed[0]].name} for "
+                     f"{liveness.timeout:.1f} s")
 
     def _ahead(self) -> None:
         """The beat thread, after each round: when the epoch's group failed (a member lapsed, its transport
