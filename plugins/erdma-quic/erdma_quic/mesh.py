@@ -1,9 +1,14 @@
 """The QUIC connections of one endpoint (a rank, or one of its striping lanes) to its peers, sans-IO: who is
 at the other end of each (a certificate checked at the handshake, or a session ticket issued to a peer
-already identified), the HELLO exchange, each peer's queue of message parts, and reconnection.
+already identified), the HELLO exchange, each peer's queue of message parts, and reconnection. This module
+holds the tables of connections, what comes in (datagrams, timers) and what goes out; the rest is split by
+job: identity and HELLO (``mesh_identity``), dialling, candidates and redial (``mesh_paths``), each peer's
+queue and what QUIC holds of it (``mesh_queues``), and the state they share (``mesh_state``).
 
-Like aioquic's ``QuicConnection`` underneath, it takes the time as an argument and returns what to do as
-data: ``receive``, ``unreachable``, ``dial``, ``send`` and ``handle_timer`` feed it; ``datagrams_to_send``,
+It speaks to each connection through the engine interface (``engine``: messages with handles, events for
+the handshake, a message's data, its placement and the close), whichever engine runs it. Like the engines,
+it takes the time as an argument and returns what to do as data:
+``receive``, ``unreachable``, ``dial``, ``send`` and ``handle_timer`` feed it; ``datagrams_to_send``,
 ``get_timer`` and ``next_event`` (``Joined``, ``Refused``, ``Lost``, ``Back``) say what follows. ``driver`` (a rank)
 and ``endpoint`` (a striping lane) are the thin adapters that move datagrams and time; tests drive two
 meshes in memory.
@@ -31,274 +36,57 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-import attrs
-from aioquic.quic import events
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection, QuicConnectionState
-from aioquic.quic.packet import QuicErrorCode
-from aioquic.tls import SessionTicket
-
 from erdma_core.sdk import PeerLostError, ProtocolError, Request
-from erdma_core.toolkit import HELLO_ACCEPTED, HELLO_REQUEST, Hello
 
-from .congestion import attach
-from .credentials import CredentialError
+from . import mesh_queues as queues
+from .engine import Closed, EngineConnection, Handshaken, Placed, Received
+from .mesh_identity import Identity
+from .mesh_paths import Paths
+from .mesh_state import (
+    REFUSED,
+    Back,
+    Configure,
+    Event,
+    Identify,
+    Joined,
+    Link,
+    Lost,
+    Refused,
+    Session,
+    Settings,
+    Ticket,
+    answered,
+)
 from .retry import RetryGate, initial
-from .streams import Inbound, StreamPlaced, close_reason, hello_stream, numbered
+from .streams import Inbound, close_reason
+
+__all__ = ["REFUSED", "Back", "Event", "Joined", "Lost", "Mesh", "Refused", "Session", "Settings"]
 
 log = logging.getLogger("erdma.quic")
-REFUSED = 0x0100  # application close code: credentials or HELLO refused
 PROBE_AFTER = 0.25  # seconds of silence from a peer this rank waits for data from, before it is sent a PING
 # seconds a peer whose port answered 'unreachable' has to be heard from again: a live peer behind a NAT that
 # just changed its mapping may only be waiting for this rank's data, and speaks first with its own PING, which
 # its probe timer sends within 2 * PROBE_AFTER of the silence beginning
 UNREACHABLE_GRACE = 3 * PROBE_AFTER
-REDIAL_DELAY = 0.05  # seconds between a connection's end and the first redial
-REDIAL_RETRY = 0.5  # seconds a redial may go unanswered before another replaces it (a fresh first flight)
 MAX_PENDING = 64  # accepted connections not yet identified
 PER_SOURCE = MAX_PENDING // 2  # ... of them from one host (more from it make room among its own)
 RETRY_ABOVE = MAX_PENDING // 4  # with this many under way, a first Initial is answered with a Retry (``retry``)
 CID_LENGTH = 8
 HELD_MAX = 16  # a check's answers held until it is taken (its peer's first flight, and resends of it)
-_ENDED = (QuicConnectionState.CLOSING, QuicConnectionState.DRAINING, QuicConnectionState.TERMINATED)
-Ticket = SessionTicket | bytes  # a session ticket the dialler keeps: aioquic's, or the compiled engine's (opaque)
-Configure = Callable[[bool, Any, "int | None", "Ticket | None"], QuicConfiguration]
-Identify = Callable[[Any, list[Any], set[int]], int]
 
 
-@attrs.frozen(kw_only=True)
-class Settings:
-    rank: int
-    world: int
-    job: int
-    window: int  # bytes handed to QUIC per peer and not yet acknowledged
-    reconnect_timeout: float
-    idle_timeout: float
-    keepalive_interval: float
-    verify: bool  # peers are identified by certificate (False: insecure mode, the HELLO names them)
-    peers: frozenset[int] | None = None  # the ranks this endpoint connects with (None: every other rank)
-    path_recheck: float = 0.0  # seconds between checks of a better path (``Mesh._recheck``); 0: none
+class Mesh(Identity, Paths):
+    """One endpoint's connections (see the module's docstring); its identity side is ``mesh_identity``'s, its
+    paths ``mesh_paths``'s."""
 
-
-@attrs.frozen
-class Joined:
-    """``peer``'s connection is up for the first time."""
-
-    peer: int
-
-
-@attrs.frozen
-class Refused:
-    """A connection this endpoint dialled to ``peer`` failed before the peer joined."""
-
-    peer: int
-    addr: Any
-    why: str
-
-
-@attrs.frozen
-class Lost:
-    """``peer``, which had joined, is gone for good; its queue waits for ``Mesh.fail``."""
-
-    peer: int
-    why: str
-
-
-@attrs.frozen
-class Back:
-    """``peer``'s link runs on a new connection after an outage (perhaps on another of its addresses)."""
-
-    peer: int
-
-
-Event = Joined | Refused | Lost | Back
-
-
-class Connection(QuicConnection):
-    """aioquic's connection, with listeners asking the dialler for its certificate (mutual TLS), and the
-    model-based controller's own pacer when that controller is configured.
-
-    It is also the mesh's connection contract: aioquic's public surface (``connect``, ``receive_datagram``,
-    ``datagrams_to_send``, ``get_timer``, ``handle_timer``, ``next_event`` with aioquic's events,
-    ``get_next_available_stream_id``, ``send_stream_data``, ``send_ping``, ``close``, ``get_peer_address``)
-    plus the methods below, which say in one place what the mesh needs of aioquic's internals. Another engine
-    (``erdma_quic.ngtcp2.mesh_connection``) gives the mesh the same surface."""
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        attach(self)
-        if not self._is_client:  # a stranger's failed handshake is the mesh's to report, at its pace (``_say``)
-            self._logger = _Quiet(self._logger.logger, self._logger.extra)
-
-    def _initialize(self, peer_cid: bytes) -> None:
-        super()._initialize(peer_cid)
-        if not self._is_client:
-            self.tls._request_client_certificate = True
-
-    def took_nothing(self) -> bool:
-        """An accepted connection that could read nothing of its first datagram (no Initial)."""
-        return self._state is QuicConnectionState.FIRSTFLIGHT
-
-    def ended(self) -> bool:
-        """Closing, draining or over: nothing more is read from it (aioquic says ``ConnectionTerminated`` only
-        once its closing period is over)."""
-        return self._state in _ENDED
-
-    def end_reason(self) -> str:
-        """Once ``ended``: why, as the close said it."""
-        ev = self._close_event
-        return close_reason(ev.error_code, ev.reason_phrase) if ev is not None else "closed"
-
-    def free(self) -> None:
-        """The mesh is done with this connection (a stranger's: dropped, refused or ended before anyone was
-        identified on it), which is used no more: let go of what it holds now. aioquic's connection refers to
-        itself from its parts (bound methods as the callbacks of its TLS context, loss recovery, packet
-        protection and frame handlers), which only the cyclic collector would free; dropping its attributes and
-        those of its parts frees it at once."""
-        for part in list(vars(self).values()):
-            for value in part.values() if isinstance(part, dict) else part if isinstance(part, list | tuple) else [part]:
-                inner = getattr(value, "__dict__", None)  # a part that calls back into this connection
-                if isinstance(inner, dict) and any(getattr(v, "__self__", None) is self for v in inner.values()):
-                    inner.clear()
-        self.__dict__.clear()
-
-    def demux_token(self) -> int | None:
-        """The token the endpoint's receive fast path reports for this connection (``heard``); None: it has
-        none (every datagram comes through ``receive``)."""
-        return None
-
-    places = False  # aioquic hands a stream's data over in pieces, to be fed
-
-    def place(self, stream_id: int, target: memoryview) -> None:
-        """Where ``places``: the rest of ``stream_id`` (whose beginning came as ``StreamDataReceived`` without
-        its end) goes straight into ``target``, the connection then says ``streams.StreamPlaced``; if the stream
-        came whole meanwhile, its rest comes as ``StreamDataReceived`` after all."""
-        raise NotImplementedError("aioquic's connection does not place stream data")
-
-    def live_streams(self) -> Container[int]:
-        """Streams not yet done: a sent stream leaves once the peer acknowledged all of it."""
-        return self._streams
-
-    def host_cids(self) -> list[bytes]:
-        """This end's connection ids (a datagram to this connection carries one)."""
-        return [c.cid for c in self._host_cids] + [self.host_cid]
-
-    def peer_identity(self) -> tuple[Any, list[Any]]:
-        """The peer's certificate and chain (cryptography objects) once the handshake is done."""
-        return self.tls._peer_certificate, self.tls._peer_certificate_chain
-
-    def session_resumed(self) -> bool:
-        return bool(self.tls.session_resumed)
-
-    def skip_client_certificate(self) -> None:
-        """Listener: the dialler resumes a session, whose identity was proven before."""
-        self.tls._request_client_certificate = False
-
-    def bandwidth(self) -> float | None:
-        """The bottleneck bandwidth (bytes/s) the model-based controller measured (cubic, reno: None)."""
-        bw = getattr(self._loss._cc, "bandwidth", None)
-        return float(bw) if bw else None
-
-    def describe(self) -> str:
-        """The congestion controller's state, for the log."""
-        return f"{self._loss._cc.get_log_data()}, srtt {self._loss._rtt_smoothed:.5f} s"
-
-
-class _Quiet(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """aioquic's connection log with its warnings (one per failed handshake) said at DEBUG."""
-
-    def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self.debug(msg, *args, **kwargs)
-
-
-class Outgoing:
-    """One message waiting to be handed to QUIC: its streams, and the request that completes when it has."""
-
-    __slots__ = ("done", "parts", "req")
-
-    def __init__(self, parts: list[tuple[bytes, Any]], req: Request) -> None:
-        self.parts, self.req, self.done = parts, req, 0
-
-
-def answered(datagrams: list[tuple[Any, Any]], addr: Any) -> list[tuple[Any, Any]]:
-    """A connection's datagrams, those to its peer's address as ``addr`` (the object its first datagram came
-    with, which may say how it came: a TURN relay's ``Via``, answered through that relay) rather than as the
-    engine rebuilt it. So each connection is answered the way it came, though two come from one address (a
-    peer's direct check and its check through this rank's relay)."""
-    return [(d, addr if to == addr else to) for d, to in datagrams]
-
-
-class Session:
-    """One QUIC connection."""
-
-    def __init__(self, rank: int | None, addr: Any, dialled: bool) -> None:
-        self.conn: Connection = None  # type: ignore[assignment]  # set right after
-        self.rank = rank  # None for an accepted connection until its certificate, ticket or HELLO names it
-        self.addr = addr
-        self.dialled = dialled
-        self.link: Link | None = None
-        self.pre: Inbound | None = None  # before the peer is identified: HELLO only
-        self.open_streams: dict[int, tuple[int, int]] = {}  # stream id -> (part number, bytes)
-        self.ready = False  # carries the link's data
-        self.probe = False  # dialler: a trial of a better path, carrying nothing until its handshake completes
-        self.held: list[tuple[bytes, Any]] | None = None  # dialler: a first dial's check of another address, and
-        # what answered it, not read until it is taken (``Mesh._take_check``)
-        self.failure: str | None = None
-        self.terminated = False
-        self.resumed = False  # TLS session resumed from a ticket
-        self.established = False  # the peer has answered (dialler: handshake done; listener: identified)
-        self.last_rx = 0.0
-        self.timer: float | None = None  # the connection's next timer, as of its last service
-        self.suspect_since: float | None = None  # its port answered 'unreachable' then
-        self.ticket_rank: int | None = None  # listener: the rank the offered ticket was issued to
-        self.offered: Ticket | None = None  # dialler: the ticket it resumes with
-        self.issued: SessionTicket | None = None  # listener: a ticket issued before the peer was identified
-
-
-class Link:
-    """What an endpoint keeps about one peer across connections: the queue, the parts handed to QUIC and
-    not yet acknowledged (numbered, kept for a resend when ``keep``), the incoming side, the listener's
-    latest session ticket, and the reconnection state."""
-
-    def __init__(self, rank: int, addr: Any, dialler: bool, inbound: Inbound, keep: bool) -> None:
-        self.rank, self.addr, self.dialler, self.inbound, self.keep = rank, addr, dialler, inbound, keep
-        self.session: Session | None = None  # the connection now carrying the link
-        self.queue: deque[Outgoing] = deque()
-        self.unacked: dict[int, tuple[bytes, bytes]] = {}  # part number -> (prefix and header, payload)
-        self.next_number = 1
-        self.inflight = 0
-        self.ticket: Ticket | None = None  # dialler: the listener's latest, for resumption (kept until spent)
-        self.dead = False
-        self.down_since: float | None = None
-        self.redial_at: float | None = None
-        self.give_up_at: float | None = None
-        self.give_up_why = ""
-        self.stats = {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0, "path_changes": 0}
-        self.plan: list[Any] = [addr]  # dialler: the peer's addresses, in the order they are tried
-        self.wait = 0.0  # seconds a first dial waits for an answer before it tries the next address
-        self.check_at: float | None = None  # when the address now dialled has had its wait
-        self.recheck_at: float | None = None  # when a better path is checked next (``Mesh._recheck``)
-        self.probe: Session | None = None  # dialler: a connection to an earlier address of the plan, on trial
-        self.probes = 0  # trials so far (which earlier address the next one goes to)
-        self.punches: list[tuple[bytes, Any]] = []  # listener: datagrams that open its NAT to the dialler
-        self.checks: list[Session] = []  # dialler, before it joins: connections to the plan's other addresses
-        self.checked = False  # dialler: the first address had its wait: the next check that answers is taken
-
-    def next_address(self) -> Any:
-        """The plan's address after the one dialled now (round the plan)."""
-        self.addr = self.plan[(self.plan.index(self.addr) + 1) % len(self.plan)]
-        return self.addr
-
-
-class Mesh:
     def __init__(self, settings: Settings, configure: Configure, identify: Identify,
-                 inbound_for: Callable[[int], Inbound], awaited: Callable[[], Iterable[int]] | None = None,
-                 connection: Callable[..., Connection] = Connection) -> None:
-        """``connection`` makes a connection (aioquic's, or another engine's with the same surface);
-        ``configure(client, addr, peer, ticket)`` gives a connection's aioquic configuration;
+                 inbound_for: Callable[[int], Inbound], awaited: Callable[[], Iterable[int]] | None = None, *,
+                 connection: Callable[..., EngineConnection]) -> None:
+        """``connection`` makes a connection (``engine.EngineConnection``: aioquic's adapter, or the compiled
+        engine's); ``configure(client, addr, peer, ticket)`` gives a connection's settings;
         ``identify(certificate, chain, allowed_ranks)`` the rank a dialler's certificate proves (or raises
         ``CredentialError``); ``inbound_for(peer)`` where that peer's streams go; ``awaited()`` the peers this
         rank waits for data from: one silent for ``PROBE_AFTER`` is sent a PING, so that a peer that died
@@ -322,35 +110,13 @@ class Mesh:
         self._done: list[Session] = []  # forgotten; their connections are let go of after the next output
         self.retries = 0  # Retry packets sent
         self._quiet_until, self._unsaid = 0.0, 0  # ``_say``'s
-        self._tickets: dict[bytes, tuple[SessionTicket, int]] = {}  # issued to diallers: label -> (ticket, rank)
+        self._tickets: dict[bytes, tuple[Ticket, int]] = {}  # issued to diallers: label -> (ticket, rank)
         self._dirty: dict[int, Session] = {}
         self._events: deque[Event] = deque()
         self._keepalive_at: float | None = None
         self.released: frozenset[int] = frozenset()  # peers another transport took (``release``)
 
     # ---- inputs ---------------------------------------------------------------------------------------
-    def dial(self, peer: int, addr: Any, now: float, fallbacks: Iterable[Any] = (), wait: float = 0.0,
-             first: Any = None) -> None:
-        """Connect to ``peer`` (a lower rank) at ``addr``, or, when no answer completes the handshake within
-        ``wait`` seconds, at each of ``fallbacks`` in turn; ``Joined`` or ``Refused`` follows. ``first``: one of
-        ``fallbacks`` to dial first instead (the one an earlier set-up ended on); the addresses before it are
-        still the better ones a later check tries (``path_recheck``)."""
-        self._now = now
-        if peer in self.released:
-            return
-        keep = self.s.reconnect_timeout > 0
-        link = Link(peer, addr, True, self.inbound_for(peer), keep)
-        link.plan += [a for a in fallbacks if a != addr]
-        link.wait = wait
-        if first is not None and first in link.plan:
-            link.addr = first  # (its better addresses are left to ``path_recheck``)
-        elif wait > 0:
-            link.checks = [self._check(link, a) for a in link.plan[1:]]
-        if link.addr != link.plan[-1] or link.checks:
-            link.check_at = now + wait
-        self._dialling[peer] = link
-        self._dial(link)
-
     def release(self, peers: frozenset[int]) -> None:
         """``peers`` are another transport's after all (a paired job checks both transports at once): their dials,
         checks, links and connections are dropped without a word (each of them drops its own end as it learns the
@@ -382,7 +148,7 @@ class Mesh:
                                  f"no answer within {link.wait:.1f} s")
             return
         try:
-            s.conn.receive_datagram(data, addr, now=now)
+            s.conn.receive_datagram(data, addr, now)
         except Exception as exc:  # a datagram aioquic cannot take must not take the endpoint down
             self.bad_datagrams += 1
             log.debug("rank %d: dropped a datagram from %s: %s: %s", self.s.rank, addr, type(exc).__name__, exc)
@@ -410,7 +176,7 @@ class Mesh:
         self._now = now
         for s in list(self._sessions):
             link = s.link
-            if s.conn.get_peer_address() != addr or s.terminated or s.suspect_since is not None or link is None \
+            if s.conn.peer_address() != addr or s.terminated or s.suspect_since is not None or link is None \
                     or link.session is not s or not (s.ready or link.down_since is not None):
                 continue
             s.suspect_since = now
@@ -422,11 +188,7 @@ class Mesh:
         if link is None or link.dead or (link.session is None and link.inbound.closed_cleanly):
             req.complete(self._gone(peer))
             return
-        item = Outgoing(parts, req)
-        if urgent:
-            link.queue.appendleft(item)
-        else:
-            link.queue.append(item)
+        queues.queue(link, parts, req, urgent)
         if link.session is not None:
             self._touch(link.session)
 
@@ -450,8 +212,7 @@ class Mesh:
         """Fail what is queued for ``peer`` (after ``Lost``) with ``error``."""
         link = self.links.get(peer)
         if link is not None:
-            while link.queue:
-                link.queue.popleft().req.complete(error)
+            queues.fail(link, error)
 
     def _gone(self, peer: int) -> PeerLostError:
         return PeerLostError(f"rank {self.s.rank}: the QUIC connection to rank {peer} is closed", peer=peer,
@@ -472,7 +233,7 @@ class Mesh:
             link = self.links.get(peer)
             s = link.session if link is not None else None
             if s is not None and not s.terminated and s.ready and now - s.last_rx >= PROBE_AFTER:
-                s.conn.send_ping(1)
+                s.conn.ping()
                 self._touch(s)
 
     def handle_timer(self, now: float) -> None:
@@ -487,7 +248,7 @@ class Mesh:
         for s in list(self._sessions):
             if s.timer is not None and s.timer <= now:
                 s.timer = None
-                s.conn.handle_timer(now=now)
+                s.conn.handle_timer(now)
                 self._touch(s)
             if s.suspect_since is not None and s.suspect_since + UNREACHABLE_GRACE <= now:
                 self._confirm_unreachable(s)
@@ -495,21 +256,7 @@ class Mesh:
             if link.recheck_at is not None and link.recheck_at <= now:
                 self._recheck(link, now)
             if link.redial_at is not None and link.redial_at <= now:
-                link.redial_at = None
-                attempt = link.session
-                if (attempt is None or not attempt.established) and not link.dead and not self.closing:
-                    # no connection, or a redial nobody answered: its first flight may have been lost in the
-                    # outage, and QUIC would wait longer than an idle timeout to send it again
-                    if attempt is not None:
-                        self._detach(attempt)
-                        if len(link.plan) > 1:
-                            was = link.addr
-                            log.warning("rank %d: no answer from rank %d at %s:%d on redial; trying %s:%d",
-                                        self.s.rank, link.rank, *was[:2], *link.next_address()[:2])
-                    s = self._dial(link)
-                    if self.s.verify:  # the listener knows who this is before it reads a byte: the backlog now
-                        self._go(link, s)
-                    link.redial_at = now + REDIAL_RETRY
+                self._redial(link, now)
             if link.give_up_at is not None and link.give_up_at <= now:
                 self._give_up(link)
         if self._probe_at is not None and self._probe_at <= now:
@@ -520,7 +267,7 @@ class Mesh:
                 for link in self.links.values():
                     s = link.session
                     if s is not None and not s.terminated:
-                        s.conn.send_ping(0)
+                        s.conn.ping()
                         self._touch(s)
 
     def close(self, now: float) -> None:
@@ -575,9 +322,7 @@ class Mesh:
     def flushed(self, lost: frozenset[int] = frozenset()) -> bool:
         """Nothing queued, and every part handed to QUIC acknowledged, on every live link (but those to
         ``lost``: peers known to be gone, whose acknowledgements will never come)."""
-        return all(not link.queue and (link.session is None or not link.session.open_streams
-                                       or link.session.terminated) for link in self.links.values()
-                   if not link.dead and link.rank not in lost)
+        return queues.flushed(self.links.values(), lost)
 
     def pending_accepts(self) -> int:
         """Accepted connections not yet identified and settled (at most ``MAX_PENDING`` at a time)."""
@@ -597,7 +342,7 @@ class Mesh:
         out = {}
         for r, link in self.links.items():
             s = link.session
-            addr = s.conn.get_peer_address() if s is not None and s.conn is not None else link.addr
+            addr = s.conn.peer_address() if s is not None and s.conn is not None else link.addr
             out[r] = s.addr if s is not None and addr == s.addr else addr
         return out
 
@@ -610,19 +355,6 @@ class Mesh:
         """Ranks that dial this one (and may dial it again)."""
         higher = set(range(self.s.rank + 1, self.s.world)) - self.released
         return higher if self.s.peers is None else higher & self.s.peers
-
-    def _dial(self, link: Link) -> Session:
-        """Dial ``link``'s peer; the HELLO leaves with the first flight that can carry it (0-RTT when resuming)."""
-        s = Session(link.rank, link.addr, dialled=True)
-        s.offered = link.ticket
-        s.conn = self.connection(configuration=self.configure(True, link.addr, link.rank, link.ticket),
-                            session_ticket_handler=functools.partial(self._ticket_issued, s))
-        s.conn.connect(link.addr, now=self._now)
-        self._attach(link, s)
-        self._send_raw(s, hello_stream(Hello(status=HELLO_REQUEST, job=self.s.job, rank=self.s.rank,
-                                             world=self.s.world)))
-        self._adopt(s)
-        return s
 
     def _admit(self, data: bytes, dcid: bytes, addr: Any) -> Session | None:
         """A datagram for no connection of this endpoint's: a new connection when it is a client's first
@@ -736,7 +468,7 @@ class Mesh:
         self._pump(s)
         tagged = type(s.addr) is not tuple  # (an address that says how it came: ``answered``)
         while True:
-            got = s.conn.datagrams_to_send(now=self._now)
+            got = s.conn.datagrams_to_send(self._now)
             out += answered(got, s.addr) if tagged else got
             # building packets retires acknowledged streams, which may open the window: hand QUIC more now,
             # or nothing would ask again until the next timer
@@ -756,46 +488,19 @@ class Mesh:
         s.timer = s.conn.get_timer()
 
     # ---- session tickets (TLS resumption) -----------------------------------------------------------------
-    def _fetch_ticket(self, s: Session, label: bytes) -> SessionTicket | None:
-        """Listener: the dialler offers a ticket. Each is good once (a replayed first flight finds it gone)."""
-        found = self._tickets.pop(label, None)
-        if found is None:
-            return None
-        ticket, rank = found
-        link = self.links.get(rank)
-        if link is None or link.dead:
-            return None
-        s.ticket_rank = rank
-        s.conn.skip_client_certificate()  # resumption carries the identity proven before
-        return ticket
-
-    def _ticket_issued(self, s: Session, ticket: Ticket) -> None:
-        if s.dialled:
-            if s.link is not None:
-                s.link.ticket = ticket
-        elif s.link is not None:
-            self._keep_ticket(ticket, s.link.rank)
-        else:
-            s.issued = ticket
-
-    def _keep_ticket(self, ticket: SessionTicket, rank: int) -> None:
-        """Listener: ``ticket`` went to ``rank``; it replaces the one that rank held."""
-        self._tickets = {k: v for k, v in self._tickets.items() if v[1] != rank}
-        self._tickets[ticket.ticket] = (ticket, rank)
-
     # ---- what a connection reports ------------------------------------------------------------------------
     def _events_of(self, s: Session) -> None:
         if not s.dialled and s.link is None and s.failure is None and not s.terminated and s.conn.session_resumed():
             self._resumed(s)
         while (ev := s.conn.next_event()) is not None:
-            if isinstance(ev, (events.StreamDataReceived, StreamPlaced)):
+            if isinstance(ev, (Received, Placed)):
                 self._stream_data(s, ev)
-            elif isinstance(ev, events.HandshakeCompleted):
+            elif isinstance(ev, Handshaken):
                 self._handshake_done(s, ev)
-            elif isinstance(ev, events.ConnectionTerminated):
+            elif isinstance(ev, Closed):
                 self._terminated(s, ev)
 
-    def _stream_data(self, s: Session, ev: events.StreamDataReceived | StreamPlaced) -> None:
+    def _stream_data(self, s: Session, ev: Received | Placed) -> None:
         link = s.link
         if s.failure is not None or s.terminated:
             return  # refused: closing, nothing more is read
@@ -809,255 +514,24 @@ class Mesh:
         if inbound is None:
             return
         try:
-            if isinstance(ev, StreamPlaced):
-                inbound.placed(ev.stream_id)
+            if isinstance(ev, Placed):
+                inbound.placed(ev.stream)
                 return
-            inbound.feed(ev.stream_id, ev.data, ev.end_stream)
-            if not ev.end_stream and s.conn.places and (target := inbound.target(ev.stream_id)) is not None:
-                s.conn.place(ev.stream_id, target)
+            inbound.feed(ev.stream, ev.data, ev.end)
+            if not ev.end and s.conn.places and (target := inbound.target(ev.stream)) is not None:
+                s.conn.place(ev.stream, target)
         except ProtocolError as exc:
             if s.ready and link is not None:
                 self._lose(link, f"it broke the protocol: {exc}")
             else:
                 self._refuse(s, f"broke the protocol: {exc}")
 
-    def _resumed(self, s: Session) -> None:
-        """Listener: the dialler resumed a session (its 0-RTT data may follow at once): who it is comes from
-        the ticket table (aioquic), or from the certificate sealed into the ticket (the compiled engine's
-        GnuTLS tickets, checked as after a full handshake). Insecure mode: from its HELLO."""
-        rank = s.ticket_rank
-        if rank is None:
-            if not self.s.verify:
-                return
-            rank = self._certified_rank(s)
-            if rank is None:
-                return
-        s.resumed = True
-        self._identified(s, rank)
-
-    def _certified_rank(self, s: Session) -> int | None:
-        """The rank the dialler's certificate proves; None once it was refused for it."""
-        try:
-            return self.identify(*s.conn.peer_identity(), self._diallers())
-        except CredentialError as exc:
-            self._refuse(s, str(exc))
-            return None
-
-    def _handshake_done(self, s: Session, ev: events.HandshakeCompleted) -> None:
-        if s.dialled and s.probe:
-            s.established = True
-            self._promote(s)
-            return
-        if s.dialled:
-            s.resumed, s.established = ev.session_resumed, True
-            if s.link is not None:
-                if s.link.ticket is s.offered:  # spent: the listener answered the flight that carried it
-                    s.link.ticket = None
-                if ev.session_resumed:
-                    s.link.stats["resumed"] += 1
-                    s.link.stats["early_data"] += int(ev.early_data_accepted)
-                self._back(s.link, s)
-            return
-        if s.link is not None or not self.s.verify:  # identified by its ticket, or (insecure) by HELLO
-            return
-        rank = self._certified_rank(s)
-        if rank is not None:
-            self._identified(s, rank)
-
-    def _identified(self, s: Session, rank: int) -> None:
-        """Listener: the peer proved it is ``rank``; a new link, or an existing one that it reconnects."""
-        link = self.links.get(rank)
-        if link is not None and link.dead:
-            self._refuse(s, f"rank {rank} was already given up as lost")
-            return
-        s.rank, s.established = rank, True
-        if link is None:
-            link = Link(rank, s.addr, False, self.inbound_for(rank), self.s.reconnect_timeout > 0)
-        moved = self.links.get(rank) is link and link.down_since is None and link.session is not None
-        self._attach(link, s)
-        if s.issued is not None:
-            self._keep_ticket(s.issued, rank)
-        if moved:  # the dialler found a better path (``_recheck``) while the old one still worked
-            link.stats["path_changes"] += 1
-            log.warning("rank %d: rank %d moved to a new connection from %s:%d", self.s.rank, rank, *s.addr[:2])
-            self._events.append(Back(rank))
-        if self.links.get(rank) is link:  # a reconnection
-            self._settled(s)
-            if self.s.verify:
-                self._go(link, s)  # what was not acknowledged goes again now
-
-    def _on_hello(self, s: Session, hello: Hello) -> None:
-        if s.dialled:
-            if hello.status != HELLO_ACCEPTED or hello.rank != s.rank:
-                self._refuse(s, f"answered HELLO with status {hello.status} as rank {hello.rank}")
-                return
-            link = s.link
-            assert link is not None
-            if not s.ready:
-                self._go(link, s)
-            if self.links.get(link.rank) is not link:
-                self._join(link)
-            return
-        why = None
-        if hello.job != self.s.job or hello.world != self.s.world:
-            why = f"job {hello.job:#x} world {hello.world} (this job {self.s.job:#x}, world {self.s.world})"
-        elif s.rank is not None and hello.rank != s.rank:
-            why = f"its HELLO says rank {hello.rank}, its certificate rank {s.rank}"
-        elif s.rank is None and hello.rank not in self._diallers():
-            why = f"rank {hello.rank} is not expected here"
-        if why is not None:
-            self._refuse(s, why)
-            return
-        if s.link is None:
-            self._identified(s, hello.rank)
-            if s.link is None:
-                return
-        link = s.link
-        self._send_raw(s, hello_stream(Hello(status=HELLO_ACCEPTED, job=self.s.job, rank=self.s.rank,
-                                             world=self.s.world)))
-        if not s.ready:
-            self._go(link, s)
-        if self.links.get(link.rank) is not link:
-            self._join(link)
-
-    def _try_next(self, link: Link, why: str) -> None:
-        """A first dial got no answer at ``link.addr`` (or was refused there): dial the plan's next address;
-        after the last, the connect timeout of the caller decides."""
-        attempt = link.session
-        link.check_at = None
-        if link.dead or self.closing or (attempt is not None and attempt.established) or link.addr == link.plan[-1]:
-            return
-        was = link.addr
-        log.warning("rank %d: rank %d at %s:%d: %s; trying %s:%d", self.s.rank, link.rank, *was[:2], why,
-                    *link.next_address()[:2])
-        if attempt is not None:
-            self._detach(attempt)
-        self._dial(link)
-        if link.addr != link.plan[-1]:
-            link.check_at = self._now + link.wait
-
-    def _join(self, link: Link) -> None:
-        self._dialling.pop(link.rank, None)
-        link.check_at = None
-        self._drop_checks(link)
-        if link.session is not None:
-            self._settled(link.session)
-        self.links[link.rank] = link
-        if self.s.path_recheck > 0 and self.s.verify:
-            link.recheck_at = self._now + self.s.path_recheck
-        self._events.append(Joined(link.rank))
-
-    def punch_towards(self, peer: int, punches: list[tuple[bytes, Any]]) -> None:
-        """Listener: ``punches`` (datagram, address) open this endpoint's NAT to dialler ``peer``'s direct
-        addresses; sent again at each of its checks while the pair runs elsewhere (``_recheck``)."""
-        link = self.links.get(peer)
-        if link is not None:
-            link.punches = list(punches)
-
-    def _recheck(self, link: Link, now: float) -> None:
-        """Every ``path_recheck`` seconds, while ``link`` runs on a later address of its plan than the first (a
-        relay, or the peer's mapping where its own address is also offered): the dialler tries one earlier
-        address with a connection of its own (``_probe_path``; the last trial, if it never completed, is
-        dropped), and the listener sends its punches, so that the dialler's trial gets through its NAT."""
-        link.recheck_at = now + self.s.path_recheck
-        s = link.session
-        if link.dead or self.closing or s is None or not s.ready or link.down_since is not None:
-            return
-        if not link.dialler:
-            self._stateless += link.punches
-            return
-        if link.probe is not None:
-            self._detach(link.probe)
-            link.probe = None
-        better = link.plan[:link.plan.index(link.addr)] if link.addr in link.plan else []
-        if better:
-            self._probe_path(link, better[link.probes % len(better)])
-            link.probes += 1
-
-    def _check(self, link: Link, addr: Any) -> Session:
-        """A first dial's check of ``addr``: a connection whose answers are held (``Session.held``)."""
-        return self._trial(link, addr, probe=False)
-
-    def _trial(self, link: Link, addr: Any, probe: bool) -> Session:
-        """A connection to ``link``'s peer at ``addr`` beside the one that carries the link, its HELLO queued: a
-        probe of a better path, or a first dial's check (whose answers are held)."""
-        s = Session(link.rank, addr, dialled=True)
-        s.probe = probe
-        s.held = None if probe else []
-        s.conn = self.connection(configuration=self.configure(True, addr, link.rank, None),
-                                 session_ticket_handler=functools.partial(self._ticket_issued, s))
-        s.conn.connect(addr, now=self._now)
-        self._send_raw(s, hello_stream(Hello(status=HELLO_REQUEST, job=self.s.job, rank=self.s.rank,
-                                             world=self.s.world)))
-        self._adopt(s)
-        return s
-
-    def _take_check(self, link: Link, why: str) -> None:
-        """The first address had its wait (or was refused): the most preferred check that answered carries the
-        link from now on (its held answers are read, its handshake completes) and the rest are dropped; none
-        answered: the first to answer later is taken (``link.checked``)."""
-        heard = [c for c in link.checks if c.held]
-        if not heard or link.dead or self.closing:
-            return
-        s = min(heard, key=lambda c: link.plan.index(c.addr))
-        link.checks.remove(s)
-        self._drop_checks(link)
-        was, held, s.held = link.addr, s.held or [], None
-        log.warning("rank %d: rank %d at %s:%d: %s; %s:%d answered its check: taken", self.s.rank, link.rank,
-                    *was[:2], why, *s.addr[:2])
-        link.addr = s.addr
-        self._attach(link, s)  # (the first address's connection, if any, is dropped)
-        for data, addr in held:
-            s.conn.receive_datagram(data, addr, now=self._now)
-        self._touch(s)
-
-    def _drop_checks(self, link: Link) -> None:
-        for c in link.checks:
-            self._detach(c)
-        link.checks = []
-
-    def _probe_path(self, link: Link, addr: Any) -> None:
-        """Dial ``link``'s peer at ``addr`` beside the connection that carries the link. Once its handshake
-        completes (the peer's certificate proved), it takes the link over (``_handshake_done``)."""
-        link.probe = self._trial(link, addr, probe=True)
-
-    def _promote(self, s: Session) -> None:
-        """A trial of a better path completed its handshake: it carries its link from now on. What the old
-        connection had in flight goes again on it (the peer drops parts it already had), and the peer, which
-        identified the new connection by its certificate, has moved to it already."""
-        link = self._link_of_probe(s)
-        if link is None or link.dead or self.closing or link.session is None:
-            self._detach(s)
-            return
-        was = link.session.conn.get_peer_address()
-        s.probe, link.probe = False, None
-        link.addr = s.addr
-        self._attach(link, s)
-        self._go(link, s)
-        link.stats["path_changes"] += 1
-        log.warning("rank %d: rank %d answered at %s:%d, a better path than %s:%d; the pair moved there (%d parts "
-                    "sent again)", self.s.rank, link.rank, *s.addr[:2], *was[:2], len(link.unacked))
-        self._events.append(Back(link.rank))
-
-    def _link_of_probe(self, s: Session) -> Link | None:
-        link = self.links.get(s.rank) if s.rank is not None else None
-        return link if link is not None and link.probe is s else None
-
     def _settled(self, s: Session) -> None:
         """An accepted connection is no longer pending: it joined, or took over a link that had."""
         if s in self._pending:
             self._pending.remove(s)
 
-    def _refuse(self, s: Session, why: str) -> None:
-        who = f"rank {s.rank}" if s.rank is not None else "a peer"
-        self._say("rank %d: refused the QUIC connection of %s at %s: %s", self.s.rank, who, s.addr, why)
-        if not s.dialled:
-            self.refusals.append(f"{who} at {s.addr[0]}:{s.addr[1]}: {why}")
-        s.failure = why
-        s.conn.close(error_code=REFUSED, reason_phrase=why[:200])
-        self._touch(s)
-
-    def _terminated(self, s: Session, ev: events.ConnectionTerminated) -> None:
+    def _terminated(self, s: Session, ev: Closed) -> None:
         if s.terminated:
             return
         s.terminated = True
@@ -1070,15 +544,14 @@ class Mesh:
                 if not link.checks and main is not None and main.terminated and main.failure is not None:
                     self._events.append(Refused(link.rank, main.addr, main.failure))
             return
-        reason = close_reason(ev.error_code, ev.reason_phrase)
+        reason = close_reason(ev.code, ev.reason)
         link = s.link
         if link is not None and link.session is s and (s.ready or link.down_since is not None):
-            idle = ev.error_code == QuicErrorCode.INTERNAL_ERROR and ev.reason_phrase == "Idle timeout"
-            why = f"refused the connection: {reason}" if ev.error_code == REFUSED else f"connection ended ({reason})"
-            self._ended(link, s, why, reconnectable=idle)
+            why = f"refused the connection: {reason}" if ev.code == REFUSED else f"connection ended ({reason})"
+            self._ended(link, s, why, reconnectable=ev.idle)
             return
         if s.failure is None:
-            s.failure = f"refused the connection: {reason}" if ev.error_code == REFUSED else reason
+            s.failure = f"refused the connection: {reason}" if ev.code == REFUSED else reason
             if not s.dialled and not s.established:  # the TLS handshake failed here (a certificate, the secret)
                 self.refusals.append(f"a peer at {s.addr[0]}:{s.addr[1]}: {reason}")
         if s.dialled and s.rank is not None and self.links.get(s.rank) is None:
@@ -1090,8 +563,7 @@ class Mesh:
             if link is not None and link.session is s and link.addr != link.plan[-1]:
                 self._try_next(link, s.failure)
                 return
-            unanswered = ev.error_code == QuicErrorCode.INTERNAL_ERROR and ev.reason_phrase == "Idle timeout"
-            if link is not None and link.session is s and unanswered and not self.closing:
+            if link is not None and link.session is s and ev.idle and not self.closing:
                 # the listener dropped the handshake unfinished (its table of handshakes full: a flood from this
                 # rank's address) or nothing came back: not a refusal; dial again, the caller's connect timeout
                 # bounds it
@@ -1117,21 +589,8 @@ class Mesh:
         self._ended(link, s, "its address answered port unreachable (its process ended, or a relay on the way is "
                     "gone)", reconnectable=False)
 
-    def _say(self, msg: str, *args: Any) -> None:
-        """A warning about an accepted connection (a refusal, a dropped handshake): at most one a second, each
-        saying how many were left unsaid since the last, so that strangers cannot flood the log (or block a rank
-        whose stderr nobody reads)."""
-        if self._now < self._quiet_until:
-            self._unsaid += 1
-            return
-        if self._unsaid:
-            msg += f" (and {self._unsaid} more like it in the last second)"
-        self._quiet_until, self._unsaid = self._now + 1.0, 0
-        log.warning(msg, *args)
-
     def _send_raw(self, s: Session, data: bytes) -> None:
-        sid = s.conn.get_next_available_stream_id(is_unidirectional=True)
-        s.conn.send_stream_data(sid, data, end_stream=True)
+        s.conn.send(data)
 
     # ---- links ----------------------------------------------------------------------------------------
     def _attach(self, link: Link, s: Session) -> None:
@@ -1149,56 +608,10 @@ class Mesh:
     def _go(self, link: Link, s: Session) -> None:
         """``s`` may carry data: what QUIC had not acknowledged on the last connection goes first."""
         s.ready = True
-        for number in sorted(link.unacked):
-            head, body = link.unacked[number]
-            self._put(link, s, number, head, body)
-            link.stats["resent_parts"] += 1
+        queues.resend(link, s)
         if s.established:
             self._back(link, s)
         self._touch(s)
-
-    def _back(self, link: Link, s: Session) -> None:
-        """The peer answered on ``s``: an outage, if there was one, is over."""
-        if link.down_since is None or s is not link.session:
-            return
-        waited = self._now - link.down_since
-        link.down_since = link.give_up_at = link.redial_at = None
-        link.stats["reconnects"] += 1
-        self._events.append(Back(link.rank))
-        log.warning("rank %d: connection to rank %d back after %.2f s (%s, at %s:%d); %d parts sent again",
-                    self.s.rank, link.rank, waited, "TLS session resumed" if s.resumed else "full handshake",
-                    *s.conn.get_peer_address()[:2], len(link.unacked))
-
-    def _ended(self, link: Link, s: Session, why: str, reconnectable: bool) -> None:
-        """The connection carrying the link is gone."""
-        if s is not link.session:
-            return
-        link.session = None
-        if link.inbound.closed_cleanly and not link.dead:  # it said BYE, then closed: nothing more reaches it
-            self.fail(link.rank, self._gone(link.rank))
-        if link.dead or self.closing or link.inbound.closed_cleanly:
-            return
-        if not (reconnectable and self.s.reconnect_timeout > 0):
-            self._lose(link, why)
-            return
-        if link.down_since is None:
-            link.down_since = self._now
-            log.warning("rank %d: connection to rank %d ended (%s); %s for %.1f s", self.s.rank, link.rank, why,
-                        "redialling" if link.dialler else "waiting for it to redial", self.s.reconnect_timeout)
-            # the listener also allows for the dialler noticing the outage up to one idle timeout later
-            grace = self.s.reconnect_timeout + (0 if link.dialler else self.s.idle_timeout)
-            link.give_up_at, link.give_up_why = self._now + grace, why
-        if link.dialler:
-            link.redial_at = self._now + REDIAL_DELAY
-
-    def _give_up(self, link: Link) -> None:
-        link.give_up_at = None
-        if link.dead:
-            return
-        attempt, link.session = link.session, None
-        if attempt is not None:  # a redial still waiting for an answer
-            self._detach(attempt)
-        self._lose(link, f"{link.give_up_why}; no new connection within {self.s.reconnect_timeout:.1f} s")
 
     def _lose(self, link: Link, why: str) -> None:
         if link.dead:
@@ -1213,35 +626,4 @@ class Mesh:
         link = s.link
         if link is None or s is not link.session or not s.ready or link.dead:
             return False
-        if s.open_streams:
-            live = s.conn.live_streams()
-            for sid in [x for x in s.open_streams if x not in live]:
-                number, size = s.open_streams.pop(sid)
-                link.inflight -= size
-                link.unacked.pop(number, None)
-        pushed = False
-        while link.queue and link.inflight < self.s.window:
-            pushed = True
-            item = link.queue[0]
-            head, body = item.parts[item.done]
-            number = link.next_number
-            link.next_number += 1
-            head = numbered(head, number)
-            if link.keep:
-                body = bytes(body)  # the caller may reuse its buffer once the request completes
-                link.unacked[number] = (head, body)
-            self._put(link, s, number, head, body)
-            item.done += 1
-            if item.done == len(item.parts):
-                link.queue.popleft()
-                item.req.complete()
-        return pushed
-
-    def _put(self, link: Link, s: Session, number: int, head: bytes, body: Any) -> None:
-        conn = s.conn
-        sid = conn.get_next_available_stream_id(is_unidirectional=True)
-        conn.send_stream_data(sid, head)
-        conn.send_stream_data(sid, body, end_stream=True)
-        size = len(head) + len(body)
-        s.open_streams[sid] = (number, size)
-        link.inflight += size
+        return queues.pump(link, s, self.s.window)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from erdma_core.sdk import Header, ProtocolError
@@ -56,14 +55,6 @@ def numbered(head: bytes, number: int) -> bytes:
 
 
 HEAD_BYTES = PREFIX.size + FRAME.size  # a part's stream begins with these: what says where its payload goes
-
-
-@dataclass(frozen=True)
-class StreamPlaced:
-    """An engine's event beside aioquic's: the rest of a stream whose beginning came as data went straight into
-    the buffer ``Inbound.target`` gave for it, and the stream has ended."""
-
-    stream_id: int
 
 
 def hello_stream(hello: Hello) -> bytes:

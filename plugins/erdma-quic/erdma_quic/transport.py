@@ -34,7 +34,7 @@ from . import congestion as _congestion  # noqa: F401  registers "bbr" with aioq
 from . import tls
 from .driver import Driver
 from .lanes import Countdown, Lanes
-from .mesh import Back, Connection, Event, Joined, Lost, Mesh, Refused, Settings
+from .mesh import Back, Event, Joined, Lost, Mesh, Refused, Settings
 from .streams import Inbound, message_parts
 
 log = logging.getLogger("erdma.quic")
@@ -78,7 +78,9 @@ def connection_for(opts: dict[str, Any]) -> Callable[..., Any]:
     """What makes one mesh's connections: aioquic's, or the compiled engine's with the session-ticket keys
     of that mesh's listener (PluginError, naming what to install, where it was chosen and not built)."""
     if engine_name(opts) == "aioquic":
-        return Connection
+        from .aioquic_engine import AioquicConnection
+
+        return AioquicConnection
     from .ngtcp2.connection import require
     from .ngtcp2.mesh_connection import EngineFactory
 
@@ -155,7 +157,7 @@ class QuicTransport(MessageTransport):
             mine = [addresses.Candidate(*(ctx.advertise(host, port) if ctx.advertise is not None else (host, port)))]
         self.mesh = Mesh(settings(o, self.rank, self.world_size, self.job, creds.verify, frozenset(self.peers())),
                          creds.configure,
-                         creds.identify, self._inbound_for, self.mailbox.waiting_on, connection_for(o))
+                         creds.identify, self._inbound_for, self.mailbox.waiting_on, connection=connection_for(o))
         self.endpoint = Driver(sock, self.mesh, self._on_event, f"erdma-quic-{self.rank}", gso=o["gso"])
         ctx.store.set(f"quic/engine/{self.rank}", self.engine.encode())  # before the address a dialler reads
         ctx.store.set(f"quic/addr/{self.rank}", addresses.publish(mine))

@@ -34,11 +34,12 @@ def rss() -> int:
 
 def connection_objects() -> dict[str, int]:
     """Live objects of the classes a QUIC connection is made of, by class name."""
-    from erdma_quic.mesh import Connection, Session
+    from erdma_quic.aioquic_engine import Quic
+    from erdma_quic.mesh import Session
     from erdma_quic.ngtcp2 import connection as engine
     from erdma_quic.ngtcp2.mesh_connection import EngineConnection
 
-    kinds = {"session": Session, "aioquic": Connection, "engine": EngineConnection, "ngtcp2": engine.Connection}
+    kinds = {"session": Session, "aioquic": Quic, "engine": EngineConnection, "ngtcp2": engine.Connection}
     counts = dict.fromkeys(kinds, 0)
     for obj in gc.get_objects():
         for name, cls in kinds.items():

@@ -121,8 +121,8 @@ def test_heavy_loss_guard_shrinks_the_window():
 def test_connections_with_the_model_pace_at_its_rate():
     """aioquic paces at window / srtt; a connection using the model gets a pacer that asks it instead."""
     from aioquic.quic.configuration import QuicConfiguration
+    from erdma_quic.aioquic_engine import Quic as Connection
     from erdma_quic.congestion import ModelPacer
-    from erdma_quic.mesh import Connection
 
     conn = Connection(configuration=QuicConfiguration(is_client=True, congestion_control_algorithm="bbr",
                                                       max_datagram_size=MSS))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from erdma_quic import transport
-from erdma_quic.mesh import Connection
+from erdma_quic.aioquic_engine import AioquicConnection
 from erdma_quic.ngtcp2.connection import loaded
 from erdma_quic.ngtcp2.mesh_connection import EngineFactory
 from helpers import options
@@ -28,7 +28,7 @@ def test_auto_takes_the_compiled_engine_where_it_was_built() -> None:
     assert isinstance(made, EngineFactory)
     other = transport.connection_for(options(engine="auto"))  # another endpoint: keys and table of its own
     assert made.tickets is not other.tickets and made.demux is not other.demux
-    assert transport.connection_for(options(engine="aioquic")) is Connection
+    assert transport.connection_for(options(engine="aioquic")) is AioquicConnection
 
 
 def test_without_the_build_auto_runs_on_aioquic_and_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
@@ -36,7 +36,7 @@ def test_without_the_build_auto_runs_on_aioquic_and_says_what_to_install(monkeyp
     monkeypatch.setitem(sys.modules, "erdma_quic.ngtcp2._shim", None)
     transport._warn_no_engine.cache_clear()
     with caplog.at_level(logging.WARNING, logger="erdma.quic"):
-        assert transport.connection_for(options(engine="auto")) is Connection
+        assert transport.connection_for(options(engine="auto")) is AioquicConnection
         assert transport.engine_name(options(engine="auto")) == "aioquic"
     warned = [r.getMessage() for r in caplog.records if "engine = auto" in r.getMessage()]
     assert len(warned) == 1 and PACKAGES in warned[0], caplog.text  # once per process

@@ -1,21 +1,21 @@
-"""The compiled engine as the mesh drives a connection: the surface of ``mesh.Connection`` (aioquic's public
-methods and events, plus ``took_nothing``, ``live_streams``, ``host_cids``, ``peer_identity`` ...) over one
+"""The compiled engine behind the engine interface (``engine.EngineConnection``) over one
 ``connection.Connection``. The mesh's logic (who the peer is, HELLO, numbered parts, reconnection, candidate
-addresses) is the same for both engines; only this translation differs.
+addresses) is the same for both engines; only this adapter and aioquic's (``aioquic_engine``) differ.
 
-What differs from aioquic's connection, said where it shows:
+What differs from aioquic, said where it shows:
 
-* A stream is one whole message: the mesh writes a stream as a header and then a payload with ``end_stream``,
-  which leave together as one message (the payload is copied once unless it is already ``bytes``). It
-  receives a stream's head (``streams.HEAD_BYTES``) as a ``StreamDataReceived`` of its own, and the rest goes
-  where ``place`` says (the frame's buffer: the engine decrypts into packets and copies from there once),
-  ending in ``streams.StreamPlaced``; a stream no ``place`` took (a HELLO, a duplicate) comes whole.
+* A message leaves as one: ``send(head, body)`` hands both to the engine, which keeps them (not copied)
+  until the peer acknowledged them; the payload is copied once here unless it is already ``bytes`` (the
+  caller may reuse its buffer once ``send`` returns). A long message's head (``streams.HEAD_BYTES``) comes
+  as a ``Received`` of its own, and the rest goes where ``place`` says (the frame's buffer: the engine
+  decrypts into packets and copies from there once), ending in ``Placed``; a message no ``place`` took (a
+  HELLO, a duplicate) comes whole.
 * Session tickets are GnuTLS's: sealed with keys only the listener's endpoint holds (``Tickets``), carrying
   the certificate the dialler proved, so the listener reads who resumes from ``peer_identity`` as after a
   full handshake; the mesh never sees a ticket's label (no ``session_ticket_fetcher``). A first flight's
   0-RTT data is taken once (GnuTLS's anti-replay, remembered for a ticket's life); a replayed one is read
   as a resumption without early data, which the replayer cannot complete.
-* ``send_ping`` sends an empty message (ack-eliciting, as a PING is); the receiving end drops empty messages.
+* ``ping`` sends an empty message (ack-eliciting, as a PING is); the receiving end drops empty messages.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.packet import QuicErrorCode
 from aioquic.tls import CipherSuite
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from ..streams import ALPNS, HEAD_BYTES, StreamPlaced, close_reason
+from .. import engine as api
+from ..streams import ALPNS, HEAD_BYTES, close_reason
 from .connection import Acked, Closed, Config, Connection, Demux, Handshaken, Head, Message, Placed, Run, Ticket, Tickets
 
 ALPN = ALPNS["ngtcp2"]  # shim.c announces it
@@ -95,7 +94,7 @@ def _local_for(addr: Any) -> tuple[str, int]:
 
 
 class EngineConnection:
-    """``mesh.Connection``'s surface on the compiled engine; made as the mesh makes aioquic's (keywords)."""
+    """``engine.EngineConnection`` on the compiled engine; made with the interface's keywords."""
 
     def __init__(self, *, configuration: QuicConfiguration, original_destination_connection_id: bytes | None = None,
                  retry_source_connection_id: bytes | None = None, session_ticket_fetcher: Any = None,
@@ -116,7 +115,6 @@ class EngineConnection:
         self._engine: Connection | None = None
         self._failed_first = False  # an accepted connection whose first datagram opened nothing
         self._next = 0  # the handle the engine gives the next message (pings included)
-        self._heads: dict[int, bytes] = {}  # stream -> its header, until the payload ends the stream
         self._live: set[int] = set()  # streams sent and not yet acknowledged
         self._peer: tuple[Any, list[Any]] | None = None
         self._headed: dict[int, Head] = {}  # stream -> the head given of the message under way there
@@ -154,7 +152,6 @@ class EngineConnection:
         """The mesh is done with this connection: the engine's memory goes now, not when the collector runs."""
         engine, self._engine = self._engine, None
         self._on_ticket = None
-        self._heads.clear()
         self._headed.clear()
         if engine is not None:
             engine.free()
@@ -179,24 +176,19 @@ class EngineConnection:
         if self._engine is not None:
             self._engine.handle_timer(now)
 
-    def get_peer_address(self) -> Any:
+    def peer_address(self) -> Any:
         return self._engine.remote if self._engine is not None else None
 
-    # ---- streams -----------------------------------------------------------------------------------------
-    def get_next_available_stream_id(self, is_unidirectional: bool = True) -> int:
-        return self._next
+    # ---- messages ----------------------------------------------------------------------------------------
+    def send(self, head: bytes, body: Any = b"") -> int:
+        assert self._engine is not None, "send before connect"
+        payload = body if isinstance(body, bytes) else bytes(body)  # the caller may reuse its buffer
+        self._engine.send(head, payload)
+        handle, self._next = self._next, self._next + 1
+        self._live.add(handle)
+        return handle
 
-    def send_stream_data(self, stream_id: int, data: Any, end_stream: bool = False) -> None:
-        if not end_stream:
-            self._heads[stream_id] = bytes(data)
-            return
-        assert self._engine is not None and stream_id == self._next, "one stream at a time, in order"
-        payload = data if isinstance(data, bytes) else bytes(data)  # the caller may reuse its buffer
-        self._engine.send(self._heads.pop(stream_id, b""), payload)
-        self._next += 1
-        self._live.add(stream_id)
-
-    def send_ping(self, uid: int) -> None:
+    def ping(self) -> None:
         if self._engine is not None:
             try:
                 self._engine.send(b"")
@@ -206,32 +198,29 @@ class EngineConnection:
 
     places = True  # ``place`` puts a stream's rest where the mesh says
 
-    def place(self, stream_id: int, target: memoryview) -> None:
-        """The rest of the stream whose head came last on ``stream_id`` goes straight into ``target``; if it came
-        whole meanwhile, it is fed as usual."""
-        head = self._headed.pop(stream_id, None)
+    def place(self, stream: int, target: memoryview) -> None:
+        head = self._headed.pop(stream, None)
         if head is not None and self._engine is not None:
             self._engine.place(head, target)
 
-    def live_streams(self) -> set[int]:
+    def live(self) -> set[int]:
         return self._live
 
-    def next_event(self) -> events.QuicEvent | None:
+    def next_event(self) -> api.Event | None:
         while self._engine is not None and (ev := self._engine.next_event()) is not None:
             if isinstance(ev, Message):
                 self._headed.pop(ev.stream, None)
                 if ev.data:
-                    return events.StreamDataReceived(data=ev.data, end_stream=True, stream_id=ev.stream)
+                    return api.Received(ev.stream, ev.data, True)
             elif isinstance(ev, Head):
                 self._headed[ev.stream] = ev
-                return events.StreamDataReceived(data=ev.data, end_stream=False, stream_id=ev.stream)
+                return api.Received(ev.stream, ev.data, False)
             elif isinstance(ev, Placed):
-                return StreamPlaced(ev.stream)
+                return api.Placed(ev.stream)
             elif isinstance(ev, Acked):
                 self._live.discard(ev.handle)
             elif isinstance(ev, Handshaken):
-                return events.HandshakeCompleted(alpn_protocol=ALPN, early_data_accepted=self._engine.early_data_accepted,
-                                                 session_resumed=self._engine.resumed)
+                return api.Handshaken(self._engine.resumed, self._engine.early_data_accepted)
             elif isinstance(ev, Ticket):
                 if self._on_ticket is not None:
                     self._on_ticket(ev.data)
@@ -239,15 +228,13 @@ class EngineConnection:
                 self._live.clear()
                 self._ended = close_reason(ev.code, ev.reason)
                 if ev.origin == "idle":
-                    return events.ConnectionTerminated(error_code=QuicErrorCode.INTERNAL_ERROR, frame_type=None,
-                                                       reason_phrase="Idle timeout")
-                return events.ConnectionTerminated(error_code=ev.code, frame_type=None, reason_phrase=ev.reason)
+                    return api.Closed(ev.code, "Idle timeout", idle=True)
+                return api.Closed(ev.code, ev.reason)
         return None
 
-    def close(self, error_code: int = QuicErrorCode.NO_ERROR, frame_type: int | None = None,
-              reason_phrase: str = "") -> None:
+    def close(self, code: int = api.NO_ERROR, reason: str = "") -> None:
         if self._engine is not None:
-            self._engine.close(error_code, reason_phrase, self._now)
+            self._engine.close(code, reason, self._now)
 
     # ---- identity and state --------------------------------------------------------------------------
     def host_cids(self) -> list[bytes]:
