@@ -395,6 +395,18 @@ def test_policy_auto_encodes_only_where_the_link_is_slower_than_the_codec():
     assert all(always.worth(2, 1 << 20) for _ in range(10))
 
 
+def test_the_codecs_decide_which_messages_go_raw_and_count_why():
+    """``sends_raw``: under ``min_bytes`` (small), or not worth it on the link (skipped); the rest is offered."""
+    from erdma_core.engine.codec_set import Codecs
+
+    codecs = Codecs(_Slow(), 4096, lambda cid: None, link_rate={1: 1e12}.get)
+    assert codecs.sends_raw(1, 4095) and not codecs.sends_raw(1, 1 << 20)  # nothing measured yet: offered
+    codecs.encode(np.zeros(1 << 18, np.float32), "float32", None)
+    assert codecs.sends_raw(1, 1 << 20)  # 0.5 MiB saved on a link of 1 TB/s is not worth 10 ms
+    assert {k: v for k, v in codecs.stats().items() if not k.startswith("encoded")} == {
+        "small.messages": 1, "small.raw_bytes": 4095, "skipped.messages": 1, "skipped.raw_bytes": 1 << 20}
+
+
 def fast_link(pg):
     a = np.full(3000, 70000.0, np.float32)
     results = []

@@ -1,6 +1,8 @@
-"""Compression on the collective path: which compressor encodes what this rank sends, which decodes what
-arrives (by the codec id in its frame), and, for a lossy compressor, the bookkeeping that keeps every
-rank's result bit-identical (``Forwarding``). The executor calls these per message; no hook is called here.
+"""Compression on the collective path: which compressor encodes what this rank sends, whether a message goes
+raw or encoded (``Codecs.sends_raw`` then ``Codecs.encode``: the one place that decides it), which decodes
+what arrives (by the codec id in its frame), and, for a lossy compressor, the bookkeeping that keeps every
+rank's result bit-identical (``Forwarding``). A run (``compressed_run``) asks these per message; no hook is
+called here.
 """
 
 from __future__ import annotations
@@ -143,6 +145,19 @@ class Codecs:
         ``encoded.wire_bytes``); empty when nothing is compressed."""
         with self._stats_lock:
             return dict(self._stats)
+
+    def sends_raw(self, peer: int, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` for global rank ``peer`` goes raw without being offered to the codec:
+        under ``min_bytes``, or not ``worth`` it on the link (``compression.policy = "auto"``); counted. The
+        rest is offered to the codec (``encode``), which may still decline it. Together, the one place that
+        decides how a message goes; what a run forwards as it came is the run's (``compressed_run``)."""
+        if nbytes < self.min_bytes:
+            self.counted("small", nbytes)
+            return True
+        if not self.worth(peer, nbytes):
+            self.counted("skipped", nbytes)
+            return True
+        return False
 
     def worth(self, peer: int, nbytes: int) -> bool:
         """Whether to encode ``nbytes`` for global rank ``peer``: always, unless ``link_rate`` was given; then

@@ -129,8 +129,7 @@ class Coded:
         codecs, fwd, op = self._codecs, self._fwd, self._op
         buf, off, cnt = m.buf, m.offset, m.count
         view = self._buffers[buf][off:off + cnt]
-        if view.nbytes < codecs.min_bytes or not codecs.worth(m.to, view.nbytes):
-            codecs.counted("small" if view.nbytes < codecs.min_bytes else "skipped", view.nbytes)
+        if codecs.sends_raw(m.to, view.nbytes):
             if fwd is not None and buf != "in":
                 fwd.record(buf, off, off + cnt, None)  # a peer now holds these exact values
             return RAW, 0, as_bytes(view)
