@@ -21,7 +21,9 @@ def _factory(store: dict[Any, World] | None, opened: list[World]) -> WorldFactor
     def make(size: int, config: Mapping[str, Any] | None = None, **kw: Any) -> World:
         key = (size, tuple(sorted((config or {}).items())), tuple(sorted(kw.items())))
         if store is not None and key in store:
-            return store[key]
+            if not store[key].broken:
+                return store[key]
+            store.pop(key).close()  # a rank of it died or hung in an earlier test: later ones get a new world
         world = World(size, config, **kw)
         opened.append(world)
         if store is not None:
@@ -32,9 +34,9 @@ def _factory(store: dict[Any, World] | None, opened: list[World]) -> WorldFactor
 
 @pytest.fixture
 def erdma_world() -> Iterator[WorldFactory]:
-    """A factory ``erdma_world(size, config=None, *, init_method=None, timeout=120)`` (``timeout`` bounds each
-    call; set-up gets at least ``world.INIT_TIMEOUT``); worlds close after the test. Use it for tests that
-    break their world (kill a rank, abort)."""
+    """A factory ``erdma_world(size, config=None, *, init_method=None, timeout=None)`` (``timeout`` bounds each
+    call: None, 120 s or ``PYTEST_ERDMA_TIMEOUT``; set-up gets at least ``world.INIT_TIMEOUT``); worlds close
+    after the test. Use it for tests that break their world (kill a rank, abort)."""
     opened: list[World] = []
     yield _factory(None, opened)
     for w in opened:
@@ -44,7 +46,8 @@ def erdma_world() -> Iterator[WorldFactory]:
 @pytest.fixture(scope="session")
 def erdma_shared_world() -> Iterator[WorldFactory]:
     """Like ``erdma_world`` but worlds are kept for the session and reused for equal arguments. Only for
-    tests that leave their world healthy."""
+    tests that leave their world healthy; one whose rank died or did not answer is replaced for the next test
+    (its failure stays its own test's, not every later one's)."""
     opened: list[World] = []
     yield _factory({}, opened)
     for w in opened:

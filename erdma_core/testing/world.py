@@ -24,6 +24,9 @@ from typing import Any
 # The least time a world's set-up may take to answer, whatever a test's ``timeout`` for its calls: a short
 # ``timeout`` is about the calls under test, and set-up on a busy host or in an emulated guest takes longer.
 INIT_TIMEOUT = 120.0
+# A call's bound where the test gives none: 120 s, or ``PYTEST_ERDMA_TIMEOUT`` seconds (an emulated guest on a
+# busy host runs a case list of many collectives for minutes: erdma-verbs' tests/guest/collectives.sh)
+CALL_TIMEOUT = float(os.environ.get("PYTEST_ERDMA_TIMEOUT", "120"))
 
 
 class RankFailure(AssertionError):
@@ -69,9 +72,10 @@ def _worker(rank: int, size: int, url: str, config: Mapping[str, Any] | None, co
 
 class World:
     def __init__(self, size: int, config: Mapping[str, Any] | None = None, *, init_method: str | None = None,
-                 timeout: float = 120.0) -> None:
+                 timeout: float | None = None) -> None:
         self.size = size
-        self.timeout = timeout
+        self.timeout = timeout = timeout if timeout is not None else CALL_TIMEOUT
+        self.broken = False  # a rank died or did not answer: its pipe may yet bring a stale answer
         self._tmp = tempfile.mkdtemp(prefix="erdma-world-")
         url = init_method or f"file://{self._tmp}/store"
         ctx = mp.get_context("fork")
@@ -111,6 +115,7 @@ class World:
         for rank, conn in enumerate(self.conns):
             try:
                 if not conn.poll(timeout):
+                    self.broken = True
                     errors[rank] = f"no answer within {timeout}s (its threads' stacks: stderr)"
                     if self.procs[rank].is_alive():
                         os.kill(self.procs[rank].pid, signal.SIGUSR1)
@@ -118,6 +123,7 @@ class World:
                     continue
                 status, value, tb = conn.recv()
             except (EOFError, OSError):
+                self.broken = True
                 self.procs[rank].join(5)
                 errors[rank] = f"rank {rank} died (exit code {self.procs[rank].exitcode})"
                 continue
@@ -140,7 +146,7 @@ class World:
             except OSError:
                 pass
         for proc in self.procs:
-            proc.join(10)
+            proc.join(0.5 if self.broken else 10)  # (a broken world's ranks may wait on a hung one)
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
