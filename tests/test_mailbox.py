@@ -111,6 +111,22 @@ def test_abort_fails_pending_and_later_receives():
         box.post_recv(1, hdr(tag=9), memoryview(bytearray(4))).wait(1)
 
 
+def test_a_peers_abort_fails_the_receives_and_counts_it_among_those_tearing_down():
+    """An ABORT frame from rank 2 (through its inbox, as every transport delivers it): receives fail with its
+    reason, and rank 2 is in ``aborting`` (a closing transport does not wait for its acknowledgements)."""
+    from erdma_core.errors import PeerLostError
+    from erdma_core.transport.frames import FrameInbox
+    from erdma_core.wire import ABORT, abort_body, control
+
+    box = Mailbox(0, JOB)
+    req = box.post_recv(1, hdr(), memoryview(bytearray(4)))
+    body = abort_body(PeerLostError("rank 2: rank 1 is gone", peer=1, rank=2))
+    FrameInbox(0, 2, box).whole(control(ABORT, JOB, nbytes=len(body)), memoryview(body))
+    with pytest.raises(PeerLostError, match="rank 0: rank 2 aborted the job: rank 2: rank 1 is gone") as got:
+        req.wait(1)
+    assert got.value.peer == 1 and box.aborting == {2}
+
+
 @pytest.mark.parametrize("data", [b"", b"ERDF", b"XXXX" + bytes(FRAME.size - 4), b"ERDF\x09" + bytes(FRAME.size - 5)])
 def test_bad_frame_headers_raise_protocol_error(data):
     with pytest.raises(ProtocolError):

@@ -78,7 +78,7 @@ class FrameInbox:
             self.completed += 1
             self._maybe_gone()
         elif h.kind == ABORT:
-            self.mailbox.abort(abort_error(self.rank, self.peer, bytes(body)))
+            self.mailbox.aborted_by(self.peer, abort_error(self.rank, self.peer, bytes(body)))
         elif h.kind == BYE:
             self.bye_after = h.seq
             self._maybe_gone()

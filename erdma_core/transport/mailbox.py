@@ -135,6 +135,7 @@ class Mailbox:
         self._spares = Spares()  # memory of delivered early frames, for the next ones
         self._heard: dict[tuple[int, int], int] = {}  # (peer, group) -> latest sequence a frame came for
         self.aborted: BaseException | None = None
+        self.aborting: set[int] = set()  # peers whose ABORT came: they tear down too (nothing waits on them)
         self.rejected = 0
 
     def heard(self, peer: int, group: int, seq: int) -> bool:
@@ -410,6 +411,13 @@ class Mailbox:
             lent = self._take_lent(peer)
         for req in [p.req for p in posted] + inflight + [w.req for w in waiters] + lent:
             req.complete(error)
+
+    def aborted_by(self, peer: int, error: BaseException) -> None:
+        """``peer``'s ABORT came (``error`` says why): ``abort`` with it, and count ``peer`` among those tearing
+        down (``aborting``), whose acknowledgements a closing transport need not wait for."""
+        with self._lock:
+            self.aborting.add(peer)
+        self.abort(error)
 
     def abort(self, error: BaseException) -> None:
         """Fail every posted receive and every later one with ``error`` (first cause wins)."""

@@ -457,6 +457,15 @@ class QuicTransport(MessageTransport):
         return {"parts_out": list(self.lanes.parts_out), "parts_in": list(self.lanes.parts_in)}
 
     # ---- shutdown -------------------------------------------------------------------------------------
+    def _not_waited_for(self) -> frozenset[int]:
+        """Peers whose acknowledgements a close does not wait for: the one the abort says was lost, and those
+        whose own ABORT came (they are closing too: what they did not acknowledge yet, they may never)."""
+        mailbox = self.mailbox
+        if mailbox is None:
+            return frozenset()
+        gone = getattr(mailbox.aborted, "peer", None)
+        return frozenset(mailbox.aborting) | (frozenset({gone}) if isinstance(gone, int) else frozenset())
+
     def shutdown(self) -> None:
         endpoint, mesh = self.endpoint, self.mesh
         if endpoint is None or mesh is None:
@@ -464,12 +473,10 @@ class QuicTransport(MessageTransport):
                 self.lanes.stop()
             return
         linger = self.linger if self.settling else _ABORTED_WAIT  # what was sent is acknowledged before closing
-        gone = getattr(self.mailbox.aborted, "peer", None) if self.mailbox is not None else None
-        lost = frozenset({gone}) if isinstance(gone, int) else frozenset()  # (the rank the abort says was lost)
         end = time.monotonic() + linger
         while time.monotonic() < end:
             try:
-                if endpoint.run_sync(mesh.flushed, lost, timeout=1.0):
+                if endpoint.run_sync(mesh.flushed, self._not_waited_for(), timeout=1.0):
                     break
             except Exception:  # the loop is gone
                 break
