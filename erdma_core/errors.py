@@ -77,7 +77,13 @@ class ProtocolError(ErdmaError):
 
 
 class AbortedError(CollectiveError):
-    """The process group was aborted by an earlier failure; the message carries the first cause."""
+    """The process group was aborted by an earlier failure; the message carries the first cause. ``gone``: ranks
+    the aborting caller said are gone (``ProcessGroup.abort(gone=...)``), which nothing waits on as it closes."""
+
+    def __init__(self, message: str, *, gone: tuple[int, ...] = (), rank: int | None = None,
+                 op: str | None = None) -> None:
+        super().__init__(message, rank=rank, op=op)
+        self.gone = tuple(gone)
 
 
 class AuthenticationError(ErdmaError):

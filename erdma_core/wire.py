@@ -85,7 +85,10 @@ def codec_id(name: str) -> int:
 def abort_body(error: BaseException) -> bytes:
     """The payload of an ABORT frame telling peers why this rank gave up."""
     code = next((c for cls, c in ABORT_CODES.items() if isinstance(error, cls)), 0)
-    return ABORT_BODY.pack(code, getattr(error, "peer", -1)) + str(error).encode()[:MAX_CONTROL_BYTES - ABORT_BODY.size]
+    named = getattr(error, "peer", None)
+    if named is None:  # an abort by the caller: the first rank it said is gone (the peers' closes skip it too)
+        named = next(iter(getattr(error, "gone", ())), -1)
+    return ABORT_BODY.pack(code, named) + str(error).encode()[:MAX_CONTROL_BYTES - ABORT_BODY.size]
 
 
 def abort_error(rank: int, peer: int, body: bytes) -> CollectiveError:
@@ -98,6 +101,8 @@ def abort_error(rank: int, peer: int, body: bytes) -> CollectiveError:
         return PeerLostError(msg, peer=lost, rank=rank)
     if code == 4:
         return IntegrityError(msg, peer=lost, rank=rank)
+    if code == 0 and lost >= 0:
+        return AbortedError(msg, gone=(lost,), rank=rank)
     cls = {1: MismatchError, 3: CollectiveTimeoutError}.get(code, AbortedError)
     return cls(msg, rank=rank)
 

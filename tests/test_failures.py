@@ -198,15 +198,15 @@ def test_abort_fails_the_peers_op_at_once_and_releases_the_group(erdma_world):
 
 
 def abort_naming_rank_2(pg):
-    """Rank 0 aborts naming rank 2 gone (a bad rank first) while ranks 1 and 2 wait in an allreduce."""
+    """Rank 0 aborts saying rank 2 is gone (a bad rank first) while ranks 1 and 2 wait in an allreduce."""
     if pg.rank() == 0:
         time.sleep(0.5)  # the others are waiting by now
         try:
-            pg.abort(lost=3)
+            pg.abort(gone=[3])
             bad = None
         except ValueError as exc:
             bad = str(exc)
-        pg.abort(lost=2, why="its heartbeats stopped")
+        pg.abort(gone=[2], why="its heartbeats stopped")
         return bad, pg.failure()
     try:
         pg.allreduce(np.ones(4, np.float32))
@@ -215,14 +215,15 @@ def abort_naming_rank_2(pg):
         return exc
 
 
-def test_an_abort_naming_a_lost_rank_fails_the_others_with_peer_lost_naming_it(erdma_world):
-    """``abort(lost=r)``: the aborting rank's failure and the word its peers get name rank ``r`` as lost (a
-    ``PeerLostError``); the word does not go to ``r`` itself, which finds the connection to rank 0 gone."""
+def test_an_abort_saying_a_rank_is_gone_names_it_and_sends_it_no_word(erdma_world):
+    """``abort(gone=[r])``: still an abort (``AbortedError``, nothing counted out), naming rank ``r`` in
+    ``gone`` on the aborting rank and in the word its peers get; the word does not go to ``r`` itself, which
+    finds the connection to rank 0 gone."""
     (bad, failure), told, cut = erdma_world(3, SLOW_TIMEOUT, timeout=30).run(abort_naming_rank_2)
-    assert bad == "abort(lost=3): not a rank of group 0 (0..2)", bad
-    assert isinstance(failure, PeerLostError) and failure.peer == 2, failure
+    assert bad == "abort(gone=[3]): 3 is not a rank of group 0 (0..2)", bad
+    assert type(failure) is AbortedError and failure.gone == (2,), failure
     assert str(failure) == "rank 0: group 0 was aborted by the caller: rank 2 is gone (its heartbeats stopped)"
-    assert isinstance(told, PeerLostError) and told.peer == 2 and told.op == "allreduce", told
+    assert type(told) is AbortedError and told.gone == (2,) and told.op == "allreduce", told
     assert "rank 0 aborted the job: rank 0: group 0 was aborted by the caller: rank 2 is gone" in str(told), told
     assert isinstance(cut, PeerLostError) and cut.peer == 0 and cut.op == "allreduce", cut
 

@@ -113,7 +113,8 @@ def test_abort_fails_pending_and_later_receives():
 
 def test_a_peers_abort_fails_the_receives_and_counts_it_among_those_tearing_down():
     """An ABORT frame from rank 2 (through its inbox, as every transport delivers it): receives fail with its
-    reason, and rank 2 is in ``aborting`` (a closing transport does not wait for its acknowledgements)."""
+    reason, and rank 2 is in ``unwaited`` (a closing transport does not wait for its acknowledgements), as
+    is rank 1, the loss its word names."""
     from erdma_core.errors import PeerLostError
     from erdma_core.transport.frames import FrameInbox
     from erdma_core.wire import ABORT, abort_body, control
@@ -124,7 +125,7 @@ def test_a_peers_abort_fails_the_receives_and_counts_it_among_those_tearing_down
     FrameInbox(0, 2, box).whole(control(ABORT, JOB, nbytes=len(body)), memoryview(body))
     with pytest.raises(PeerLostError, match="rank 0: rank 2 aborted the job: rank 2: rank 1 is gone") as got:
         req.wait(1)
-    assert got.value.peer == 1 and box.aborting == {2}
+    assert got.value.peer == 1 and box.unwaited == {1, 2}  # (rank 1: the loss the word names)
 
 
 @pytest.mark.parametrize("data", [b"", b"ERDF", b"XXXX" + bytes(FRAME.size - 4), b"ERDF\x09" + bytes(FRAME.size - 5)])

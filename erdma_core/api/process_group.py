@@ -24,7 +24,7 @@ from ..engine.offload import OffloadCall
 from ..engine.program import chunk_bytes
 from ..engine.runner import Compiled, Runner
 from ..engine.runtime import Runtime
-from ..errors import AbortedError, CollectiveError, ErdmaError, PeerLostError, PluginError
+from ..errors import AbortedError, ErdmaError, PluginError
 from ..protocol import reduce_ops
 from ..protocol.reduce_ops import ReduceOp
 from .serial import Serial
@@ -444,29 +444,33 @@ class ProcessGroup:
         if self.group_id == 0:
             self.rt.close()
 
-    def abort(self, *, lost: int | None = None, why: str = "") -> None:
+    def abort(self, *, gone: Sequence[int] = (), why: str = "") -> None:
         """Tear the group down now, without waiting on peers (torch's ``abort()``; torchft reconfigures this
         way). Every op queued or running on the job's transport fails with ``AbortedError``, the peers are told
         (their ops fail naming this rank: AbortedError, or PeerLostError where the closed connection overtakes
         the word), and the threads and connections are released before this returns.
         As a failure does, it ends the job's transport: every group on it, subgroups included.
 
-        ``lost``: a rank of this group the caller knows is gone (an elastic member whose signs of life lapsed;
-        ``why`` says how it knows). The ops then fail with ``PeerLostError`` naming it, and neither the word to
-        the peers nor the close waits on it (a QUIC close otherwise waits up to 2 s for its acknowledgements)."""
+        ``gone``: ranks of this group the caller believes are gone (an elastic member whose signs of life
+        lapsed; ``why`` says how it knows). The error names them (``AbortedError.gone``, global ranks), no word
+        goes to them, and no close waits on their acknowledgements (a QUIC close otherwise waits up to 2 s for
+        them); the first of them rides in the word, so the peers' closes skip it too. Still an abort, not a
+        loss the transport saw: nothing here counts them out."""
         if self._ended is not None and self.rt.closed:
             return
-        if lost is not None and not 0 <= lost < self.size():
-            raise ValueError(f"abort(lost={lost!r}): not a rank of {self.label} (0..{self.size() - 1})")
+        bad = [r for r in gone if not 0 <= r < self.size()]
+        if bad:
+            raise ValueError(f"abort(gone={list(gone)!r}): {bad[0]!r} is not a rank of {self.label} "
+                             f"(0..{self.size() - 1})")
         self._ended = "aborted"
         rank = self.rt.rank
-        if lost is None:
-            error: CollectiveError = AbortedError(f"rank {rank}: {self.label} was aborted by the caller "
-                                                  "(ProcessGroup.abort())", rank=rank)
+        said = f"rank {rank}: {self.label} was aborted by the caller"
+        if gone:
+            said += f": {', '.join(f'rank {r}' for r in gone)} {'is' if len(gone) == 1 else 'are'} gone"
+            said += f" ({why})" if why else ""
         else:
-            error = PeerLostError(f"rank {rank}: {self.label} was aborted by the caller: rank {lost} is gone"
-                                  + (f" ({why})" if why else ""), peer=self.ranks[lost], rank=rank)
-        self.rt.abort(error)
+            said += " (ProcessGroup.abort())"
+        self.rt.abort(AbortedError(said, gone=tuple(self.ranks[r] for r in gone), rank=rank))
         self._release()
 
     def _release(self) -> None:

@@ -252,9 +252,9 @@ class ElasticGroup:
         if pg is None or record is None or liveness is None or not self._judges(record):
             return
         lapsed = [i for i, m in enumerate(record.members) if m.id in liveness.lapsed()]
-        if lapsed:  # (named: neither the word to the peers nor the close waits on the lapsed member)
-            pg.abort(lost=lapsed[0], why=f"no sign of member {record.members[lapsed[0]].name} for "
-                     f"{liveness.timeout:.1f} s")
+        if lapsed:  # (named: neither the word to the peers nor the close waits on them; the ballot judges)
+            names = ", ".join(record.members[i].name for i in lapsed)
+            pg.abort(gone=lapsed, why=f"no sign of {names} for {liveness.timeout:.1f} s")
 
     def _ahead(self) -> None:
         """The beat thread, after each round: when the epoch's group failed (a member lapsed, its transport

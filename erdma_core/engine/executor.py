@@ -186,6 +186,7 @@ def _grace(timeout: float) -> float:
 
 def _fields(exc: CollectiveError, op: Op) -> dict[str, Any]:
     fields: dict[str, Any] = {"rank": op.rank, "op": op.name}
-    if hasattr(exc, "peer"):
-        fields["peer"] = exc.peer
+    for name in ("peer", "gone"):  # (PeerLostError's and IntegrityError's; AbortedError's)
+        if hasattr(exc, name):
+            fields[name] = getattr(exc, name)
     return fields

@@ -304,8 +304,10 @@ class MessageTransport:
         self.fail_sends(self.mailbox.aborted or error)
         body = memoryview(abort_body(error))
         head = control(ABORT, self.job, nbytes=len(body))
-        lost = error.peer if isinstance(error, PeerLostError) else None  # an IntegrityError's peer is told too
-        self._to_all([p for p in self._sent if p != lost], lambda p: head, body, urgent=True, wait=wait)
+        skip = set(getattr(error, "gone", ()))  # ranks the caller's abort says are gone
+        if isinstance(error, PeerLostError):  # (an IntegrityError's peer is told too)
+            skip.add(error.peer)
+        self._to_all([p for p in self._sent if p not in skip], lambda p: head, body, urgent=True, wait=wait)
 
     def forget(self, peers: set[int]) -> None:
         """During ``open``: ``peers`` are not this transport's after all (``ctx.settle`` or ``ctx.taken`` gave

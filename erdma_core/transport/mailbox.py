@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import MismatchError, ProtocolError
+from ..errors import MismatchError, PeerLostError, ProtocolError
 from ..protocol import dtypes, ops, reduce_ops
 from ..protocol.limits import encoded_limit
 from ..wire import NO_ROOT, OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
@@ -135,7 +135,9 @@ class Mailbox:
         self._spares = Spares()  # memory of delivered early frames, for the next ones
         self._heard: dict[tuple[int, int], int] = {}  # (peer, group) -> latest sequence a frame came for
         self.aborted: BaseException | None = None
-        self.aborting: set[int] = set()  # peers whose ABORT came: they tear down too (nothing waits on them)
+        # peers a close after an abort does not wait on: those whose ABORT came (tearing down too), the one a loss
+        # named, those the caller's abort said are gone
+        self.unwaited: set[int] = set()
         self.rejected = 0
 
     def heard(self, peer: int, group: int, seq: int) -> bool:
@@ -414,14 +416,18 @@ class Mailbox:
 
     def aborted_by(self, peer: int, error: BaseException) -> None:
         """``peer``'s ABORT came (``error`` says why): ``abort`` with it, and count ``peer`` among those tearing
-        down (``aborting``), whose acknowledgements a closing transport need not wait for."""
+        down, whose acknowledgements a closing transport need not wait for (``unwaited``)."""
         with self._lock:
-            self.aborting.add(peer)
+            self.unwaited.add(peer)
         self.abort(error)
 
     def abort(self, error: BaseException) -> None:
-        """Fail every posted receive and every later one with ``error`` (first cause wins)."""
+        """Fail every posted receive and every later one with ``error`` (first cause wins). The ranks it names
+        gone (a lost peer, or those an abort by the caller names) join ``unwaited``, first cause or not."""
         with self._lock:
+            self.unwaited.update(getattr(error, "gone", ()))
+            if isinstance(error, PeerLostError):
+                self.unwaited.add(error.peer)
             if self.aborted is None:
                 self.aborted = error
             posted, self._posted = self._posted, {}

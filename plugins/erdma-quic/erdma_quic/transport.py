@@ -458,13 +458,10 @@ class QuicTransport(MessageTransport):
 
     # ---- shutdown -------------------------------------------------------------------------------------
     def _not_waited_for(self) -> frozenset[int]:
-        """Peers whose acknowledgements a close does not wait for: the one the abort says was lost, and those
-        whose own ABORT came (they are closing too: what they did not acknowledge yet, they may never)."""
-        mailbox = self.mailbox
-        if mailbox is None:
-            return frozenset()
-        gone = getattr(mailbox.aborted, "peer", None)
-        return frozenset(mailbox.aborting) | (frozenset({gone}) if isinstance(gone, int) else frozenset())
+        """Peers whose acknowledgements a close does not wait for (``Mailbox.unwaited``): a lost one, those an
+        abort by the caller said are gone, and those whose own ABORT came (they are closing too: what they did
+        not acknowledge yet, they may never)."""
+        return frozenset(self.mailbox.unwaited) if self.mailbox is not None else frozenset()
 
     def shutdown(self) -> None:
         endpoint, mesh = self.endpoint, self.mesh
