@@ -86,6 +86,15 @@ class AbortedError(CollectiveError):
         self.gone = tuple(gone)
 
 
+def gone_ranks(error: BaseException) -> set[int]:
+    """The ranks ``error`` says are gone: a ``PeerLostError``'s peer, an abort's ``gone`` (an IntegrityError's
+    peer is not: it is alive, and told)."""
+    ranks = set(getattr(error, "gone", ()))
+    if isinstance(error, PeerLostError):
+        ranks.add(error.peer)
+    return ranks
+
+
 class AuthenticationError(ErdmaError):
     """A peer or the store could not prove it knows the job's secret (``security.secret``), or this rank could
     not prove it to them: most often the ranks were started with different secrets."""

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..errors import AbortedError, PeerLostError
+from ..errors import AbortedError, PeerLostError, gone_ranks
 from ..protocol.store import Store
 from ..wire import ABORT, BYE, DATA, Header, abort_body, control
 from .frames import FrameInbox
@@ -304,9 +304,7 @@ class MessageTransport:
         self.fail_sends(self.mailbox.aborted or error)
         body = memoryview(abort_body(error))
         head = control(ABORT, self.job, nbytes=len(body))
-        skip = set(getattr(error, "gone", ()))  # ranks the caller's abort says are gone
-        if isinstance(error, PeerLostError):  # (an IntegrityError's peer is told too)
-            skip.add(error.peer)
+        skip = gone_ranks(error)
         self._to_all([p for p in self._sent if p not in skip], lambda p: head, body, urgent=True, wait=wait)
 
     def forget(self, peers: set[int]) -> None:

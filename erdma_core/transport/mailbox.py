@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import MismatchError, PeerLostError, ProtocolError
+from ..errors import MismatchError, ProtocolError, gone_ranks
 from ..protocol import dtypes, ops, reduce_ops
 from ..protocol.limits import encoded_limit
 from ..wire import NO_ROOT, OP_FIELDS, P2P_GROUP_BIT, RAW, SIZE_FIELDS, Header
@@ -425,9 +425,7 @@ class Mailbox:
         """Fail every posted receive and every later one with ``error`` (first cause wins). The ranks it names
         gone (a lost peer, or those an abort by the caller names) join ``unwaited``, first cause or not."""
         with self._lock:
-            self.unwaited.update(getattr(error, "gone", ()))
-            if isinstance(error, PeerLostError):
-                self.unwaited.add(error.peer)
+            self.unwaited |= gone_ranks(error)
             if self.aborted is None:
                 self.aborted = error
             posted, self._posted = self._posted, {}

@@ -32,10 +32,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from .. import engine as api
-from ..streams import ALPNS, HEAD_BYTES, close_reason
+from ..streams import HEAD_BYTES, close_reason
 from .connection import Acked, Closed, Config, Connection, Demux, Handshaken, Head, Message, Placed, Run, Ticket, Tickets
 
-ALPN = ALPNS["ngtcp2"]  # shim.c announces it
 PRIORITY_BASE = "NORMAL:-VERS-ALL:+VERS-TLS1.3:-CIPHER-ALL"
 GNUTLS_CIPHER = {
     CipherSuite.AES_128_GCM_SHA256: "+AES-128-GCM",
