@@ -57,10 +57,14 @@ def table(title: str, results: dict[str, list[dict[str, Any]]], ours: str = "erd
     return "\n".join(lines)
 
 
-def plot(path: Path, title: str, results: dict[str, list[dict[str, Any]]]) -> None:
+def plot(path: Path, title: str, results: dict[str, list[dict[str, Any]]]) -> bool:
     """Time per op against size (log-log: latency on the left, bandwidth on the right of the axis) and busbw
-    against size, one line per system."""
-    import matplotlib
+    against size, one line per system. False, drawing nothing, where matplotlib is not installed (``pip install
+    'erdma-core[bench]'``): the numbers are written all the same."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -82,3 +86,4 @@ def plot(path: Path, title: str, results: dict[str, list[dict[str, Any]]]) -> No
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return True

@@ -140,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                         md.append(report.table(title, cell["medians"], args.baseline))
                         md += [f"- {s} failed: {why}" for s, why in cell["failures"].items()]
                         png = out / "plots" / f"{name}-{cc}-{n}-{op}.png"
-                        report.plot(png, title, cell["medians"])
-                        md += ["", f"![{title}](plots/{png.name})", ""]
+                        drawn = report.plot(png, title, cell["medians"])
+                        md += ["", f"![{title}](plots/{png.name})" if drawn else
+                               "(no plot: matplotlib is not installed; pip install 'erdma-core[bench]')", ""]
                         print(md[-4] if not cell["failures"] else "\n".join(md[-5:]), flush=True)
     meta = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "argv": sys.argv, "commit": _commit()}

@@ -50,6 +50,7 @@ class AioquicConnection:
     """``engine.EngineConnection`` on aioquic; made with the interface's keywords (aioquic's own)."""
 
     places = False
+    holds = False  # aioquic copies what it sends into its stream's buffer
 
     def __init__(self, **kw: Any) -> None:
         self.quic = Quic(**kw)
@@ -148,6 +149,10 @@ class AioquicConnection:
 
     def skip_client_certificate(self) -> None:
         self.quic.tls._request_client_certificate = False
+
+    def rtt(self) -> float | None:
+        loss = self.quic._loss
+        return float(loss._rtt_smoothed) if loss._rtt_initialized else None
 
     def bandwidth(self) -> float | None:
         bw = getattr(self.quic._loss._cc, "bandwidth", None)

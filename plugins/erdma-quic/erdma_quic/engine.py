@@ -69,6 +69,7 @@ class EngineConnection(Protocol):
     ``session_ticket_fetcher``."""
 
     places: bool  # a long message's rest can go straight where ``place`` says
+    holds: bool  # ``send`` keeps the caller's ``body`` (not copied) until its handle leaves ``live()``
 
     # ---- datagrams and time
     def connect(self, addr: Any, now: float) -> None:
@@ -86,7 +87,8 @@ class EngineConnection(Protocol):
     # ---- messages
     def send(self, head: bytes, body: Any = b"") -> int:
         """Queue ``head`` then ``body`` as one message on a stream of its own; its handle (in ``live()``
-        until acknowledged). ``body`` may be reused by the caller once this returns."""
+        until acknowledged). Where ``holds``, the engine reads ``body`` where it is until then: the caller
+        leaves it unchanged; else it is copied and may be reused once this returns."""
 
     def ping(self) -> None:
         """Something the peer must acknowledge (a probe of a silent path)."""
@@ -131,6 +133,9 @@ class EngineConnection(Protocol):
 
     def skip_client_certificate(self) -> None:
         """Listener, from ``session_ticket_fetcher``: the dialler resumes a session proven before."""
+
+    def rtt(self) -> float | None:
+        """The smoothed round-trip time (seconds); None before the handshake measured one."""
 
     def bandwidth(self) -> float | None:
         """The bottleneck bandwidth (bytes/s) a model-based controller measured; None for cubic and reno."""

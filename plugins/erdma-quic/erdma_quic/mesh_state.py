@@ -70,12 +70,14 @@ Event = Joined | Refused | Lost | Back
 
 
 class Outgoing:
-    """One message waiting to be handed to QUIC: its streams, and the request that completes when it has."""
+    """One message waiting to be handed to QUIC: its streams, and the request that completes when it has
+    them (``done``), or when the peer acknowledged those sent from the caller's memory (``held`` of them
+    not yet)."""
 
-    __slots__ = ("done", "parts", "req")
+    __slots__ = ("done", "held", "parts", "req")
 
     def __init__(self, parts: list[tuple[bytes, Any]], req: Request) -> None:
-        self.parts, self.req, self.done = parts, req, 0
+        self.parts, self.req, self.done, self.held = parts, req, 0, 0
 
 
 def answered(datagrams: list[tuple[Any, Any]], addr: Any) -> list[tuple[Any, Any]]:
@@ -122,7 +124,8 @@ class Link:
         self.rank, self.addr, self.dialler, self.inbound, self.keep = rank, addr, dialler, inbound, keep
         self.session: Session | None = None  # the connection now carrying the link
         self.queue: deque[Outgoing] = deque()
-        self.unacked: dict[int, tuple[bytes, bytes]] = {}  # part number -> (prefix and header, payload)
+        self.unacked: dict[int, tuple[bytes, Any]] = {}  # part number -> (prefix and header, payload)
+        self.held: dict[int, Outgoing] = {}  # part number -> its message, sent from the caller's memory
         self.next_number = 1
         self.inflight = 0
         self.ticket: Ticket | None = None  # dialler: the listener's latest, for resumption (kept until spent)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from erdma_quic import credentials as cred
 from erdma_quic.mesh import MAX_PENDING, PER_SOURCE, RETRY_ABOVE, Joined, Lost, Mesh, Refused
+from erdma_quic.mesh_queues import HOLD_RTT
 from erdma_quic.ngtcp2.connection import loaded
 from erdma_quic.streams import Inbound, message_parts
 from erdma_quic.tls import Tls
@@ -122,9 +123,9 @@ class Net:
 A, B = ("10.9.0.1", 4000), ("10.9.0.2", 4000)
 
 
-def pair(**opts: Any) -> tuple[Net, Rank, Rank]:
+def pair(latency: float = 0.005, **opts: Any) -> tuple[Net, Rank, Rank]:
     r0, r1 = Rank(0, 2, A, **opts), Rank(1, 2, B, **opts)
-    net = Net(r0, r1)
+    net = Net(r0, r1, latency=latency)
     r1.mesh.dial(0, A, net.now)
     assert net.run(lambda: Joined(0) in r1.events and Joined(1) in r0.events, 5.0), (r0.events, r1.events)
     for r in (r0, r1):
@@ -138,8 +139,8 @@ def test_two_meshes_join_and_move_a_message_in_memory():
     out = np.zeros_like(payload)
     got = r0.recv(1, 1, out)
     sent = r1.send(0, 1, payload)
-    assert net.run(lambda: got.done(), 10.0)
-    assert sent.done() and got.error is None and np.array_equal(out, payload)
+    assert net.run(lambda: got.done() and sent.done(), 10.0)
+    assert sent.error is None and got.error is None and np.array_equal(out, payload)
     assert net.run(lambda: r1.mesh.flushed(), 5.0)  # every part acknowledged
     assert r0.mesh.link_stats() == {1: {"reconnects": 0, "resumed": 0, "early_data": 0, "resent_parts": 0,
                                         "path_changes": 0}}
@@ -201,6 +202,45 @@ def test_an_outage_longer_than_the_idle_timeout_reconnects_with_0rtt_and_each_pa
     got2 = r1.recv(0, 2, out2)
     r0.send(1, 2, second)
     assert net.run(lambda: got2.done(), 5.0) and np.array_equal(out2, second)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("latency", [0.0002, 0.005])
+def test_a_long_message_is_sent_from_the_callers_memory_and_its_request_waits_for_the_acknowledgement(engine,
+                                                                                                       latency):
+    """Over a short path (a round trip within ``HOLD_RTT``) the compiled engine reads a long part where the
+    caller keeps it (no copy): its request completes only once the peer acknowledged every part, so a caller
+    that reuses its buffer at once changes nothing that arrives. A short message, any message over a long path
+    (10 ms round trips) and any on aioquic (which copies) complete as soon as QUIC has them."""
+    net, r0, r1 = pair(latency, part_bytes=1 << 20, engine=engine)
+    payload = np.random.default_rng(3).integers(0, 256, 3 << 20, dtype=np.uint8)
+    sent_as = payload.copy()
+    out = np.zeros_like(payload)
+    got = r0.recv(1, 1, out)
+    sent = r1.send(0, 1, payload)
+    short = r1.send(0, 2, np.ones(1000, np.uint8))
+    assert net.run(lambda: short.done(), 0.001) and short.error is None  # QUIC took both, nothing came back
+    held = engine == "ngtcp2" and 2 * latency <= HOLD_RTT
+    assert sent.done() is not held
+    assert net.run(lambda: sent.done(), 10.0) and sent.error is None
+    if held:
+        assert got.done() and r1.mesh.flushed() and not r1.mesh.links[0].held  # every part acknowledged
+    payload[:] = 7  # the caller reuses its buffer
+    assert net.run(lambda: got.done(), 10.0) and got.error is None
+    assert np.array_equal(out, sent_as)
+
+
+@pytest.mark.skipif(loaded() is None, reason="the compiled engine is not built here (test_engine says why)")
+@pytest.mark.parametrize("reconnect", [3.0, 0.0])
+def test_a_long_message_not_acknowledged_when_the_peer_is_lost_fails_with_the_loss(reconnect):
+    """A request that waits for the peer's acknowledgement is failed with the loss, not left waiting."""
+    net, _, r1 = pair(0.0002, engine="ngtcp2", reconnect_timeout=reconnect)
+    net.dark = {A}  # rank 0 hears nothing more
+    sent = r1.send(0, 1, np.ones(1 << 20, np.uint8))
+    assert not sent.done()
+    assert net.run(lambda: sent.done(), 30.0)
+    assert isinstance(sent.error, PeerLostError) and sent.error.peer == 0
+    assert not r1.mesh.links[0].held
 
 
 @pytest.mark.parametrize("reconnect", [3.0, 0.0])

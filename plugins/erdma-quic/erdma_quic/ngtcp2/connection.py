@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import attrs
+import numpy as np
 
 from erdma_core.sdk import PluginError
 
@@ -384,7 +385,7 @@ class Connection:
     def send(self, message: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview = b"") -> int:
         """Queue ``message`` (followed by ``payload``, as one message) whole, not copied: keep both unchanged
         until ``Acked``. Returns its handle."""
-        head, body = self._ffi.from_buffer(message), self._ffi.from_buffer(payload)
+        head, body = self._ffi.from_buffer(message), self._ffi.from_buffer(_unviewed(payload))
         handle = self._lib.eq_send2(self._c, head, len(head), body, len(body))
         if handle < 0:
             raise ConnectionError("QUIC engine: the connection has ended; nothing more can be sent on it")
@@ -397,7 +398,7 @@ class Connection:
         and its ``Message`` (the rest) follows."""
         if self._c is None:
             return False
-        buf = self._ffi.from_buffer("uint8_t[]", target, require_writable=True)
+        buf = self._ffi.from_buffer("uint8_t[]", _unviewed(target), require_writable=True)
         if self._lib.eq_place(self._c, head.stream, head.seq, buf, len(buf)) != 0:
             return False
         self._placing[head.stream] = (buf, target)
@@ -531,3 +532,10 @@ def _ns(now: float) -> int:
     # rounded, not truncated: a time that get_timer gave (ns / NS) comes back as the same ns, so the timer it
     # names is due at it (truncating could land 1 ns early, and the timer would never be due)
     return round(now * NS)
+
+
+def _unviewed(buf: Any) -> Any:
+    """What cffi pins for the engine, never a memoryview: a memoryview that the collector clears while it
+    has a buffer exported (a pinned message in a dropped connection's cycle) loses its managed buffer, and
+    releasing that export then crashes CPython. A numpy view of the same memory holds no export."""
+    return np.frombuffer(buf, np.uint8) if isinstance(buf, memoryview) else buf

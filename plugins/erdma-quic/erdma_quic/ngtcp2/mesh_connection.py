@@ -4,9 +4,9 @@ addresses) is the same for both engines; only this adapter and aioquic's (``aioq
 
 What differs from aioquic, said where it shows:
 
-* A message leaves as one: ``send(head, body)`` hands both to the engine, which keeps them (not copied)
-  until the peer acknowledged them; the payload is copied once here unless it is already ``bytes`` (the
-  caller may reuse its buffer once ``send`` returns). A long message's head (``streams.HEAD_BYTES``) comes
+* A message leaves as one: ``send(head, body)`` hands both to the engine, which reads them where they are
+  (not copied) until the peer acknowledged them (``holds``: the mesh copies a short part, and keeps a long
+  one's request open until then). A long message's head (``streams.HEAD_BYTES``) comes
   as a ``Received`` of its own, and the rest goes where ``place`` says (the frame's buffer: the engine
   decrypts into packets and copies from there once), ending in ``Placed``; a message no ``place`` took (a
   HELLO, a duplicate) comes whole.
@@ -181,8 +181,7 @@ class EngineConnection:
     # ---- messages ----------------------------------------------------------------------------------------
     def send(self, head: bytes, body: Any = b"") -> int:
         assert self._engine is not None, "send before connect"
-        payload = body if isinstance(body, bytes) else bytes(body)  # the caller may reuse its buffer
-        self._engine.send(head, payload)
+        self._engine.send(head, body)
         handle, self._next = self._next, self._next + 1
         self._live.add(handle)
         return handle
@@ -196,6 +195,7 @@ class EngineConnection:
             self._next += 1
 
     places = True  # ``place`` puts a stream's rest where the mesh says
+    holds = True  # ``send`` reads the caller's memory until the peer acknowledged it (no copy)
 
     def place(self, stream: int, target: memoryview) -> None:
         head = self._headed.pop(stream, None)
@@ -251,6 +251,9 @@ class EngineConnection:
     def skip_client_certificate(self) -> None:
         """Never called: the mesh calls it from ``session_ticket_fetcher``, which this engine has no use for (a
         resumed session asks for no certificate; the ticket carries the one proven before)."""
+
+    def rtt(self) -> float | None:
+        return self._engine.rtt if self._engine is not None and self._engine.handshake_done else None
 
     def bandwidth(self) -> float | None:
         """The delivery rate ngtcp2's BBR measured (bytes/s); cubic and reno: None, as with aioquic."""
