@@ -36,6 +36,7 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     # erdma-naca: allreduce through an aggregation node (``erdma naca serve``) that run_job starts in the root
     # namespace, on the lab's host port (the switch: its link is not rate-limited) or on loopback
     "erdma-naca": ("erdma", {"ERDMA_ALGORITHM": "naca"}),
+    "erdma-naca-auto": ("erdma", {}),  # the node named, allreduce left on auto: erdma-naca's auto_max_bytes decides
     "erdma-int8": ("erdma", {"ERDMA_COMPRESSION": "int8"}),  # erdma-gpucomp: gradients as absmax int8, EF
     "erdma-int8-pipelined": ("erdma", {"ERDMA_COMPRESSION": "int8", "ERDMA_COMPRESSION_PIPELINE": "true"}),
     "gloo": ("gloo", {}),
@@ -86,7 +87,7 @@ def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = No
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "erdma_core.cli.bench", "--backend", backend, *bench_args, *BENCH_ARGS.get(system, []),
                 "--json", str(out)]
-        node = _naca_node(Path(tmp), lab) if system == "erdma-naca" else None
+        node = _naca_node(Path(tmp), lab) if system.startswith("erdma-naca") else None
         system_env = system_env | (node[1] if node else {})
         if backend == "mpi":
             cmd, env = _mpirun(n, argv, lab, system_env.get("MPI_BTL", "tcp,self"))

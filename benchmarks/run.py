@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         for cc in ccs if SCENARIOS[name] is not None else [_host_cc()]:
             spec = scenario(name, cc)
             for n in ranks:
-                ctx = Lab(n, spec, host_port="mpi" in systems or "erdma-naca" in systems) if spec else contextlib.nullcontext()
+                host_port = "mpi" in systems or any(s.startswith("erdma-naca") for s in systems)
+                ctx = Lab(n, spec, host_port=host_port) if spec else contextlib.nullcontext()
                 with ctx as lab:
                     for op in ops:
                         title = f"{name} ({cc}), {n} ranks, {op}"

@@ -12,6 +12,7 @@ from erdma_core.sdk import ConfigError, Option
 from . import header as H
 
 SECTION = "algorithm.allreduce.naca"
+AUTO_MAX_BYTES, AUTO_MIN_RANKS = 16 << 10, 8  # where the lab measured the node path faster: README.md, "Measured"
 OPTIONS = {
     "nodes": Option(str, "", "aggregation nodes, host:port, comma-separated in failover order (the environment "
                     "variable ERDMA_NACA_NODES, when set, replaces it); empty: every naca collective runs the "
@@ -40,6 +41,13 @@ OPTIONS = {
     "reprobe_after": Option(int, 64, "collectives a group runs on the hosts (its nodes did not take it, or it "
                             "failed over to the hosts) before its ranks try the nodes again; twice as many after "
                             "each try that finds none, up to 64 times this", minimum=1, maximum=1 << 30),
+    "auto_max_bytes": Option(int, AUTO_MAX_BYTES, "with [collectives] allreduce = auto and nodes named: an "
+                             "allreduce of at most this many bytes (each rank's input), in a group of at least "
+                             "auto_min_ranks, goes through the nodes; the others take the core's choice (the "
+                             "plugin's README, \"Measured\", says where the node path wins and loses); 0: auto never "
+                             "picks naca", minimum=0, maximum=1 << 40),
+    "auto_min_ranks": Option(int, AUTO_MIN_RANKS, "with auto: the smallest group whose allreduces of at most "
+                             "auto_max_bytes go through the nodes", minimum=2, maximum=H.MAX_RANKS),
     "inject_loss": Option(float, 0.0, "drop this fraction of the datagrams this rank sends and receives "
                           "(testing)", minimum=0.0, maximum=0.5),
 }
@@ -76,12 +84,16 @@ def parse_nodes(text: str, where: str) -> tuple[tuple[str, ...], tuple[tuple[str
     return tuple(names), tuple(addrs)
 
 
-def settings(section: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+def named_nodes(section: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The nodes' text (host:port,...) and where it was read: ERDMA_NACA_NODES when set, else the option."""
     environ = os.environ if environ is None else environ
-    key = SECTION + ".nodes"
-    text, where = section["nodes"], key
     if environ.get("ERDMA_NACA_NODES"):  # (empty: unset, as for every ERDMA_ variable)
-        text, where = environ["ERDMA_NACA_NODES"], "ERDMA_NACA_NODES"
+        return environ["ERDMA_NACA_NODES"], "ERDMA_NACA_NODES"
+    return section["nodes"], SECTION + ".nodes"
+
+
+def settings(section: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+    text, where = named_nodes(section, environ)
     nodes, addrs = parse_nodes(text, f"{where}={text!r}")
     admission = b""
     if nodes:
