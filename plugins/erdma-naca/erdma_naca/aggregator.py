@@ -76,6 +76,7 @@ class Job:
     windows: dict[int, integrity.Window] = field(default_factory=dict)  # the counters taken from each rank
     seen: float = 0.0
     left: int = 0  # bitmap of ranks that sent LEAVE
+    joined: dict[int, int] = field(default_factory=dict)  # each rank's counter in its last fresh JOIN
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Stats:
     rejected_joins: int = 0
     challenges: int = 0
     replays: int = 0  # datagrams whose counter was taken already (or too old), and stale JOINs
+    given_up: int = 0  # jobs forgotten because a rank gave its collective up (LEAVE with GIVE_UP)
 
 
 def _same(a: H.Header, b: H.Header) -> bool:
@@ -144,6 +146,13 @@ class Aggregator:
             self.stats.replays += 1
             return []
         job.seen = now
+        if h.kind == H.LEAVE and h.flags & H.GIVE_UP:
+            # a rank fails over: the job goes, and its other ranks learn it at their next datagram; a GIVE_UP
+            # older than the rank's last JOIN (sent before the failover's JOINs, overtaken) ends nothing
+            if h.counter > job.joined.get(h.rank, h.counter):
+                del self.jobs[(h.job, h.group)]
+                self.stats.given_up += 1
+            return []
         if h.kind == H.LEAVE:
             job.left |= 1 << h.rank
             if job.left == (1 << job.size) - 1:
@@ -221,6 +230,7 @@ class Aggregator:
         job.seen = now
         job.addrs[h.rank] = addr
         job.windows[h.rank] = integrity.Window(H.WINDOW, h.counter)
+        job.joined[h.rank] = h.counter
         job.left &= ~(1 << h.rank)
         ok = H.Header(H.JOIN_OK, job=h.job, group=h.group, status=job.granted, rank=H.NO_RANK, size=job.size,
                       counter=h.counter)

@@ -8,7 +8,9 @@ All integers little-endian::
     op       B   ALLREDUCE 1, BROADCAST 2, REDUCE_SCATTER 3 (0 for JOIN, JOIN_OK, REJECT, LEAVE, CHALLENGE)
     dtype    B   erdma_core.protocol.dtypes code of the elements
     redop    B   erdma_core ReduceOp code (SUM for AVG: the ranks divide)
-    flags    B   NO_DATA 1 (a contribution without elements: broadcast's non-roots), RETRY 2 (a retransmission)
+    flags    B   NO_DATA 1 (a contribution without elements: broadcast's non-roots), RETRY 2 (a retransmission),
+                 GIVE_UP 4 (LEAVE: the rank gave the collective under way up and fails over: the node forgets
+                 the job, so that its other ranks, told "unknown job" at their next datagram, fail over too)
     job      Q   job id (the job's 64-bit id, agreed by its ranks)
     group    I   process-group id within the job
     status   I   REJECT/ERROR: a reason code (REASONS); JOIN: slots asked; JOIN_OK: slots granted; PENDING: 0
@@ -67,7 +69,7 @@ WINDOW = 256  # datagrams a rank's counter may lag the highest the node has take
 ALLREDUCE, BROADCAST, REDUCE_SCATTER = 1, 2, 3
 OPS = {"allreduce": ALLREDUCE, "broadcast": BROADCAST, "reduce_scatter": REDUCE_SCATTER}
 OP_NAMES = {v: k for k, v in OPS.items()}
-NO_DATA, RETRY = 1, 2
+NO_DATA, RETRY, GIVE_UP = 1, 2, 4
 
 # REJECT and ERROR reason codes
 BAD_ADMISSION, NO_SLOTS, JOB_KEY, BAD_JOIN, MISMATCH, UNKNOWN_JOB = range(1, 7)

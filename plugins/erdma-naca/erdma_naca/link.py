@@ -169,10 +169,12 @@ class Link:
                     text += " (the node says so; check that the ranks and the node use the same secret file)"
                 raise NodeRefused(h.status, f"{_addr(self.address)} refused the job: {text}")
 
-    def leave(self) -> None:
+    def leave(self, give_up: bool = False) -> None:
+        """Tell the node this rank is done with the job; ``give_up``: it gave the collective under way up (a
+        failover), and the node forgets the job so that the other ranks stop waiting there."""
         if self.node_key:
-            self._send(H.Header(H.LEAVE, job=self.job, group=self.group, rank=self.rank, size=self.size), b"",
-                       self.node_key)
+            self._send(H.Header(H.LEAVE, flags=H.GIVE_UP if give_up else 0, job=self.job, group=self.group,
+                                rank=self.rank, size=self.size), b"", self.node_key)
 
     # ---- one collective -------------------------------------------------------------------------------
     def transfer(self, head: H.Header, chunks: Sequence[Chunk], base: int, window: int,

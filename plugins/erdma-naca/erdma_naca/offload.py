@@ -192,6 +192,8 @@ class Naca:
         me = self.ctx.ranks[self.ctx.rank]
         log.warning("rank %d: %s (group %d, seq %d): %s; failing over", me, call.op, self.ctx.group, call.seq, what)
         failed = self.active if self.active is not None else -1
+        if failed >= 0:  # a node still alive (silent only to this rank) lets the ranks waiting there go too
+            self.links[failed].leave(give_up=True)
         n = len(self.s.nodes)
         order = [(failed + 1 + k) % n for k in range(n)]  # the failed node last: it may only have forgotten the job
         # every rank out of the collective before any JOINs again: a node that forgot the job takes a JOIN as

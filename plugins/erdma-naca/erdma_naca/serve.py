@@ -109,4 +109,5 @@ def serve(agg: Aggregator, host: str, port: int, loss: float = 0.0) -> None:
     s = agg.stats
     print(f"erdma naca: stopped; {s.datagrams} datagrams, {s.results} chunks aggregated, {s.duplicates} duplicates, "
           f"{s.unknown_job} for unknown jobs, {s.bad_tag} bad tags, {s.malformed} malformed, {s.replays} replays, "
-          f"{s.joins} joins, {s.challenges} challenges, {s.rejected_joins} refused", flush=True)
+          f"{s.joins} joins, {s.challenges} challenges, {s.rejected_joins} refused, {s.given_up} given up",
+          flush=True)

@@ -219,6 +219,32 @@ def test_a_job_forgotten_between_its_joins_ends_at_the_first_rank_it_lost() -> N
     assert agg.stats.unknown_job == 2
 
 
+def test_a_rank_that_gives_up_ends_the_job_so_the_ranks_waiting_at_the_node_fail_over_too() -> None:
+    """Rank 1 found the node silent and fails over: its LEAVE with GIVE_UP makes the node forget the job, and
+    rank 0, which waits there for rank 1's chunk, is told the job is unknown at its next probe instead of
+    PENDING. A GIVE_UP that arrives after the rank's next JOIN (overtaken on the way) ends nothing."""
+    agg = Aggregator(SECRET, slots=8, job_slots=8, idle_s=60.0)
+    job = _joined(agg)
+    x = np.arange(4, dtype=np.int64)
+    assert job.data(0, 0, x) == []  # held for rank 1
+    [(_, h, _)] = job.data(0, 0, x, flags=H.RETRY)
+    assert h.kind == H.PENDING
+    plain = job.datagram(1, H.Header(H.LEAVE, job=job.job), b"")
+    agg.handle(plain, ("rank", 1), 1.0)  # a LEAVE without GIVE_UP ends nothing while rank 0 has not left
+    assert agg.jobs
+    stale = job.datagram(1, H.Header(H.LEAVE, flags=H.GIVE_UP, job=job.job), b"")
+    agg.handle(job.datagram(1, H.Header(H.LEAVE, flags=H.GIVE_UP, job=job.job), b""), ("rank", 1), 1.0)
+    assert not agg.jobs and agg.stats.given_up == 1
+    [(to, h, _)] = job.data(0, 0, x, flags=H.RETRY)
+    assert to == ("rank", 0) and h.kind == H.REJECT and h.status == H.UNKNOWN_JOB
+    for r in range(2):
+        assert job.join(r).kind == H.JOIN_OK
+    agg.handle(stale, ("rank", 1), 2.0)  # sent before rank 1's JOIN: the job stays
+    assert agg.jobs and agg.stats.given_up == 1
+    assert job.data(0, 0, x) == []
+    assert {h.kind for _, h, _ in job.data(1, 0, x)} == {H.RESULT}
+
+
 @pytest.mark.parametrize("dtype, redop", [("float16", 1), ("bfloat16", 4), ("int8", 2), ("bool", 8),
                                           ("uint8", 7), ("float64", 3)])
 def test_every_dtype_reduces_like_the_core(dtype: str, redop: int) -> None:

@@ -152,3 +152,36 @@ def test_a_late_rank_is_waited_for_not_taken_for_a_dead_node(start_node: Any, se
         assert ok == [True] * 3
         assert c["naca.failovers"] == 0 and c["allreduce.naca.offloaded"] == 3, c
     assert " 0 bad tags" in node.stop()
+
+
+def deaf(pg: Any) -> tuple[list[bool], dict[str, Any]]:
+    """Three allreduces; during the second the last rank hears nothing from the node (its path in breaks)
+    while the node and the other ranks are fine."""
+    from erdma_naca import link
+
+    ok = []
+    hear = link.Link._recv
+    for i in range(3):
+        if pg.rank() == pg.size() - 1:
+            link.Link._recv = (lambda self, timeout: time.sleep(min(timeout, 0.05))) if i == 1 else hear
+        x = np.full(50_000, pg.rank() + i, np.int64)
+        pg.allreduce(x)
+        ok.append(bool((x == sum(range(pg.size())) + pg.size() * i).all()))
+    return ok, pg.counters()
+
+
+def test_a_rank_that_alone_finds_the_node_silent_takes_every_rank_into_the_failover(start_node: Any,
+                                                                                   secret_file: Path) -> None:
+    """The deaf rank gives the collective up after node_timeout and tells the node (LEAVE, GIVE_UP): the
+    node forgets the job, the ranks waiting there are told so at their next probe and fail over too, and
+    all of them finish on the hosts and come back to the node. Without the GIVE_UP the others would hear
+    PENDING until the collective timeout while the deaf rank waits for them in the failover."""
+    node = start_node()
+    cfg = naca_config([node], secret_file, node_timeout=0.5, join_timeout=0.3, reprobe_after=1) | {
+        "timeouts.collective": 30.0}
+    with World(3, config=cfg, timeout=60) as world:
+        results = world.run(deaf)
+    for ok, c in results:
+        assert ok == [True] * 3
+        assert c["naca.failovers"] == 1, c
+    assert " 1 given up" in node.stop()
