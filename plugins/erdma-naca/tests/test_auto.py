@@ -26,7 +26,8 @@ def job(pg: Any) -> dict[str, Any]:
 
 
 def config(node: Any, secret_file: Path | None, **extra: Any) -> dict[str, Any]:
-    cfg = {"algorithm.allreduce.naca.nodes": node.address, "timeouts.collective": 60.0}
+    cfg = {"algorithm.allreduce.naca.nodes": node.address, "algorithm.allreduce.naca.join_timeout": 10.0,
+           "timeouts.collective": 60.0}  # (a JOIN answered late on a busy machine must not make a group fall back)
     if secret_file is not None:
         cfg["algorithm.allreduce.naca.secret_file"] = str(secret_file)
     return cfg | {f"algorithm.allreduce.naca.{k}": v for k, v in extra.items()}

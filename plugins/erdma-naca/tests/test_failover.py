@@ -177,7 +177,7 @@ def test_a_rank_that_alone_finds_the_node_silent_takes_every_rank_into_the_failo
     all of them finish on the hosts and come back to the node. Without the GIVE_UP the others would hear
     PENDING until the collective timeout while the deaf rank waits for them in the failover."""
     node = start_node()
-    cfg = naca_config([node], secret_file, node_timeout=0.5, join_timeout=0.3, reprobe_after=1) | {
+    cfg = naca_config([node], secret_file, node_timeout=2.0, join_timeout=2.0, reprobe_after=1) | {
         "timeouts.collective": 30.0}
     with World(3, config=cfg, timeout=60) as world:
         results = world.run(deaf)

@@ -37,7 +37,7 @@ def fail(link: Link, error: BaseException) -> None:
     lost)."""
     while link.queue:
         link.queue.popleft().req.complete(error)
-    for item in {id(item): item for item in link.held.values()}.values():
+    for item in link.held.values():  # (a request completes once: parts of one message fail it once)
         item.req.complete(error)
     link.held.clear()
 
