@@ -221,8 +221,10 @@ def build_plugin_manager() -> Components:
     infos = [PluginInfo("builtin", "erdma-core", _version("erdma-core"), _hooks(builtin))]
     allow, deny = _env_list("ERDMA_PLUGINS"), _env_list("ERDMA_DISABLE_PLUGINS") or set()
 
+    owners = _owners()
+
     def failed(_manager: Any, ep: Any, exc: BaseException) -> None:
-        dist = _dist_of(ep)
+        dist = _dist_of(ep, owners)
         log.warning("erdma plugin %r (%s) failed to load, skipped: %s: %s", ep.name, dist, type(exc).__name__, exc)
         infos.append(PluginInfo(ep.name, dist, _version(dist), (), f"{type(exc).__name__}: {exc}"))
 
@@ -240,19 +242,19 @@ def build_plugin_manager() -> Components:
                                 on_load_failure_callback=failed)
     for ext in mgr.extensions:
         pm.register(ext.plugin, name=ext.name)
-        dist = _dist_of(ext.entry_point)
+        dist = _dist_of(ext.entry_point, owners)
         infos.append(PluginInfo(ext.name, dist, _version(dist), _hooks(ext.plugin)))
     pm.check_pending()
     if os.environ.get("ERDMA_TRACE_PLUGINS", "") not in ("", "0"):
         pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[erdma.plugins] {msg}"))
         pm.enable_tracing()
     comps = _collect(pm, infos)
-    comps.skipped = {n: _dist_of(eps[n]) for n in set(names) - set(wanted)}
+    comps.skipped = {n: _dist_of(eps[n], owners) for n in set(names) - set(wanted)}
     by_module = {ep.value: name for name, ep in eps.items()}
     for ep in _listed(COMPONENTS_GROUP):  # what each installed plugin says it provides
         plugin = by_module.get(ep.value)
         if plugin is not None:
-            comps.provided[ep.name] = (plugin, _dist_of(eps[plugin]))
+            comps.provided[ep.name] = (plugin, _dist_of(eps[plugin], owners))
     return comps
 
 
@@ -355,17 +357,27 @@ def _hooks(plugin: Any) -> tuple[str, ...]:
     return tuple(sorted(n for n in dir(plugin) if n.startswith("erdma_")))
 
 
-def _dist_of(ep: Any) -> str:
+def _dist_of(ep: Any, owners: dict[str, str]) -> str:
     """The distribution that declares entry point ``ep`` (stevedore's cached entry points lack ``dist``)."""
     name = getattr(getattr(ep, "dist", None), "name", None)
-    if name:
-        return str(name)
+    return str(name) if name else owners.get(ep.name, "?")
+
+
+def _owners() -> dict[str, str]:
+    """Each plugin entry point's name -> the distribution declaring it, in one pass over the installed
+    distributions: each pass reads every distribution's entry points, which costs seconds per pass on a slow
+    file system (a guest's 9p share), so set-up makes one, not one per plugin. Only the few distributions
+    that declare a plugin have their metadata parsed."""
     from importlib.metadata import distributions
 
+    owners: dict[str, str] = {}
     for d in distributions():
-        if any(e.group == ENTRY_POINT_GROUP and e.name == ep.name for e in d.entry_points):
-            return str(d.metadata["Name"])
-    return "?"
+        mine = [e.name for e in d.entry_points if e.group == ENTRY_POINT_GROUP]
+        if mine:
+            dist = str(d.metadata["Name"])
+            for name in mine:
+                owners.setdefault(name, dist)
+    return owners
 
 
 def _version(dist: str) -> str:

@@ -4,7 +4,9 @@ algorithm over a transport; prints the seconds the stages took on the slowest ra
 barrier, as the MPI program times them) and the whole run's seconds (process start to exit, as ``time``
 measured the report's programs), after checking every byte of the last stage.
 
-    python alltoall_stages.py TRANSPORT ALGORITHM STAGES [BYTES]
+    python alltoall_stages.py TRANSPORT ALGORITHM STAGES [BYTES] [KEY=VALUE ...]
+
+``KEY=VALUE``: config overrides for every rank (``transport.verbs.spin_us=20000``), printed with the result.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import numpy as np
 WORLD = 3
 
 
-def rank_main(rank: int, url: str, transport: str, algorithm: str, stages: int, nbytes: int, out: mp.Queue) -> None:
+def rank_main(rank: int, url: str, transport: str, algorithm: str, stages: int, nbytes: int, extra: dict[str, int | str],
+              out: mp.Queue) -> None:
     import erdma_core
 
-    pg = erdma_core.init({"transport.name": transport}, rank=rank, world_size=WORLD, init_method=url)
+    pg = erdma_core.init({"transport.name": transport, **extra}, rank=rank, world_size=WORLD, init_method=url)
     send = np.zeros((WORLD, nbytes), np.uint8)
     recv = np.zeros((WORLD, nbytes), np.uint8)
     pg.barrier()
@@ -40,12 +43,13 @@ def rank_main(rank: int, url: str, transport: str, algorithm: str, stages: int, 
 def main() -> int:
     transport, algorithm, stages = sys.argv[1], sys.argv[2], int(sys.argv[3])
     nbytes = int(sys.argv[4]) if len(sys.argv) > 4 else 4096
+    extra: dict[str, int | str] = {k: int(v) if v.isdigit() else v for k, v in (a.split("=", 1) for a in sys.argv[5:])}
     start = time.perf_counter()
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=rank_main, args=(r, f"file://{tmp}/store", transport, algorithm, stages, nbytes,
-                                                    out)) for r in range(WORLD)]
+                                                    extra, out)) for r in range(WORLD)]
         for p in procs:
             p.start()
         results = [out.get(timeout=3600) for _ in procs]
@@ -54,7 +58,7 @@ def main() -> int:
     ok = all(r[2] for r in results) and all(p.exitcode == 0 for p in procs)
     print(f"erdma transport={transport} algorithm={algorithm} stages={stages} bytes={nbytes} "
           f"seconds={max(r[1] for r in results):.4f} total={time.perf_counter() - start:.2f} "
-          f"{'ok' if ok else 'WRONG'}", flush=True)
+          f"{'ok' if ok else 'WRONG'}" + "".join(f" {k}={v}" for k, v in extra.items()), flush=True)
     return 0 if ok else 1
 
 

@@ -30,6 +30,7 @@ WC_SUCCESS = e.IBV_WC_SUCCESS
 WC_RECV = e.IBV_WC_RECV
 WC_RECV_WRITE = e.IBV_WC_RECV_RDMA_WITH_IMM
 _NO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+_WRITES = 256  # one-segment write requests a queue pair keeps for reuse
 _STATUS = {getattr(e, n): n[7:] for n in dir(e) if n.startswith("IBV_WC_") and n.endswith("_ERR")}
 
 
@@ -177,6 +178,7 @@ class QueuePair:
         self.inited = False
         self._recvs: dict[tuple[int, int, int, int, int], list[Any]] = {}
         self._sends: dict[tuple[int, int, int], Any] = {}
+        self._writes: dict[tuple[int, int, int], Any] = {}
 
     def address(self) -> Address:
         return Address(self.qpn, self.device.gid, self.psn)
@@ -235,9 +237,23 @@ class QueuePair:
     def write_imm(self, wr_id: int, segments: list[tuple[int, int, int]], remote_addr: int, rkey: int,
                   imm: int, signal: bool = True) -> None:
         """RDMA WRITE of ``segments`` ((address, length, lkey), gathered in order) to the peer's
-        ``remote_addr`` (``rkey``), consuming one of its receives, whose completion carries ``imm``."""
-        sges = [SGE(a, n, k) for a, n, k in segments]
-        wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=len(sges), sg=sges,
-                    send_flags=e.IBV_SEND_SIGNALED if signal else 0, imm_data=imm)
+        ``remote_addr`` (``rkey``), consuming one of its receives, whose completion carries ``imm``.
+
+        A one-segment request is made once per (address, length, key) and posted again: a transport copies
+        short messages into a few fixed send buffers, so the same few come back, and making pyverbs objects
+        (a logger lookup and a malloc each) is what a short write cost most in Python. At most ``_WRITES``
+        are kept (all dropped when that many are): the lengths of copied messages vary."""
+        if len(segments) == 1:
+            key = segments[0]
+            wr = self._writes.get(key)
+            if wr is None:
+                if len(self._writes) >= _WRITES:
+                    self._writes.clear()
+                wr = self._writes[key] = SendWR(opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[SGE(*key)])
+            wr.wr_id, wr.imm_data, wr.send_flags = wr_id, imm, e.IBV_SEND_SIGNALED if signal else 0
+        else:
+            sges = [SGE(a, n, k) for a, n, k in segments]
+            wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=len(sges), sg=sges,
+                        send_flags=e.IBV_SEND_SIGNALED if signal else 0, imm_data=imm)
         wr.set_wr_rdma(rkey, remote_addr)
         self.qp.post_send(wr)

@@ -68,6 +68,7 @@ class _Link:
         self.ring_view = memoryview(ring)
         self.bounce, self.bounce_mr, self.bounce_bytes = bounce, bounce_mr, bounce_bytes
         self.bounce_addr = bounce.ctypes.data
+        self.bounce_view = memoryview(bounce)
         self.free_bounce = list(range(slots))
         self.remote_addr = self.rkey = 0
         self.sent = 0  # writes posted into the peer's ring
@@ -218,9 +219,9 @@ class VerbsTransport(MessageTransport):
                 bounce = link.free_bounce.pop()
                 where = link.bounce_addr + bounce * link.bounce_bytes
                 at = bounce * link.bounce_bytes
-                link.bounce[at:at + HEAD] = np.frombuffer(out.head, np.uint8)
+                link.bounce_view[at:at + HEAD] = out.head
                 if out.payload.nbytes < self.zero_copy or not out.payload.nbytes:
-                    link.bounce[at + HEAD:at + total] = np.frombuffer(out.payload, np.uint8)
+                    link.bounce_view[at + HEAD:at + total] = out.payload
                     segments = [(where, total, link.bounce_mr.lkey)]
                     length = total
                 else:

@@ -1,6 +1,7 @@
 """The queue-pair layer on SoftRoCE: two RC queue pairs on one rxe device (rxe loops packets to its own
 address back through the full RoCEv2 path) exchange a SEND with immediate and an RDMA WRITE with immediate
-gathered from two segments, byte for byte; a bad transition is named; the completion channel wakes a sleeper."""
+gathered from two segments, byte for byte, and one-segment writes whose requests are made once and posted
+again; a bad transition is named; the completion channel wakes a sleeper."""
 
 from __future__ import annotations
 
@@ -64,6 +65,31 @@ def test_write_with_immediate_gathers_two_segments_into_the_peers_buffer(pair):
     (wc,) = poll(b, 1)
     assert wc.opcode == rc.WC_RECV_WRITE and wc.imm_data == 64 + data.nbytes
     assert np.array_equal(target[:64], head) and np.array_equal(target[64:], data)
+
+
+def test_one_segment_writes_made_once_carry_each_posts_length_target_and_immediate(pair, monkeypatch):
+    """One-segment write requests are made once per (address, length, key) and posted again: each post must
+    still carry its own target, immediate and id, also after the kept requests were dropped (4 kept here,
+    6 different segments)."""
+    a, qa, b, qb = pair
+    monkeypatch.setattr(rc, "_WRITES", 4)
+    data = np.random.default_rng(3).integers(0, 256, 8192, dtype=np.uint8)
+    target, small = np.zeros(30 * 2048, np.uint8), np.zeros(1, np.uint8)
+    mr_d, mr_t, mr_s = a.register(data), b.register(target), b.register(small)
+    want = np.zeros_like(target)
+    for batch in range(5):
+        qb.post_recv(1, small.ctypes.data, 1, mr_s.lkey, count=6)
+        sent = []
+        for i in range(batch * 6, batch * 6 + 6):
+            off, n = (i % 3) * 1000, (i % 2 + 1) * 700
+            qa.write_imm(100 + i, [(data.ctypes.data + off, n, mr_d.lkey)], target.ctypes.data + i * 2048,
+                         mr_t.rkey, i * 10 + n)
+            want[i * 2048:i * 2048 + n] = data[off:off + n]
+            sent.append(i)
+        assert [wc.wr_id for wc in poll(a, 6)] == [100 + i for i in sent]
+        assert [wc.imm_data for wc in poll(b, 6)] == [i * 10 + (i % 2 + 1) * 700 for i in sent]
+    assert len(qa._writes) <= 4
+    assert np.array_equal(target, want)
 
 
 def test_a_transition_that_fails_is_named(pair):
