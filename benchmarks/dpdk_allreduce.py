@@ -4,7 +4,10 @@ checked): the systems alternate ROUNDS times; the table gives each one's median 
 Gloo and TCP, and the CPU seconds all ranks spent per GB of the allreduce's buffer (every thread of every rank,
 during the timed iterations).
 
-    python -m benchmarks.dpdk_allreduce [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M]
+With ``--veth`` (root; 2 ranks), the same again between two network namespaces joined by one veth pair
+(``netlab.veth``, MTU 9000): erdma-dpdk's af_packet against the built-in TCP and Gloo over that kernel link.
+
+    python -m benchmarks.dpdk_allreduce [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M] [--veth]
 """
 
 from __future__ import annotations
@@ -14,12 +17,43 @@ import statistics
 import sys
 
 from benchmarks.launch import run_job
+from benchmarks.netlab.veth import VethPair
 
 SYSTEMS = ("erdma-dpdk", "erdma-tcp", "gloo")
+VETH_SYSTEMS = ("erdma-dpdk-af_packet", "erdma-tcp", "gloo")
 
 
 def human(size: int) -> str:
     return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+Rows = dict[tuple[str, int], list[dict]]
+
+
+def _rounds(systems: tuple[str, ...], n: int, args: argparse.Namespace, pair: VethPair | None = None) -> Rows:
+    rows: Rows = {}
+    for r in range(args.rounds):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for system in order:
+            bench = ["--op", "allreduce", "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", "2",
+                     "--small-warmup", "20"]
+            for row in run_job(system, n, bench, lab=pair, timeout=1800):
+                assert row["wrong"] == 0, (system, row)
+                rows.setdefault((system, row["size"]), []).append(row)
+    return rows
+
+
+def table(title: str, systems: tuple[str, ...], rows: Rows) -> None:
+    dpdk, tcp, gloo = systems
+    print(f"\n| allreduce, {title}, float32 | dpdk (ms) | tcp (ms) | gloo (ms) | dpdk/tcp time | gloo/dpdk "
+          "| CPU s/GB dpdk | tcp | gloo | dpdk/tcp CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for size in sorted({s for _, s in rows}):
+        t = {s: statistics.median(x["time_us"] for x in rows[(s, size)]) / 1e3 for s in (dpdk, tcp, gloo)}
+        c = {s: statistics.median(x["cpu_s_per_gb"] for x in rows[(s, size)]) for s in (dpdk, tcp, gloo)}
+        print(f"| {human(size)} | {t[dpdk]:.3f} | {t[tcp]:.3f} | {t[gloo]:.3f} | {t[dpdk] / t[tcp]:.2f} "
+              f"| {t[gloo] / t[dpdk]:.2f} | {c[dpdk]:.2f} | {c[tcp]:.2f} | {c[gloo]:.2f} | {c[dpdk] / c[tcp]:.2f} |",
+              flush=True)
 
 
 def main() -> int:
@@ -28,26 +62,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--veth", action="store_true", help="also over a veth pair between two namespaces (2 ranks)")
     args = ap.parse_args()
     for n in (int(x) for x in args.ranks.split(",")):
-        rows: dict[tuple[str, int], list[dict]] = {}
-        for r in range(args.rounds):
-            order = SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]
-            for system in order:
-                bench = ["--op", "allreduce", "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", "2",
-                         "--small-warmup", "20"]
-                for row in run_job(system, n, bench, timeout=1800):
-                    assert row["wrong"] == 0, (system, row)
-                    rows.setdefault((system, row["size"]), []).append(row)
-        print(f"\n| allreduce, {n} ranks, float32 | dpdk (ms) | tcp (ms) | gloo (ms) | gloo/dpdk | tcp/dpdk "
-              "| CPU s/GB dpdk | tcp | gloo |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for size in sorted({s for _, s in rows}):
-            t = {s: statistics.median(x["time_us"] for x in rows[(s, size)]) / 1e3 for s in SYSTEMS}
-            c = {s: statistics.median(x["cpu_s_per_gb"] for x in rows[(s, size)]) for s in SYSTEMS}
-            print(f"| {human(size)} | {t['erdma-dpdk']:.2f} | {t['erdma-tcp']:.2f} | {t['gloo']:.2f} "
-                  f"| {t['gloo'] / t['erdma-dpdk']:.2f} | {t['erdma-tcp'] / t['erdma-dpdk']:.2f} "
-                  f"| {c['erdma-dpdk']:.2f} | {c['erdma-tcp']:.2f} | {c['gloo']:.2f} |", flush=True)
+        table(f"{n} ranks, loopback (dpdk: memif)", SYSTEMS, _rounds(SYSTEMS, n, args))
+    if args.veth:
+        with VethPair() as pair:
+            table(f"2 ranks, a veth pair, MTU {pair.mtu} (dpdk: af_packet)", VETH_SYSTEMS,
+                  _rounds(VETH_SYSTEMS, 2, args, pair))
     return 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.netlab.topology import Lab
+from benchmarks.netlab.veth import VethPair
 from erdma_core.cli.launcher import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -32,6 +33,9 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma-quic-aioquic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET,
                                      "ERDMA_TRANSPORT_QUIC_ENGINE": "aioquic"}),  # the reference engine
     "erdma-dpdk": ("erdma", {"ERDMA_TRANSPORT": "dpdk"}),  # erdma-dpdk: memif between the ranks of one host
+    # erdma-dpdk's af_packet on each rank's eth0 (``netlab.veth.VethPair``; root)
+    "erdma-dpdk-af_packet": ("erdma", {"ERDMA_TRANSPORT": "dpdk", "ERDMA_TRANSPORT_DPDK_BACKEND": "af_packet",
+                                       "ERDMA_TRANSPORT_DPDK_INTERFACE": "eth0"}),
     "erdma-ring": ("erdma", {"ERDMA_ALGORITHM": "ring"}),  # allreduce always by the ring, whatever the size
     # erdma-naca: allreduce through an aggregation node (``erdma naca serve``) that run_job starts in the root
     # namespace, on the lab's host port (the switch: its link is not rate-limited) or on loopback
@@ -77,12 +81,14 @@ def _mpirun(n: int, argv: Sequence[str], lab: Lab | None, btl: str = "tcp,self")
     return cmd, _env({"NETLAB_HOSTS": " ".join(f"{lab.addr(i)}={lab.ranks[i]}" for i in range(n))})
 
 
-def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | None = None,
+def run_job(system: str, n: int, bench_args: Sequence[str], lab: Lab | VethPair | None = None,
             timeout: float = 900.0, erdma_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run the job; raise JobFailed naming the system, the rank and the cause on any failure or timeout."""
     if system not in SYSTEMS:
         raise ValueError(f"system {system!r}: valid choices are {', '.join(SYSTEMS)}")
     backend, system_env = SYSTEMS[system]
+    if isinstance(lab, VethPair) and (backend == "mpi" or system.startswith("erdma-naca")):
+        raise ValueError(f"system {system!r} does not run on a VethPair (it needs the lab's hosts or host port)")
     with tempfile.TemporaryDirectory(prefix="erdma-bench-") as tmp:
         out = Path(tmp) / "rows.json"
         argv = [sys.executable, "-m", "erdma_core.cli.bench", "--backend", backend, *bench_args, *BENCH_ARGS.get(system, []),

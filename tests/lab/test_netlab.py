@@ -1,5 +1,6 @@
 """The lab itself: a 2-namespace link is built with a given RTT, loss, reordering and rate; probes measure
-them; everything is removed afterwards (also when the lab's process is interrupted)."""
+them; everything is removed afterwards (also when the lab's process is interrupted). A plain veth pair
+between two namespaces carries jumbo frames and is removed too."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 from benchmarks.netlab.topology import Lab, LinkSpec  # noqa: E402
+from benchmarks.netlab.veth import VethPair  # noqa: E402
 
 PROBE = [sys.executable, "-m", "benchmarks.netlab.probe"]
 
@@ -92,3 +94,16 @@ def test_interrupted_lab_removes_its_namespaces():
     while made & namespaces() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not made & namespaces()
+
+
+def test_a_veth_pair_joins_two_namespaces_with_jumbo_frames_and_is_removed():
+    with VethPair(mtu=9000) as pair:
+        assert set(pair.ranks) <= namespaces()
+        # 8972 bytes of ICMP payload + 28 of headers = 9000, not fragmented: the link's MTU is what was asked
+        r = subprocess.run(pair.command(0, ["ping", "-c", "1", "-W", "10", "-M", "do", "-s", "8972", pair.addr(1)]),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = subprocess.run(pair.command(0, ["ping", "-c", "1", "-W", "10", "-M", "do", "-s", "8973", pair.addr(1)]),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "message too long" in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+    assert not set(pair.ranks) & namespaces()
