@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,9 +200,12 @@ def test_abort_fails_the_peers_op_at_once_and_releases_the_group(erdma_world):
 
 
 def abort_naming_rank_2(pg):
-    """Rank 0 aborts saying rank 2 is gone (a bad rank first) while ranks 1 and 2 wait in an allreduce."""
+    """Rank 0 aborts saying rank 2 is gone (a bad rank first) while rank 1 waits in an allreduce; rank 2 calls
+    it once rank 1 has its word. (Were rank 2 waiting too, it would see rank 0 close, abort the job itself and
+    tell rank 1, and on a lossy link, where rank 0's word may need sending again, that word could come first.)"""
+    told = Path(tempfile.gettempdir()) / f"erdma-told-{os.getppid()}"  # the ranks' parent: the test's world
     if pg.rank() == 0:
-        time.sleep(0.5)  # the others are waiting by now
+        time.sleep(0.5)  # rank 1 is waiting by now
         try:
             pg.abort(gone=[3])
             bad = None
@@ -208,17 +213,25 @@ def abort_naming_rank_2(pg):
             bad = str(exc)
         pg.abort(gone=[2], why="its heartbeats stopped")
         return bad, pg.failure()
+    if pg.rank() == 2:
+        deadline = time.monotonic() + 20
+        while not told.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        told.unlink(missing_ok=True)
     try:
         pg.allreduce(np.ones(4, np.float32))
         return None
     except ErdmaError as exc:
         return exc
+    finally:
+        if pg.rank() == 1:
+            told.touch()
 
 
 def test_an_abort_saying_a_rank_is_gone_names_it_and_sends_it_no_word(erdma_world):
     """``abort(gone=[r])``: still an abort (``AbortedError``, nothing counted out), naming rank ``r`` in
     ``gone`` on the aborting rank and in the word its peers get; the word does not go to ``r`` itself, which
-    finds the connection to rank 0 gone."""
+    finds the connection to rank 0 gone when it calls the collective."""
     (bad, failure), told, cut = erdma_world(3, SLOW_TIMEOUT, timeout=30).run(abort_naming_rank_2)
     assert bad == "abort(gone=[3]): 3 is not a rank of group 0 (0..2)", bad
     assert type(failure) is AbortedError and failure.gone == (2,), failure
