@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sys
-import tempfile
 import time
 
 import numpy as np
+from ranks import overrides, run_ranks
 
 WORLD = 3
 
@@ -43,19 +43,10 @@ def rank_main(rank: int, url: str, transport: str, algorithm: str, stages: int, 
 def main() -> int:
     transport, algorithm, stages = sys.argv[1], sys.argv[2], int(sys.argv[3])
     nbytes = int(sys.argv[4]) if len(sys.argv) > 4 else 4096
-    extra: dict[str, int | str] = {k: int(v) if v.isdigit() else v for k, v in (a.split("=", 1) for a in sys.argv[5:])}
+    extra = overrides(sys.argv[5:])
     start = time.perf_counter()
-    ctx = mp.get_context("fork")
-    out: mp.Queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=rank_main, args=(r, f"file://{tmp}/store", transport, algorithm, stages, nbytes,
-                                                    extra, out)) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        results = [out.get(timeout=3600) for _ in procs]
-        for p in procs:
-            p.join(60)
-    ok = all(r[2] for r in results) and all(p.exitcode == 0 for p in procs)
+    results, exited = run_ranks(WORLD, rank_main, transport, algorithm, stages, nbytes, extra)
+    ok = all(r[2] for r in results) and exited
     print(f"erdma transport={transport} algorithm={algorithm} stages={stages} bytes={nbytes} "
           f"seconds={max(r[1] for r in results):.4f} total={time.perf_counter() - start:.2f} "
           f"{'ok' if ok else 'WRONG'}" + "".join(f" {k}={v}" for k, v in extra.items()), flush=True)

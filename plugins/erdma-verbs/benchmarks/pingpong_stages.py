@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sys
-import tempfile
 import time
 
 import numpy as np
+from ranks import overrides, run_ranks
 
 
 def rank_main(rank: int, url: str, transport: str, n: int, nbytes: int, extra: dict[str, int | str],
@@ -40,17 +40,8 @@ def rank_main(rank: int, url: str, transport: str, n: int, nbytes: int, extra: d
 def main() -> int:
     transport, n = sys.argv[1], int(sys.argv[2])
     nbytes = int(sys.argv[3]) if len(sys.argv) > 3 else 4096
-    extra: dict[str, int | str] = {k: int(v) if v.isdigit() else v for k, v in (a.split("=", 1) for a in sys.argv[4:])}
-    ctx = mp.get_context("fork")
-    out: mp.Queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=rank_main, args=(r, f"file://{tmp}/store", transport, n, nbytes, extra, out))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        took = dict(out.get(timeout=1800) for _ in procs)
-        for p in procs:
-            p.join(60)
+    extra = overrides(sys.argv[4:])
+    took = dict(run_ranks(2, rank_main, transport, n, nbytes, extra, timeout=1800)[0])
     how = "".join(f",{k}={v}" for k, v in extra.items())
     print(f"pingpong system=erdma-{transport}{how} bytes={nbytes} usec={took[0] / n * 1e6:.1f}", flush=True)
     return 0

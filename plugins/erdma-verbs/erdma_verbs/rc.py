@@ -30,7 +30,7 @@ WC_SUCCESS = e.IBV_WC_SUCCESS
 WC_RECV = e.IBV_WC_RECV
 WC_RECV_WRITE = e.IBV_WC_RECV_RDMA_WITH_IMM
 _NO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-_WRITES = 256  # one-segment write requests a queue pair keeps for reuse
+_WRITES = 256  # one-segment requests a queue pair keeps for reuse, of each kind (``QueuePair._reused``)
 _STATUS = {getattr(e, n): n[7:] for n in dir(e) if n.startswith("IBV_WC_") and n.endswith("_ERR")}
 
 
@@ -227,33 +227,35 @@ class QueuePair:
     def send_imm(self, wr_id: int, imm: int, address: int, length: int, lkey: int, signal: bool = True) -> None:
         """SEND ``length`` bytes (at least one: pyverbs wants a segment) with the immediate ``imm``; without
         ``signal`` it makes no completion unless it fails."""
-        key = (address, length, lkey)
-        wr = self._sends.get(key)
-        if wr is None:
-            wr = self._sends[key] = SendWR(opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[SGE(address, length, lkey)])
-        wr.wr_id, wr.imm_data, wr.send_flags = wr_id, imm, e.IBV_SEND_SIGNALED if signal else 0
-        self.qp.post_send(wr)
+        self.qp.post_send(self._reused(self._sends, e.IBV_WR_SEND_WITH_IMM, (address, length, lkey), wr_id, imm,
+                                       signal))
 
     def write_imm(self, wr_id: int, segments: list[tuple[int, int, int]], remote_addr: int, rkey: int,
                   imm: int, signal: bool = True) -> None:
         """RDMA WRITE of ``segments`` ((address, length, lkey), gathered in order) to the peer's
-        ``remote_addr`` (``rkey``), consuming one of its receives, whose completion carries ``imm``.
-
-        A one-segment request is made once per (address, length, key) and posted again: a transport copies
-        short messages into a few fixed send buffers, so the same few come back, and making pyverbs objects
-        (a logger lookup and a malloc each) is what a short write cost most in Python. At most ``_WRITES``
-        are kept (all dropped when that many are): the lengths of copied messages vary."""
+        ``remote_addr`` (``rkey``), consuming one of its receives, whose completion carries ``imm``. A
+        one-segment write is a request made once and posted again (``_reused``): a transport copies short
+        messages into a few fixed send buffers, so the same few segments come back."""
         if len(segments) == 1:
-            key = segments[0]
-            wr = self._writes.get(key)
-            if wr is None:
-                if len(self._writes) >= _WRITES:
-                    self._writes.clear()
-                wr = self._writes[key] = SendWR(opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[SGE(*key)])
-            wr.wr_id, wr.imm_data, wr.send_flags = wr_id, imm, e.IBV_SEND_SIGNALED if signal else 0
+            wr = self._reused(self._writes, e.IBV_WR_RDMA_WRITE_WITH_IMM, segments[0], wr_id, imm, signal)
         else:
             sges = [SGE(a, n, k) for a, n, k in segments]
             wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=len(sges), sg=sges,
                         send_flags=e.IBV_SEND_SIGNALED if signal else 0, imm_data=imm)
         wr.set_wr_rdma(rkey, remote_addr)
         self.qp.post_send(wr)
+
+    @staticmethod
+    def _reused(kept: dict[tuple[int, int, int], Any], opcode: int, segment: tuple[int, int, int], wr_id: int,
+                imm: int, signal: bool) -> Any:
+        """The one-segment request of ``opcode`` over ``segment`` (address, length, lkey) from ``kept``, made
+        the first time (making pyverbs objects, a logger lookup and a malloc each, is what a short message cost
+        most in Python), with this post's id, immediate and flags. At most ``_WRITES`` are kept, all dropped
+        when that many are: the lengths of copied messages vary."""
+        wr = kept.get(segment)
+        if wr is None:
+            if len(kept) >= _WRITES:
+                kept.clear()
+            wr = kept[segment] = SendWR(opcode=opcode, num_sge=1, sg=[SGE(*segment)])
+        wr.wr_id, wr.imm_data, wr.send_flags = wr_id, imm, e.IBV_SEND_SIGNALED if signal else 0
+        return wr
