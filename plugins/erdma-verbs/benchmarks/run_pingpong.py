@@ -18,11 +18,7 @@ import tempfile
 from pathlib import Path
 
 from erdma_verbs import guest
-from run_alltoall import POLLING  # (this script's folder is on the path: it runs as a script)
-
-HERE = Path(__file__).resolve().parent
-PLUGIN = HERE.parent
-CHECKOUT = PLUGIN.parent.parent
+from run_alltoall import CHECKOUT, HERE, PLUGIN, POLLING  # (this script's folder is on the path: it runs as a script)
 
 # the rxe device's RoCEv2 GID on its IPv4 address (what the transport picks), from ibv_devinfo
 GID = "$(ibv_devinfo -v | sed -n 's/.*GID\\[ *\\([0-9]*\\)\\]:.*::ffff:.*RoCE v2/\\1/p' | head -1)"
