@@ -4,10 +4,13 @@ checked): the systems alternate ROUNDS times; the table gives each one's median 
 Gloo and TCP, and the CPU seconds all ranks spent per GB of the allreduce's buffer (every thread of every rank,
 during the timed iterations).
 
+With ``--memif-copy``, memif without its zero-copy client mode runs alternated with the others too (its own
+columns: time, and CPU against TCP's).
+
 With ``--veth`` (root; 2 ranks), the same again between two network namespaces joined by one veth pair
 (``netlab.veth``, MTU 9000): erdma-dpdk's af_packet against the built-in TCP and Gloo over that kernel link.
 
-    python -m benchmarks.dpdk_allreduce [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M] [--veth]
+    python -m benchmarks.dpdk_allreduce [--ranks 2,4] [--rounds 2] [--sizes 64K,...,64M] [--memif-copy] [--veth]
 """
 
 from __future__ import annotations
@@ -44,16 +47,19 @@ def _rounds(systems: tuple[str, ...], n: int, args: argparse.Namespace, pair: Ve
 
 
 def table(title: str, systems: tuple[str, ...], rows: Rows) -> None:
-    dpdk, tcp, gloo = systems
+    """dpdk, tcp and gloo first; any further system (memif's copy mode) gets its time and CPU against TCP's."""
+    dpdk, tcp, gloo, *more = systems
+    extra = "".join(f" | {m} (ms) | {m}/tcp time | CPU s/GB {m} | {m}/tcp CPU" for m in more)
     print(f"\n| allreduce, {title}, float32 | dpdk (ms) | tcp (ms) | gloo (ms) | dpdk/tcp time | gloo/dpdk "
-          "| CPU s/GB dpdk | tcp | gloo | dpdk/tcp CPU |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"| CPU s/GB dpdk | tcp | gloo | dpdk/tcp CPU{extra} |")
+    print("|---" * (10 + 4 * len(more)) + "|")
     for size in sorted({s for _, s in rows}):
-        t = {s: statistics.median(x["time_us"] for x in rows[(s, size)]) / 1e3 for s in (dpdk, tcp, gloo)}
-        c = {s: statistics.median(x["cpu_s_per_gb"] for x in rows[(s, size)]) for s in (dpdk, tcp, gloo)}
+        t = {s: statistics.median(x["time_us"] for x in rows[(s, size)]) / 1e3 for s in systems}
+        c = {s: statistics.median(x["cpu_s_per_gb"] for x in rows[(s, size)]) for s in systems}
+        cells = "".join(f" | {t[m]:.3f} | {t[m] / t[tcp]:.2f} | {c[m]:.2f} | {c[m] / c[tcp]:.2f}" for m in more)
         print(f"| {human(size)} | {t[dpdk]:.3f} | {t[tcp]:.3f} | {t[gloo]:.3f} | {t[dpdk] / t[tcp]:.2f} "
-              f"| {t[gloo] / t[dpdk]:.2f} | {c[dpdk]:.2f} | {c[tcp]:.2f} | {c[gloo]:.2f} | {c[dpdk] / c[tcp]:.2f} |",
-              flush=True)
+              f"| {t[gloo] / t[dpdk]:.2f} | {c[dpdk]:.2f} | {c[tcp]:.2f} | {c[gloo]:.2f} | {c[dpdk] / c[tcp]:.2f}"
+              f"{cells} |", flush=True)
 
 
 def main() -> int:
@@ -62,10 +68,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--sizes", default="64K,256K,1M,4M,16M,64M")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--memif-copy", action="store_true", help="also memif without its zero-copy client mode")
     ap.add_argument("--veth", action="store_true", help="also over a veth pair between two namespaces (2 ranks)")
     args = ap.parse_args()
+    systems = (*SYSTEMS, "erdma-dpdk-copy") if args.memif_copy else SYSTEMS
     for n in (int(x) for x in args.ranks.split(",")):
-        table(f"{n} ranks, loopback (dpdk: memif)", SYSTEMS, _rounds(SYSTEMS, n, args))
+        table(f"{n} ranks, loopback (dpdk: memif)", systems, _rounds(systems, n, args))
     if args.veth:
         with VethPair() as pair:
             table(f"2 ranks, a veth pair, MTU {pair.mtu} (dpdk: af_packet)", VETH_SYSTEMS,

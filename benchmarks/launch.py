@@ -33,6 +33,8 @@ SYSTEMS: dict[str, tuple[str, dict[str, str]]] = {
     "erdma-quic-aioquic": ("erdma", {"ERDMA_TRANSPORT": "quic", "ERDMA_TRANSPORT_QUIC_SECRET": _QUIC_SECRET,
                                      "ERDMA_TRANSPORT_QUIC_ENGINE": "aioquic"}),  # the reference engine
     "erdma-dpdk": ("erdma", {"ERDMA_TRANSPORT": "dpdk"}),  # erdma-dpdk: memif between the ranks of one host
+    # memif without its zero-copy client mode: both ends copy through memif's own region
+    "erdma-dpdk-copy": ("erdma", {"ERDMA_TRANSPORT": "dpdk", "ERDMA_TRANSPORT_DPDK_MEMIF_ZERO_COPY": "false"}),
     # erdma-dpdk's af_packet on each rank's eth0 (``netlab.veth.VethPair``; root)
     "erdma-dpdk-af_packet": ("erdma", {"ERDMA_TRANSPORT": "dpdk", "ERDMA_TRANSPORT_DPDK_BACKEND": "af_packet",
                                        "ERDMA_TRANSPORT_DPDK_INTERFACE": "eth0"}),

@@ -81,13 +81,15 @@ def check_interface(iface: str) -> None:
                           "which needs root (or CAP_NET_RAW and CAP_NET_ADMIN)")
 
 
-def memif_args(*, server: bool, socket: str, frame: int, o: dict[str, Any], secret: str) -> str:
+def memif_args(*, server: bool, socket: str, frame: int, o: dict[str, Any], secret: str,
+               zero_copy: bool = False) -> str:
     bsize = o["memif_buffer_bytes"] or frame
     if bsize < frame:  # check_options said so already; this guards a frame size from elsewhere
         raise ConfigError(f"config key {_key('memif_buffer_bytes')!r}: bsize {bsize} < frame {frame}")
-    # every argument memif knows, spelt as it expects: one it does not know makes it ignore all of them
+    # every argument memif knows, spelt as it expects: one it does not know makes it ignore all of them. Zero
+    # copy is a client's mode only (the server copies as before); it needs the EAL's --single-file-segments
     return (f"id=0,role={'server' if server else 'client'},socket={socket},socket-abstract=no,bsize={bsize},"
-            f"rsize={o['memif_ring_log2']},secret={secret}")
+            f"rsize={o['memif_ring_log2']},secret={secret},zero-copy={'yes' if zero_copy and not server else 'no'}")
 
 
 def af_packet_frame(frame: int) -> int:

@@ -1,5 +1,5 @@
 """DPDK's environment abstraction layer, once per process: started on first use without hugepages or PCI
-(``--no-huge -m N --no-pci``, a file prefix of its own so that every rank is an independent primary), and
+(``--no-huge --single-file-segments -m N --no-pci``, a file prefix of its own so that every rank is an independent primary), and
 left to the process's exit. Its run-time folder is removed as soon as the EAL has started (the files in it are
 mapped; only a secondary process would open them, and erdma starts none), so that a killed rank leaves nothing
 behind there; run-time folders of older processes that are gone, and memif sockets of killed ranks, are
@@ -108,8 +108,10 @@ def start(memory_mb: int) -> None:
         _check_room(root, memory_mb)
         prefix = f"{PREFIX}{os.getpid()}"
         core = min(os.sched_getaffinity(0))
-        args = ["erdma-dpdk", "--no-huge", "-m", str(memory_mb), "--no-pci", "--no-telemetry",
-                f"--file-prefix={prefix}", "-l", str(core), "--log-level=*:warning"]
+        # --single-file-segments: the EAL's memory is one shared file (a memfd without hugepages), which memif's
+        # zero-copy client lends to its peer (``backends.memif_args``)
+        args = ["erdma-dpdk", "--no-huge", "--single-file-segments", "-m", str(memory_mb), "--no-pci",
+                "--no-telemetry", f"--file-prefix={prefix}", "-l", str(core), "--log-level=*:warning"]
         keep = [ffi.new("char[]", a.encode()) for a in args]
         argv = ffi.new("char *[]", [*keep, ffi.NULL])
         if lib.eds_eal_init(len(args), argv) != 0:
@@ -137,6 +139,18 @@ def _check_room(root: pathlib.Path, memory_mb: int) -> None:
                         f"{need / 2**20:.1f} MiB of files there for -m {memory_mb} (transport.dpdk.eal_memory_mb), "
                         "and dies of SIGBUS when they cannot grow: free space there"
                         + ("" if os.geteuid() == 0 else " (or point XDG_RUNTIME_DIR at a folder with room)"))
+
+
+def lend_memory() -> bool:
+    """True once per process: the first memif client port may run in zero-copy mode, no other. DPDK 22.11's
+    memif takes the EAL's own descriptor of its memory file (``rte_memseg_get_fd``, not a duplicate) for a
+    zero-copy client and closes it once connected; a second zero-copy port in the process, in this process group
+    or a later one, would send the peer whatever file has that number by then, and close it."""
+    with _lock:
+        if _started.get("lent") == os.getpid():
+            return False
+        _started["lent"] = os.getpid()
+        return True
 
 
 def memory_mb() -> int:

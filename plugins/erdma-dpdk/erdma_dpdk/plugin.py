@@ -20,6 +20,10 @@ OPTIONS = {
     "memif_buffer_bytes": Option(int, 0, "memif: bytes per ring buffer (memif's bsize; 0: frame_bytes). Must "
                                  "hold a whole frame", minimum=0, maximum=65535),
     "memif_ring_log2": Option(int, 10, "memif: log2 of the ring size in buffers", minimum=4, maximum=14),
+    "memif_zero_copy": Option(bool, True, "memif: a rank's first client port (towards its lowest peer; DPDK "
+                              "22.11 allows one per process) lends the ring its own packet buffers, so that memif "
+                              "copies a byte once between the two processes, not twice (memif's zero-copy client "
+                              "mode, over the EAL's memory shared as one file)"),
     "window": Option(int, 256, "packets per peer in flight (the receiver keeps this many for reordering; the "
                      "sender never has more unacknowledged)", minimum=8, maximum=16384),
     "descriptors": Option(int, 1024, "receive and transmit descriptors per port", minimum=64, maximum=16384),

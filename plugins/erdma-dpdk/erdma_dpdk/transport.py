@@ -158,7 +158,8 @@ class DpdkTransport(MessageTransport):
             if self.backend == "memif":
                 if peer < self.rank:
                     args = backends.memif_args(server=False, socket=theirs["servers"][str(self.rank)], frame=frame,
-                                               o=o, secret=memif_secret)
+                                               o=o, secret=memif_secret,
+                                               zero_copy=o["memif_zero_copy"] and eal.lend_memory())
                     port_of[peer] = self._add_port(f"net_memif_{tag}_{peer}", args, watch=True)
                 mac = bytes(6)
             else:
