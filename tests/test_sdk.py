@@ -399,7 +399,7 @@ def test_each_in_tree_plugins_metadata_says_what_it_registers() -> None:
         c = components()
         made = {f"{comp.kind}.{comp.op + '.' if comp.op else ''}{comp.name}": comp.plugin
                 for kind in [*c.by_kind.values(), *c.algorithms.values()] for comp in kind.values()}
-        print(json.dumps({"said": {k: v[0] for k, v in c.provided.items()},
+        print(json.dumps({"said": dict(c.provided),
                           "made": {k: p for k, p in made.items() if p != "builtin"}}))
     ''')
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERDMA_")}  # every installed plugin

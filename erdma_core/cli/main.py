@@ -97,7 +97,8 @@ def _plugins(args: argparse.Namespace) -> int:
     comps = components()
     print(f"{'plugin':<16} {'distribution':<18} {'version':<10} hooks / error")
     for p in comps.plugins:
-        print(f"{p.name:<16} {p.distribution:<18} {p.version:<10} {p.error or ', '.join(p.hooks)}")
+        print(f"{p.name:<16} {comps.distribution(p.name):<18} {comps.version(p.name):<10} "
+              f"{p.error or ', '.join(p.hooks)}")
     print()
     for kind in comps.by_kind:
         for name, c in sorted(comps.by_kind[kind].items()):
@@ -139,7 +140,7 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"{kind}: {', '.join(comps.names(kind))}")
     failed = [p for p in comps.plugins if p.error]
     for p in failed:
-        print(f"plugin {p.name} ({p.distribution}) failed to load: {p.error}")
+        print(f"plugin {p.name} ({comps.distribution(p.name)}) failed to load: {p.error}")
     from ..api.join import check_config, load_config
 
     problems = 0

@@ -56,11 +56,13 @@ class Component:
 
 @attrs.frozen
 class PluginInfo:
+    """A plugin that loaded (its hooks) or failed to (``error``); ``entry_point`` is None for erdma-core's
+    built-ins. Which distribution installed it, and that one's version: ``Components.distribution``."""
+
     name: str
-    distribution: str
-    version: str
     hooks: tuple[str, ...]
     error: str | None = None
+    entry_point: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 class Components:
@@ -69,13 +71,15 @@ class Components:
     def __init__(self, pm: pluggy.PluginManager, plugins: list[PluginInfo]) -> None:
         self.pm = pm
         self.plugins = plugins
+        self.entry_points: dict[str, Any] = {}  # every installed plugin's, loaded or not
+        self._owners: dict[str, str] | None = None
         self.by_kind: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
         self.algorithms: dict[str, dict[str, Component]] = {}
         self.codecs: dict[int, Component] = {}  # compressors by wire codec id
         self.environment: dict[str, tuple[str, str]] = {}  # ERDMA_* variable -> (plugin, description)
-        self.skipped: dict[str, str] = {}  # installed plugins ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS left out -> dist
-        # what installed plugins say they provide (their metadata): "transport.quic" -> (plugin, distribution)
-        self.provided: dict[str, tuple[str, str]] = {}
+        self.skipped: set[str] = set()  # installed plugins ERDMA_PLUGINS/ERDMA_DISABLE_PLUGINS left out
+        # what installed plugins say they provide (their metadata): "transport.quic" -> plugin
+        self.provided: dict[str, str] = {}
         # components registered for another SDK version: (kind, name) -> why (kind "algorithm": name is "op name")
         self.refused: dict[tuple[str, str], str] = {}
         # components that run through the adapter of an earlier SDK version: (kind, name) -> that version
@@ -84,17 +88,36 @@ class Components:
     def names(self, kind: str) -> list[str]:
         return sorted(self.by_kind[kind])
 
+    def distribution(self, plugin: str) -> str:
+        """The distribution that installed ``plugin`` ("?" if none says so). Looked up when first asked, for
+        messages and ``erdma plugins``: it reads every installed distribution's entry points, which costs a
+        second or more on a slow file system (a guest's 9p share), and set-up needs none of it."""
+        ep = self.entry_points.get(plugin)
+        if ep is None:
+            return "erdma-core" if plugin == "builtin" else "?"
+        name = getattr(getattr(ep, "dist", None), "name", None)  # stevedore's cached entry points have none
+        if name:
+            return str(name)
+        if self._owners is None:
+            self._owners = _owners()
+        return self._owners.get(ep.name, "?")
+
+    def version(self, plugin: str) -> str:
+        """The version of the distribution that installed ``plugin``."""
+        return _version(self.distribution(plugin))
+
     def hint(self, kind: str) -> Callable[[str], str]:
         """Advice for an unknown name: why it is refused, or which installed plugin provides it (its
         metadata says) and why it is missing (it failed to load, or is left out), or the name an installed
         plugin provides that it resembles; else that no installed plugin provides it."""
-        def provider(name: str) -> tuple[str, str] | None:
+        def provider(name: str) -> str | None:
             if kind == "algorithm":
                 return next((v for k, v in self.provided.items() if k.startswith("algorithm.")
                              and k.rsplit(".", 1)[1] == name), None)
             return self.provided.get(f"{kind}.{name}")
 
-        def why_missing(plugin: str, dist: str) -> str:
+        def why_missing(plugin: str) -> str:
+            dist = self.distribution(plugin)
             info = next((p for p in self.plugins if p.name == plugin), None)
             if info is not None and info.error:
                 return f"plugin {plugin!r} ({dist}) provides it, but failed to load: {info.error}"
@@ -111,18 +134,20 @@ class Components:
                 return f"; it is refused: {refusal}"
             found = provider(name)
             if found is not None:
-                return "; " + why_missing(*found)
+                return "; " + why_missing(found)
             failed = [p for p in self.plugins if p.error]
             if failed:
-                return "".join(f"; plugin {p.name!r} ({p.distribution} {p.version}) is installed but failed to load, "
-                               f"so what it provides is missing: {p.error}" for p in failed)
+                return "".join(f"; plugin {p.name!r} ({self.distribution(p.name)} {self.version(p.name)}) is "
+                               f"installed but failed to load, so what it provides is missing: {p.error}"
+                               for p in failed)
             declared = [k.rsplit(".", 1)[1] for k in self.provided if k.startswith(f"{kind}.")]
             close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
             registered = self.by_kind[kind] if kind in self.by_kind else {n for a in self.algorithms.values() for n in a}
             if close and close[0] in registered:
                 return ""  # the valid choices, and the did-you-mean beside them, say it
-            if close and provider(close[0]) is not None:
-                return f"; did you mean {close[0]!r}? " + why_missing(*provider(close[0]))  # type: ignore[misc]
+            other = provider(close[0]) if close else None
+            if other is not None:
+                return f"; did you mean {close[0]!r}? " + why_missing(other)
             return (f"; no installed plugin provides {kind} {name!r} (eRDMA's plugins are distributions of their "
                     "own: README.md, \"Plugins\", lists what each provides)")
         return advise
@@ -218,17 +243,17 @@ def build_plugin_manager() -> Components:
     pm = pluggy.PluginManager("erdma")
     pm.add_hookspecs(hookspecs)
     pm.register(builtin, name="builtin")
-    infos = [PluginInfo("builtin", "erdma-core", _version("erdma-core"), _hooks(builtin))]
+    infos = [PluginInfo("builtin", _hooks(builtin))]
+    comps = Components(pm, infos)
     allow, deny = _env_list("ERDMA_PLUGINS"), _env_list("ERDMA_DISABLE_PLUGINS") or set()
 
-    owners = _owners()
-
     def failed(_manager: Any, ep: Any, exc: BaseException) -> None:
-        dist = _dist_of(ep, owners)
-        log.warning("erdma plugin %r (%s) failed to load, skipped: %s: %s", ep.name, dist, type(exc).__name__, exc)
-        infos.append(PluginInfo(ep.name, dist, _version(dist), (), f"{type(exc).__name__}: {exc}"))
+        log.warning("erdma plugin %r (%s) failed to load, skipped: %s: %s", ep.name, comps.distribution(ep.name),
+                    type(exc).__name__, exc)
+        infos.append(PluginInfo(ep.name, (), f"{type(exc).__name__}: {exc}", ep))
 
     eps = {ep.name: ep for ep in _listed(ENTRY_POINT_GROUP)}
+    comps.entry_points = eps
     names = sorted(eps)
     unknown = sorted((allow or set()) - set(names))  # a plugin asked for and missing (disabling one is harmless)
     if unknown:
@@ -242,26 +267,24 @@ def build_plugin_manager() -> Components:
                                 on_load_failure_callback=failed)
     for ext in mgr.extensions:
         pm.register(ext.plugin, name=ext.name)
-        dist = _dist_of(ext.entry_point, owners)
-        infos.append(PluginInfo(ext.name, dist, _version(dist), _hooks(ext.plugin)))
+        infos.append(PluginInfo(ext.name, _hooks(ext.plugin), None, ext.entry_point))
     pm.check_pending()
     if os.environ.get("ERDMA_TRACE_PLUGINS", "") not in ("", "0"):
         pm.trace.root.setwriter(lambda msg: sys.stderr.write(f"[erdma.plugins] {msg}"))
         pm.enable_tracing()
-    comps = _collect(pm, infos)
-    comps.skipped = {n: _dist_of(eps[n], owners) for n in set(names) - set(wanted)}
+    _collect(pm, comps)
+    comps.skipped = set(names) - set(wanted)
     by_module = {ep.value: name for name, ep in eps.items()}
     for ep in _listed(COMPONENTS_GROUP):  # what each installed plugin says it provides
         plugin = by_module.get(ep.value)
         if plugin is not None:
-            comps.provided[ep.name] = (plugin, _dist_of(eps[plugin], owners))
+            comps.provided[ep.name] = plugin
     return comps
 
 
-def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
+def _collect(pm: pluggy.PluginManager, comps: Components) -> None:
     from ..wire import codec_id
 
-    comps = Components(pm, infos)
     current = {"plugin": "builtin"}
 
     def refused(kind: str, name: str, sdk: int | None) -> bool:
@@ -271,7 +294,7 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
         if sdk == SDK_VERSION:
             return False
         plugin = current["plugin"]
-        dist = next((p.distribution for p in infos if p.name == plugin), "?")
+        dist = comps.distribution(plugin)
         if sdk == SDK_PREVIOUS or (sdk is None and kind != "transport"):
             comps.adapted[kind, name] = SDK_PREVIOUS
             log.info("erdma: %s %r of plugin %r (%s) was written for SDK version %d (%s): it runs through the "
@@ -350,24 +373,18 @@ def _collect(pm: pluggy.PluginManager, infos: list[PluginInfo]) -> Components:
         others = [p for p in pm.get_plugins() if p is not plugin]
         for hook, register in hooks.items():
             pm.subset_hook_caller(hook, others)(register=register)
-    return comps
 
 
 def _hooks(plugin: Any) -> tuple[str, ...]:
     return tuple(sorted(n for n in dir(plugin) if n.startswith("erdma_")))
 
 
-def _dist_of(ep: Any, owners: dict[str, str]) -> str:
-    """The distribution that declares entry point ``ep`` (stevedore's cached entry points lack ``dist``)."""
-    name = getattr(getattr(ep, "dist", None), "name", None)
-    return str(name) if name else owners.get(ep.name, "?")
-
-
 def _owners() -> dict[str, str]:
     """Each plugin entry point's name -> the distribution declaring it, in one pass over the installed
     distributions: each pass reads every distribution's entry points, which costs seconds per pass on a slow
-    file system (a guest's 9p share), so set-up makes one, not one per plugin. Only the few distributions
-    that declare a plugin have their metadata parsed."""
+    file system (a guest's 9p share), so it is made once, when a message first needs it
+    (``Components.distribution``). Only the few distributions that declare a plugin have their metadata
+    parsed."""
     from importlib.metadata import distributions
 
     owners: dict[str, str] = {}
