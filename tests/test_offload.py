@@ -13,7 +13,7 @@ import pytest
 
 from erdma_core.errors import CollectiveError, PluginError
 from erdma_core.plugins import hookspecs
-from erdma_core.plugins.manager import _collect
+from erdma_core.plugins.manager import Components, _collect
 from erdma_core.testing.world import RankFailure, World
 
 
@@ -83,7 +83,7 @@ def test_offload_only_for_offloadable_ops() -> None:
     pm.register(Plugin(), name="elsewhere")
     with pytest.raises(PluginError, match="plugin 'elsewhere' registered gather algorithm 'elsewhere' as an "
                                           "offload; offloads are run for allreduce, broadcast, reduce_scatter only"):
-        _collect(pm, [])
+        _collect(pm, Components(pm, []))
 
 
 def compressed(pg: Any) -> str:
