@@ -72,7 +72,7 @@ class Components:
         self.pm = pm
         self.plugins = plugins
         self.entry_points: dict[str, Any] = {}  # every installed plugin's, loaded or not
-        self._owners: dict[str, str] | None = None
+        self._dist_by_name: dict[str, str] | None = None  # entry point name -> distribution (``_owners``)
         self.by_kind: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
         self.algorithms: dict[str, dict[str, Component]] = {}
         self.codecs: dict[int, Component] = {}  # compressors by wire codec id
@@ -98,9 +98,9 @@ class Components:
         name = getattr(getattr(ep, "dist", None), "name", None)  # stevedore's cached entry points have none
         if name:
             return str(name)
-        if self._owners is None:
-            self._owners = _owners()
-        return self._owners.get(ep.name, "?")
+        if self._dist_by_name is None:
+            self._dist_by_name = _owners()
+        return self._dist_by_name.get(ep.name, "?")
 
     def version(self, plugin: str) -> str:
         """The version of the distribution that installed ``plugin``."""

@@ -1,9 +1,9 @@
 """DPDK's environment abstraction layer, once per process: started on first use without hugepages or PCI
-(``--no-huge --single-file-segments -m N --no-pci``, a file prefix of its own so that every rank is an independent primary), and
-left to the process's exit. Its run-time folder is removed as soon as the EAL has started (the files in it are
-mapped; only a secondary process would open them, and erdma starts none), so that a killed rank leaves nothing
-behind there; run-time folders of older processes that are gone, and memif sockets of killed ranks, are
-removed by the next rank that starts on the host.
+(``--no-huge --single-file-segments -m N --no-pci``, a file prefix of its own so that every rank is an
+independent primary), and left to the process's exit. Its run-time folder is removed as soon as the EAL has
+started (the files in it are mapped; only a secondary process would open them, and erdma starts none), so that
+a killed rank leaves nothing behind there; run-time folders of older processes that are gone, and memif
+sockets of killed ranks, are removed by the next rank that starts on the host.
 
 ``rte_eal_cleanup`` is not called. In DPDK 22.11 it frees the EAL's memory while the interrupt thread keeps
 running, and memif removes its socket callbacks lazily, on that thread, at the socket's next event: a rank

@@ -26,6 +26,12 @@ CHECKOUT = PLUGIN.parent.parent
 POLLING = "transport.verbs.spin_us=20000"
 
 
+def _timed(command: str) -> str:
+    """A shell line that runs ``command`` and prints what it printed with ``total_ms=``, its whole run (process
+    start to exit) as the guest's shell timed it: the same for ``mpirun`` and for eRDMA's Python."""
+    return f"s=$(date +%s%N); r=$({command}); e=$(date +%s%N); echo \"$r total_ms=$(( (e - s) / 1000000 ))\""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stages", default="100,1000,10000")
@@ -39,13 +45,12 @@ def main() -> int:
         lines = []
         for n in stages:
             for name, btl in (("tcp", "self,tcp --mca btl_tcp_if_include lo"), ("shm", "self,vader")):
-                lines.append(f"s=$(date +%s%N); r=$({mpirun} --mca pml ob1 --mca btl {btl} {binary} {n} {args.bytes}); "
-                             f"e=$(date +%s%N); echo \"$r total_ms=$(( (e - s) / 1000000 ))\" | sed 's/^mpi /mpi-{name} /'")
+                lines.append(_timed(f"{mpirun} --mca pml ob1 --mca btl {btl} {binary} {n} {args.bytes}")
+                             + f" | sed 's/^mpi /mpi-{name} /'")
             for transport, extra in (("verbs", ""), ("verbs", POLLING), ("tcp", "")):
-                for algorithm in ("sequential", "pairwise"):  # the whole run timed as mpirun's: by the shell
-                    lines.append(f"s=$(date +%s%N); r=$({sys.executable} {HERE / 'alltoall_stages.py'} {transport} "
-                                 f"{algorithm} {n} {args.bytes} {extra}); e=$(date +%s%N); "
-                                 f"echo \"$r total_ms=$(( (e - s) / 1000000 ))\"")
+                for algorithm in ("sequential", "pairwise"):
+                    lines.append(_timed(f"{sys.executable} {HERE / 'alltoall_stages.py'} {transport} {algorithm} {n} "
+                                        f"{args.bytes} {extra}"))
         script = Path(tmp) / "runs.sh"
         script.write_text("\n".join(lines) + "\n")
         rc, out = guest.run(PLUGIN, f"sh tests/guest/run.sh sh {script} 2>&1 | grep -v INFO", timeout=3 * 3600,
