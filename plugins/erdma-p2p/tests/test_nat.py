@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from erdma_p2p.lab import certs
-from erdma_p2p.lab.jobs import CONNECT_S, RELAY, TURN_HOSTS, run_job, wait_started
+from erdma_p2p.lab.jobs import CONNECT_S, RELAY, TURN_HOSTS, UNREACHABLE_S, run_job, wait_started
 from erdma_p2p.lab.natlab import RFC3489, STUN, NatLab, available
 
 HERE = Path(__file__).resolve().parent
@@ -108,12 +108,12 @@ def test_tcp_ranks_behind_nats_meet_directly(tmp_path):
 def test_tcp_cannot_meet_through_a_nat_that_maps_each_destination_anew(tmp_path):
     with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
         start = time.monotonic()
-        results = run_job(lab, tmp_path, **TCP)
+        results = run_job(lab, tmp_path, **TCP, ERDMA_TIMEOUTS_CONNECT=str(UNREACHABLE_S))
         took = time.monotonic() - start
     for rank, r in enumerate(results):
         assert f"rank {rank}: rank {1 - rank} was not met at {lab.wan(1 - rank)}:" in r.get("error", ""), r
         assert 'use transport.name = "quic" with a relay' in r["error"], r
-    assert took < CONNECT_S + 30  # the connect timeout, not a hang
+    assert took < UNREACHABLE_S + 30  # the connect timeout, not a hang
 
 
 def test_doctor_tells_what_each_nat_does(tmp_path):
@@ -248,7 +248,8 @@ def test_striping_with_a_relay_is_refused_clearly(tmp_path):
 
 def test_a_refused_relay_fails_clearly(tmp_path):
     with NatLab(2, tmp_path, symmetric=frozenset({1})) as lab:
-        results = run_job(lab, tmp_path, **(RELAY | {"ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": "wrong"}))
+        results = run_job(lab, tmp_path, **(RELAY | {"ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": "wrong",
+                                                     "ERDMA_TIMEOUTS_CONNECT": str(UNREACHABLE_S)}))
     assert "the TURN server refused Allocate: error 401" in results[1]["error"], results[1]
     assert "error" in results[0]  # its peer never came
 
@@ -282,10 +283,10 @@ def test_a_relay_that_dies_mid_job_fails_every_rank_clearly(tmp_path, over_tcp):
 ])
 def test_unreachable_pairs_fail_clearly_and_in_time(tmp_path, case, env, symmetric):
     with NatLab(2, tmp_path, symmetric=symmetric) as lab:
-        results = run_job(lab, tmp_path, **env)
+        results = run_job(lab, tmp_path, **env, ERDMA_TIMEOUTS_CONNECT=str(UNREACHABLE_S))
     for rank, r in enumerate(results):
         assert "error" in r, (case, r)
-        assert f"rank {rank}: ranks [{1 - rank}] did not connect over QUIC within {CONNECT_S}s" in r["error"], r
+        assert f"rank {rank}: ranks [{1 - rank}] did not connect over QUIC within {UNREACHABLE_S}s" in r["error"], r
 
 
 PAIRED = RELAY | {"ERDMA_TRANSPORT": "tcp", "ERDMA_TRANSPORT_FALLBACK": "quic"}

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from .natlab import STUN, STUN_CHECK, TURN_PASSWORD, TURN_USER, NatLab
 
-CONNECT_S = 6.0  # timeouts.connect of the jobs
+CONNECT_S = 30.0  # timeouts.connect of the jobs that are to connect: counted from a rank's own publishing, so
+# it also covers a peer that starts late (under CI's load one rank's start ran more than 6 s behind the other's)
+UNREACHABLE_S = 6.0  # timeouts.connect of the jobs whose pairs are not to meet: each waits it out in full
 
 RELAY = {"ERDMA_TRAVERSAL": "stun", "ERDMA_TRAVERSAL_STUN_RELAY": f"{STUN[0]}:{STUN[1]}",
          "ERDMA_TRAVERSAL_STUN_RELAY_USER": TURN_USER, "ERDMA_TRAVERSAL_STUN_RELAY_PASSWORD": TURN_PASSWORD,
