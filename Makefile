@@ -23,8 +23,8 @@ PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml))) examples/erdma-ex
 # wait for it to finish (or build it themselves when this build failed or could not start)
 GUEST_BUILD := plugins/erdma-verbs/erdma_verbs/guest/build.sh
 
-# system packages first: erdma-dpdk and erdma-quic compile their C shims against DPDK's / ngtcp2's headers
-# when they are installed
+# system packages first: erdma-dpdk, erdma-quic and erdma-verbs compile their C sides against DPDK's / ngtcp2's /
+# libibverbs' headers when they are installed
 $(VENV)/.test: $(VENV)/.core $(addsuffix pyproject.toml,$(PLUGINS)) $(wildcard plugins/*/setup.py)
 	scripts/system-deps.sh test
 	if [ -f $(GUEST_BUILD) ] && [ "$$(id -u)" = 0 ] && command -v mmdebstrap > /dev/null; then \

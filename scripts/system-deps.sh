@@ -5,6 +5,7 @@
 #                                  e2fsprogs (erdma-verbs' test guest, built on first use under /var/cache/erdma-guest);
 #                                  DPDK's headers and pkg-config (erdma-dpdk builds its C shim against them at install),
 #                                  ngtcp2's and GnuTLS's headers (erdma-quic's compiled engine, built the same way);
+#                                  libibverbs' headers (erdma-verbs' C side over verbs, built the same way);
 #                                  etcd (the elastic tests' 3-member cluster: etcd-server, and etcdctl from etcd-client)
 #   scripts/system-deps.sh bench   plus Open MPI (mpirun, headers for mpi4py) for the benchmark lab
 set -euo pipefail
@@ -23,6 +24,9 @@ if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libdpdk; the
 fi
 if ! command -v pkg-config >/dev/null 2>&1 || ! pkg-config --exists libngtcp2 libngtcp2_crypto_gnutls gnutls; then
     missing+=(libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev pkg-config)
+fi
+if [[ ! -f /usr/include/infiniband/verbs.h ]]; then
+    missing+=(libibverbs-dev)
 fi
 if ((${#missing[@]} == 0)); then
     exit 0

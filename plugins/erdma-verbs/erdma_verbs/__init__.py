@@ -1,2 +1,2 @@
-"""RDMA verbs for eRDMA: the ``verbs`` transport (``transport = "verbs"``) on pyverbs, and a qemu test guest
-with SoftRoCE (``erdma_verbs.guest``) for machines whose kernel has no RDMA."""
+"""RDMA verbs for eRDMA: the ``verbs`` transport (``transport = "verbs"``) on libibverbs (a C side built at
+install), and a qemu test guest with SoftRoCE (``erdma_verbs.guest``) for machines whose kernel has no RDMA."""

@@ -1,4 +1,4 @@
-"""``erdma doctor``'s RDMA lines, read from sysfs (no pyverbs needed): each device's ports with their state,
+"""``erdma doctor``'s RDMA lines, read from sysfs (no libibverbs needed): each device's ports with their state,
 link layer and GIDs, and whether the ``verbs`` transport can use it (an active port; on Ethernet a RoCEv2
 GID on an IPv4 address, which the transport picks when ``gid_index`` is -1)."""
 
@@ -60,9 +60,9 @@ def report(section: dict[str, Any], selected: bool = False, root: Path = SYSFS) 
             lines.append(f"  {dev.name} port {port.name}: {_read(port / 'state')}, {_read(port / 'link_layer')}, "
                          f"{'usable' if why is None else 'not usable: ' + why}")
             lines += [f"    GID {i}: {g} ({t or 'type unknown'})" for i, g, t in gids(port)]
-    if importlib.util.find_spec("pyverbs") is None:
-        lines.append(("problem: " if selected else "") + "verbs: pyverbs does not import in this Python (apt-get "
-                     "install python3-pyverbs; a venv made with --system-site-packages sees it)")
+    if importlib.util.find_spec("erdma_verbs._ibv") is None:
+        lines.append(("problem: " if selected else "") + "verbs: erdma-verbs was installed without its C side (apt-get "
+                     "install libibverbs-dev, then reinstall erdma-verbs)")
     elif selected and not any_ok:
         lines.append("problem: verbs: no usable port" + (f" on {section['device']}" if section["device"] else ""))
     return lines

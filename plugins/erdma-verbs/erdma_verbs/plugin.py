@@ -1,5 +1,5 @@
 """Entry point ``erdma.plugins: verbs``: registers the ``verbs`` transport and its ``erdma doctor`` lines.
-Importing this module is cheap; pyverbs loads only when the transport is chosen."""
+Importing this module is cheap; libibverbs loads only when the transport is chosen."""
 
 from __future__ import annotations
 
@@ -53,16 +53,16 @@ def _factory(config: Config, section: dict[str, Any]) -> Any:
     try:
         from .transport import VerbsTransport
     except ImportError as exc:
-        raise PluginError(f"transport 'verbs' (erdma-verbs) needs pyverbs, which does not import here ({exc}): "
-                          "install rdma-core's python3-pyverbs (Debian/Ubuntu: apt-get install python3-pyverbs) and "
-                          "use a Python that sees it (a venv made with --system-site-packages)") from None
+        raise PluginError(f"transport 'verbs' (erdma-verbs) needs its C side over libibverbs, which does not import "
+                          f"here ({exc}): install rdma-core's libibverbs-dev (Debian/Ubuntu: apt-get install "
+                          "libibverbs-dev) and reinstall erdma-verbs, which builds it") from None
     return VerbsTransport(config, section)
 
 
 @hookimpl
 def erdma_register_transports(register: Register) -> None:
     register("verbs", _factory, options=OPTIONS,
-             description="RDMA verbs (pyverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits", sdk=2,
+             description="RDMA verbs (libibverbs): an RC queue pair per peer, RDMA WRITE with immediate, credits", sdk=2,
              check=_check)
 
 

@@ -4,7 +4,7 @@ makes repeated collectives on the same tensors free of it. An entry covers the w
 memory belongs to (so the chunks of one tensor share one region) and keeps that buffer alive while cached:
 memory cannot be freed and handed out again under a region that still points at the old pages. Entries in
 use by work requests in flight are never evicted; the rest go least recently used first once the cache holds
-more than ``limit`` bytes. No pyverbs here: ``register``/``release`` are the device's.
+more than ``limit`` bytes. No verbs here: ``register``/``release`` are the device's.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""On the host (no RDMA here, no pyverbs in this Python): the transport's options are declared and checked,
-choosing it where pyverbs does not import says what to install, and nothing imports pyverbs until then."""
+"""On the host (no RDMA device here): the transport's options are declared and checked, choosing it where its C
+side does not import says what to install, choosing it on a host without a device says so, and nothing loads
+libibverbs until then."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -29,21 +31,34 @@ def test_bad_options_are_refused_naming_the_key(key, value, words):
     assert f"transport.verbs.{key}" in str(err.value) and words in str(err.value)
 
 
-@pytest.mark.skipif("pyverbs" in sys.modules or __import__("importlib").util.find_spec("pyverbs") is not None,
-                    reason="pyverbs imports here")
-def test_choosing_verbs_without_pyverbs_says_what_to_install(tmp_path):
+def test_choosing_verbs_without_its_c_side_says_what_to_install(tmp_path, monkeypatch):
+    for name in ("erdma_verbs.transport", "erdma_verbs.rc"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "erdma_verbs._ibv", None)  # as where it was not built: ImportError
     with pytest.raises(PluginError) as err:
         erdma_core.init({"transport.name": "verbs", "timeouts.connect": 5.0}, rank=0, world_size=1,
                         init_method=f"file://{tmp_path}/store")
-    assert "needs pyverbs" in str(err.value) and "python3-pyverbs" in str(err.value)
+    assert "needs its C side over libibverbs" in str(err.value) and "apt-get install libibverbs-dev" in str(err.value)
 
 
-def test_nothing_imports_pyverbs_until_the_transport_is_built():
-    import erdma_verbs.guest
-    import erdma_verbs.plugin  # noqa: F401
+@pytest.mark.skipif(__import__("importlib").util.find_spec("erdma_verbs._ibv") is None,
+                    reason="erdma-verbs was installed without its C side (no libibverbs-dev)")
+def test_choosing_verbs_on_a_host_without_a_device_says_so(tmp_path):
+    from erdma_verbs import rc
 
-    load_config({"transport.name": "verbs"})
-    assert "pyverbs" not in sys.modules
+    if rc.device_names():
+        pytest.skip(f"this host has RDMA devices: {rc.device_names()}")
+    with pytest.raises(rc.VerbsError, match=r"transport 'verbs': this host has no RDMA device \(the kernel has no RDMA "
+                                            r"support, or no device is set up"):
+        erdma_core.init({"transport.name": "verbs", "timeouts.connect": 5.0}, rank=0, world_size=1,
+                        init_method=f"file://{tmp_path}/store")
+
+
+def test_nothing_loads_libibverbs_until_the_transport_is_built():
+    code = ("import sys, erdma_verbs.guest, erdma_verbs.plugin, erdma_core; erdma_core.load_config({'transport.name': "
+            "'verbs'}); print(sorted({'erdma_verbs._ibv', 'erdma_verbs.rc', 'pyverbs'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out
 
 
 def test_a_zero_copy_threshold_that_does_not_fit_a_slot_is_refused(tmp_path):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the test guest once per machine: a Debian bookworm root (Debian's kernel, which ships rdma_rxe, its
-# initramfs with virtio and 9p, rdma-core, pyverbs, numpy, pytest) as an ext4 image, and a PID 1 that runs the
+# initramfs with virtio and 9p, rdma-core with libibverbs, numpy, pytest) as an ext4 image, and a PID 1 that runs the
 # shared folder's .guest-cmd and writes its exit status back. Needs root, mmdebstrap and e2fsprogs.
 #   build.sh DIR     writes DIR/root.ext4, DIR/vmlinuz, DIR/initrd.img (DIR/.done when complete)
 #   build.sh         the same into the cache folder guest.image() reads: $ERDMA_GUEST_CACHE (/var/cache/erdma-guest)
@@ -14,7 +14,7 @@ flock 9
 [[ -f $out/.done ]] && exit 0
 rm -rf "$out/root" "$out/rootfs.tar"
 mmdebstrap --variant=minbase \
-    --include=linux-image-amd64,initramfs-tools,kmod,iproute2,rdma-core,ibverbs-providers,ibverbs-utils,python3,python3-pyverbs,python3-numpy,python3-pytest,openmpi-bin \
+    --include=linux-image-amd64,initramfs-tools,kmod,iproute2,rdma-core,ibverbs-providers,ibverbs-utils,libibverbs1,python3,python3-numpy,python3-pytest,openmpi-bin \
     --customize-hook='printf "9p\n9pnet\n9pnet_virtio\nvirtio_pci\nvirtio_blk\n" >> "$1/etc/initramfs-tools/modules"' \
     --customize-hook='chroot "$1" update-initramfs -u -k all' \
     bookworm "$out/rootfs.tar"

@@ -1,7 +1,8 @@
 """The queue-pair layer on SoftRoCE: two RC queue pairs on one rxe device (rxe loops packets to its own
 address back through the full RoCEv2 path) exchange a SEND with immediate and an RDMA WRITE with immediate
-gathered from two segments, byte for byte, and one-segment writes whose requests are made once and posted
-again; a bad transition is named; the completion channel wakes a sleeper."""
+gathered from two segments, byte for byte, and one-segment writes posted one after another from the queue
+pair's one request (the C side fills it per post); a bad transition, a bad request and a missing device are
+named; the completion channel wakes a sleeper."""
 
 from __future__ import annotations
 
@@ -67,12 +68,10 @@ def test_write_with_immediate_gathers_two_segments_into_the_peers_buffer(pair):
     assert np.array_equal(target[:64], head) and np.array_equal(target[64:], data)
 
 
-def test_one_segment_writes_made_once_carry_each_posts_length_target_and_immediate(pair, monkeypatch):
-    """One-segment write requests are made once per (address, length, key) and posted again: each post must
-    still carry its own target, immediate and id, also after the kept requests were dropped (4 kept here,
-    6 different segments)."""
+def test_writes_posted_back_to_back_carry_each_posts_length_target_and_immediate(pair):
+    """Every post fills the queue pair's one request (``ibv.c``): each of 30 writes over 6 different segments,
+    six posted before any completes, must still carry its own target, immediate and id."""
     a, qa, b, qb = pair
-    monkeypatch.setattr(rc, "_WRITES", 4)
     data = np.random.default_rng(3).integers(0, 256, 8192, dtype=np.uint8)
     target, small = np.zeros(30 * 2048, np.uint8), np.zeros(1, np.uint8)
     mr_d, mr_t, mr_s = a.register(data), b.register(target), b.register(small)
@@ -88,7 +87,6 @@ def test_one_segment_writes_made_once_carry_each_posts_length_target_and_immedia
             sent.append(i)
         assert [wc.wr_id for wc in poll(a, 6)] == [100 + i for i in sent]
         assert [wc.imm_data for wc in poll(b, 6)] == [i * 10 + (i % 2 + 1) * 700 for i in sent]
-    assert len(qa._writes) <= 4
     assert np.array_equal(target, want)
 
 
@@ -96,6 +94,21 @@ def test_a_transition_that_fails_is_named(pair):
     qa = pair[1]
     with pytest.raises(rc.VerbsError, match=r"queue pair \d+: the move to INIT failed"):
         qa.to_init()  # already in RTS: RTS -> INIT is not a transition verbs allow
+
+
+def test_a_request_verbs_cannot_take_is_refused_naming_it(pair):
+    a, qa = pair[0], pair[1]
+    data = np.zeros(64, np.uint8)
+    mr = a.register(data)
+    with pytest.raises(rc.VerbsError, match=r"^3 segments \(1 to 2\)$"):
+        qa.write_imm(1, [(data.ctypes.data, 8, mr.lkey)] * 3, 0, 0, 0)
+    a.close_region(mr)
+
+
+def test_a_device_that_is_not_there_is_named():
+    with pytest.raises(rc.VerbsError, match=r"^mlx5_9 port 1: no such device$"):
+        rc.Device("mlx5_9")
+    assert rc.device_names() == [DEVICE]
 
 
 def test_the_completion_channel_wakes_a_sleeper():
