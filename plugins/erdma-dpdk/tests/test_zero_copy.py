@@ -63,7 +63,9 @@ def _again(pg, url: str, config: dict[str, Any]) -> dict[str, Any]:
     pg.destroy()
     second = erdma_core.init(config, rank=rank, world_size=size, init_method=url)
     try:
-        return _memory(second)
+        found = _memory(second)
+        second.barrier()  # every rank has read its maps before any ends the job: a server unmaps a client's region
+        return found      # when the client goes
     finally:
         second.destroy()
 
