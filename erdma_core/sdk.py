@@ -42,6 +42,8 @@ from .algorithms.schedule import Copy, Spec, Step, Xfer
 from .compression import Compressor, Encoded, Site
 from .config.option import Option
 from .engine.offload import Fallback, OffloadCall, OffloadContext
+from .engine.op import Op
+from .engine.program import Msg, Program, Stage
 from .errors import *  # noqa: F403  (every error: errors.__all__)
 from .errors import __all__ as _ERRORS
 from .net.addresses import Candidate
@@ -61,6 +63,8 @@ __all__ = [
     "VERSION", "Check", "Config", "Option", "Register", "RegisterAlgorithm", "RegisterEnvironment", "hookimpl",
     # transports
     "Header", "Request", "Transport", "TransportContext",
+    # a whole collective on a transport's own path (``Transport.run_program``)
+    "Msg", "Op", "Program", "Stage",
     # discovery, traversal, compression
     "Candidate", "Compressor", "Encoded", "Site", "Store", "Traversal",
     # algorithms and offloads

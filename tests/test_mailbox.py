@@ -77,6 +77,21 @@ def test_a_frame_no_collective_took_is_a_mismatch_not_mixed_in():
     assert len(told) == 1 and "collective #3" in str(told[0])
 
 
+def test_a_frame_of_a_collective_run_on_a_transports_own_path_is_a_stray_of_that_collective_only():
+    """While this rank runs seq 5 on a transport's own path (``Transport.run_program``), posting no receive, a
+    frame of seq 5 that came through the messages means its sender ran something else there."""
+    box = Mailbox(0, JOB)
+    box.begin(0, 5)
+    deliver(box, 2, hdr(seq=6), b"next")  # a fast peer's next collective: not this one's business
+    deliver(box, 1, hdr(seq=5, group=3), b"othr")  # another group's seq 5
+    assert box.stray(0, 5) is None
+    deliver(box, 1, hdr(seq=5), b"five")
+    err = box.stray(0, 5)
+    assert isinstance(err, MismatchError)
+    assert "rank 1 sent a message of collective #5 of group 0 (allreduce(dtype=float32, numel=1, count=1, " \
+           "op=SUM)) that this rank never received" in str(err)
+
+
 def test_a_frame_of_the_op_under_way_that_disagrees_fails_its_receives():
     """A rank that runs seq 5 as another op (or root) than this one: the receive posted for seq 5 from any
     peer fails at once, naming both, though the frame came from a peer this rank did not expect."""

@@ -168,3 +168,33 @@ def test_two_rank_ring_posts_the_allgather_receive_once_its_sends_are_done():
         ("land", 0), ("land", 1), ("send", 2), ("send", 3), ("land", 2), ("land", 3)]
     # it reduced zeros into the half it keeps and received zeros into the other
     np.testing.assert_array_equal(out, [0, 0, 0, 0, 4, 5, 6, 7])
+
+
+class _Whole(_Recording):
+    """A transport with a path of its own (``Transport.run_program``) that takes programs as ``takes`` says."""
+
+    def __init__(self, takes: bool) -> None:
+        super().__init__()
+        self.takes = takes
+        self.offered: list[tuple[int, int]] = []
+
+    def run_program(self, program, buffers, op):
+        self.offered.append((len(program.stages), op.seq))
+        if self.takes:
+            buffers["out"][:] = 42  # what its own path produced
+        return self.takes
+
+
+@pytest.mark.parametrize("takes", [True, False])
+def test_the_executor_leaves_a_program_to_a_transport_that_runs_it_whole(takes):
+    p = plan(_Component(ring.allreduce, "ring", "test"), Spec("allreduce", 0, 2, 8))
+    program = compile_plan(p, range(2), 2, 4)
+    op = Op(name="allreduce", opcode=1, dtype="float32", dtype_code=1, numel=8, job=1, group=0, seq=7,
+            reduce_op=ReduceOp.SUM, timeout=10.0, ranks=range(2), rank=0)
+    transport, out = _Whole(takes), np.arange(8, dtype=np.float32)
+    executor.run(program, {"in": out, "out": out, "work": np.empty(0, np.float32)}, transport, op)
+    assert transport.offered == [(2, 7)]
+    if takes:  # nothing went through the calls per message
+        assert transport.calls == [] and (out == 42).all()
+    else:
+        assert len(transport.calls) == 12 and out.tolist() == [0, 0, 0, 0, 4, 5, 6, 7]

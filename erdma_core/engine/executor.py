@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import numpy as np
 
@@ -37,13 +36,17 @@ _Pending = tuple[Request, Msg, "np.ndarray | None"]
 
 def run(program: Program, buffers: Mapping[str, np.ndarray], transport: Transport, op: Op,
         scratch_for: ScratchFor | None = None, codecs: Codecs = NO_CODECS) -> None:
-    """Execute ``program``; raise a CollectiveError naming this rank, the op and the peer on failure.
+    """Execute ``program``; raise a CollectiveError naming this rank, the op and the peer on failure. A
+    transport that runs the whole program on a path of its own (``Transport.run_program``) is asked first.
 
     ``scratch_for(count, dtype, slot)`` lends the memory reducing receives land in (slots 0 and 1, used by
     alternate steps). The next step's receives are posted before this step's sends whenever the plan says
     that is safe, or else once this step's sends are done where only they were in the way, so a fast
     neighbour's data lands in place instead of being buffered.
     """
+    whole = getattr(transport, "run_program", None)  # (a transport plugin on the bare protocol may lack it)
+    if codecs.sender is None and whole is not None and whole(program, buffers, op):
+        return
     try:
         _run(program, buffers, transport, op, scratch_for, codecs)
     except ErdmaError:
@@ -157,8 +160,7 @@ def finish(req: Request, peer: int, op: Op, transport: Transport, doing: str) ->
             ok = transport.wait(req, time.monotonic() + _grace(op.timeout))
     except CollectiveError as exc:
         transport.abort(exc)
-        raise type(exc)(f"{op.name} ({op.label}, seq {op.seq}) failed on rank {op.rank}: {exc}",
-                        **_fields(exc, op)) from None  # (the message carries exc's)
+        raise op.failed(exc) from None  # (the message carries exc's)
     except ErdmaError as exc:  # a peer broke the protocol, or this rank could not send
         transport.abort(exc)
         raise
@@ -183,10 +185,3 @@ def _grace(timeout: float) -> float:
     1-10 s (ranks enter a collective at different times)."""
     return min(10.0, max(1.0, timeout / 10))
 
-
-def _fields(exc: CollectiveError, op: Op) -> dict[str, Any]:
-    fields: dict[str, Any] = {"rank": op.rank, "op": op.name}
-    for name in ("peer", "gone"):  # (PeerLostError's and IntegrityError's; AbortedError's)
-        if hasattr(exc, name):
-            fields[name] = getattr(exc, name)
-    return fields

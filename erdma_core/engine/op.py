@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from ..errors import CollectiveError
 from ..protocol.reduce_ops import ReduceOp
 from ..wire import DATA, NO_ROOT
 
@@ -49,6 +50,15 @@ class Op(_OpFields):
 
     def again(self, seq: int, key: Hashable | None) -> Op:
         return _new(Op, (*self[:_PER_CALL], seq, key, time.monotonic() + self.timeout))
+
+    def failed(self, exc: CollectiveError) -> CollectiveError:
+        """``exc`` (a transport's error) as this op raises it: of the same type, with its fields, the message
+        naming the op, its group and sequence number and this rank first."""
+        fields: dict[str, Any] = {"rank": self.rank, "op": self.name}
+        for name in ("peer", "gone"):  # (PeerLostError's and IntegrityError's; AbortedError's)
+            if hasattr(exc, name):
+                fields[name] = getattr(exc, name)
+        return type(exc)(f"{self.name} ({self.label}, seq {self.seq}) failed on rank {self.rank}: {exc}", **fields)
 
 
 _new = tuple.__new__

@@ -124,6 +124,15 @@ class Transport(Protocol):
     travel side by side (a pool of connections, the TCP transport's ``connections``); the engine then cuts
     a collective's messages into chunks of at most ``collectives.chunk_bytes / stripes`` (256 KiB at least,
     ``engine.program.chunk_bytes``), so that every one of them carries data. 1 for a transport without pools.
+
+    ``run_program(program, buffers, op)`` (optional): run a whole collective on the transport's own data path
+    (compiled code, say) instead of the executor's calls per message. It returns False at once, having done
+    nothing, for a program it does not take, and must decide that from what every rank of the collective has
+    alike (the program's shape, ``op``'s identity), so that either every rank takes it or none. Taken, it
+    returns True once the collective is done on this rank, or raises as the executor would: a
+    ``CollectiveError`` naming this rank, the op and the peer, after ``abort``. It honours ``op.deadline``,
+    fails at once when the transport is aborted, and detects a peer that ran another collective at that
+    sequence number (``MismatchError``). Called once per collective, on uncompressed programs only.
     """
 
     rank: int
@@ -154,6 +163,10 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def run_program(self, program: Any, buffers: Any, op: Any) -> bool:
+        """See the class docstring: False leaves ``program`` to the executor."""
+        ...
 
 
 class MessageTransport:
@@ -306,6 +319,10 @@ class MessageTransport:
         head = control(ABORT, self.job, nbytes=len(body))
         skip = gone_ranks(error)
         self._to_all([p for p in self._sent if p not in skip], lambda p: head, body, urgent=True, wait=wait)
+
+    def run_program(self, program: Any, buffers: Any, op: Any) -> bool:
+        """No path of its own: every collective runs through the executor (``Transport.run_program``)."""
+        return False
 
     def forget(self, peers: set[int]) -> None:
         """During ``open``: ``peers`` are not this transport's after all (``ctx.settle`` or ``ctx.taken`` gave

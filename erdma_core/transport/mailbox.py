@@ -164,6 +164,16 @@ class Mailbox:
         self._give_back(stale)
         return self._never_received(stale[0][0], stale[0][1].header)
 
+    def stray(self, group: int, seq: int) -> MismatchError | None:
+        """A frame of collective ``seq`` of ``group`` waiting with no receive, while this rank runs that
+        collective on a transport's own path (``Transport.run_program``), which posts none: its sender ran
+        another collective there (or the same with another root or size). The error, or None."""
+        with self._lock:
+            for k, early in self._unexpected.items():
+                if k[1][0] == group and k[1][1] == seq:
+                    return self._never_received(k[0], early.header)
+        return None
+
     def _never_received(self, peer: int, h: Header) -> MismatchError:
         return MismatchError(f"rank {self.rank}: rank {peer} sent a message of collective #{h.seq} of group {h.group} "
                              f"({describe(h)}) that this rank never received: the ranks called different collectives "

@@ -44,4 +44,29 @@ int ev_arm(ev_dev *dev);
 int ev_take_event(ev_dev *dev);            /* after the channel's fd is readable: 1 when an event was taken */
 const char *ev_status_name(int status);    /* IBV_WC_RETRY_EXC_ERR -> "RETRY_EXC_ERR" */
 
+
+/* A collective's steps in C (steps.c), over queue pairs of their own: ``ev_steps_peer`` for each peer (its
+   queue pair connected, its ring's address and rkey, ours, a registered send buffer of slots x slot_bytes),
+   then ``ev_steps_run`` per collective: 0 done, 1 the budget spent (call again with ``resume``), negative
+   failed (``ev_steps_error``, ``ev_steps_bad_peer``: the rank it concerns or -1). */
+#define EV_RECV 0
+#define EV_SEND 1
+#define EV_COPY 2
+typedef struct ev_steps ev_steps;
+typedef struct {
+    int step, kind, peer;          /* kind: EV_RECV, EV_SEND or EV_COPY (``src`` to ``at``, first in its step) */
+    int buf, src_buf;              /* which of the run's buffers (``bases``) ``at`` and ``src`` are in */
+    unsigned int len;
+    unsigned long long at, src;    /* byte offsets in those buffers */
+} ev_msg;
+ev_steps *ev_steps_new(ev_dev *dev, int n, int slots, unsigned int slot_bytes, unsigned long long ctrl_addr,
+                       double spin, double pause_max);
+int ev_steps_peer(ev_steps *s, int peer, ev_qp *qp, unsigned long long remote, unsigned int rkey,
+                  unsigned long long ring, unsigned long long bounce, unsigned int bounce_lkey, unsigned int ctrl_lkey);
+int ev_steps_run(ev_steps *s, const ev_msg *msgs, int count, void *const *bases, unsigned int tag,
+                 double budget, int resume);
+const char *ev_steps_error(ev_steps *s);
+int ev_steps_bad_peer(ev_steps *s);
+int ev_steps_waiting(ev_steps *s, int *kind);  /* the current step's first move not done */
+void ev_steps_free(ev_steps *s);
 /* cdef-end */

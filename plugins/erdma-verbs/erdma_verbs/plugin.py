@@ -32,6 +32,9 @@ OPTIONS = {
     "retry_count": Option(int, 6, "resends of an unacknowledged write before the peer counts as lost (at most 6: "
                           "SoftRoCE takes 7 to mean without limit, and a dead peer would never be noticed)",
                           minimum=0, maximum=6),
+    "native": Option(bool, True, "collectives without reductions (all-to-all, all-gather, broadcast, scatter, "
+                     "gather) of the job's whole world run whole in compiled code over queue pairs of their own "
+                     "(steps.c); false: every collective goes message by message through the core's executor"),
     "keepalive": Option(float, 1.0, "seconds of silence towards a peer after which a keepalive is sent (a dead "
                         "peer is noticed once it goes unanswered: about qp_timeout * (retry_count + 1) later)",
                         minimum=0.05),

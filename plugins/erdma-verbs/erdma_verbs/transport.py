@@ -24,6 +24,7 @@ through the job's store, which every rank proved the job's secret to.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -34,10 +35,22 @@ from typing import Any
 
 import numpy as np
 
-from erdma_core.sdk import ConfigError, Header, PeerLostError, ProtocolError, Request, TransportContext
+from erdma_core.sdk import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    ConfigError,
+    Header,
+    MismatchError,
+    Op,
+    PeerLostError,
+    Program,
+    ProtocolError,
+    Request,
+    TransportContext,
+)
 from erdma_core.toolkit import FRAME, MessageTransport, StreamReader, await_key
 
-from . import rc
+from . import native, rc
 from .regcache import Region, RegistrationCache
 
 log = logging.getLogger("erdma.verbs")
@@ -126,6 +139,9 @@ class VerbsTransport(MessageTransport):
         self._ids = 0
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.native: native.Native | None = None  # the compiled path (``transport.verbs.native``)
+        self._native_lock = threading.Lock()  # one collective on it at a time; close waits for it
+        self.native_runs = 0  # collectives the compiled path ran
 
     # ---- set-up -------------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
@@ -151,7 +167,11 @@ class VerbsTransport(MessageTransport):
             self._post_recv(link, 2 * self.depth)
             self.links[peer] = self.by_qpn[qp.qpn] = link
             mine[str(peer)] = [qp.qpn, qp.psn, ring.ctypes.data, link.ring_mr.rkey]
-        me = {"gid": dev.gid, "slots": self.slots, "slot_bytes": self.slot_bytes, "peers": mine}
+        if o["native"] and ctx.peers is None:  # (not as one of several transports, ``paired``: it runs none whole)
+            self.native = native.Native(dev.name, dev.port, dev.gid_index, ctx.world_size, self.peers(), self.slots,
+                                        self.slot_bytes, o["qp_timeout"], o["retry_count"], self.spin, self.max_pause)
+        me = {"gid": dev.gid, "slots": self.slots, "slot_bytes": self.slot_bytes, "peers": mine,
+              "native": self.native.offer() if self.native is not None else None}
         ctx.store.set(self._key(ctx.job, self.rank), json.dumps(me).encode())
         for peer, link in self.links.items():
             theirs = json.loads(self._get(ctx, self._key(ctx.job, peer), deadline))
@@ -159,9 +179,15 @@ class VerbsTransport(MessageTransport):
                 if theirs[key] != me[key]:
                     raise ConfigError(f"config key 'transport.verbs.{key}': rank {peer} has {theirs[key]}, rank "
                                       f"{self.rank} has {me[key]}; every rank needs the same")
+            if (theirs.get("native") is None) != (me["native"] is None):
+                raise ConfigError(f"config key 'transport.verbs.native': rank {peer} has "
+                                  f"{theirs.get('native') is not None}, rank {self.rank} has {me['native'] is not None}"
+                                  "; every rank needs the same")
             qpn, psn, addr, rkey = theirs["peers"][str(self.rank)]
             link.qp.connect(rc.Address(qpn, theirs["gid"], psn))
             link.remote_addr, link.rkey = addr, rkey
+            if self.native is not None:
+                self.native.join(peer, theirs["native"], self.rank)
         ctx.store.set(self._key(ctx.job, self.rank) + "/ready", b"1")
         for peer in self.links:
             self._get(ctx, self._key(ctx.job, peer) + "/ready", deadline)
@@ -187,6 +213,57 @@ class VerbsTransport(MessageTransport):
         if link.to_repost == _REPOST:
             link.to_repost = 0
             self._post_recv(link)
+
+    # ---- the compiled path ----------------------------------------------------------------------------------
+    def run_program(self, program: Program, buffers: Any, op: Op) -> bool:
+        """A collective without reductions on the job's whole world runs whole on the compiled path
+        (``native``); everything else goes through the executor."""
+        nat = self.native
+        if nat is None:
+            return False
+        with self._native_lock:
+            if self.native is None or self.closing:  # closed meanwhile: the executor's calls fail as they should
+                return False
+            got = nat.prepare(program, buffers, op, self.world_size)
+            if got is None:
+                return False
+            self._run_native(nat, *got, op)
+            self.native_runs += 1
+        return True
+
+    def _run_native(self, nat: native.Native, msgs: Any, count: int, tag: int, op: Op) -> None:
+        code = nat.run(msgs, count, tag, False)
+        while code == 1:
+            failed = self.failure()
+            if failed is not None:
+                raise op.failed(failed) if isinstance(failed, CollectiveError) else failed
+            stray = self.mailbox.stray(op.group, op.seq)
+            if stray is not None:
+                self.abort(stray)
+                raise op.failed(stray)
+            if time.monotonic() > op.deadline:
+                peer, doing = nat.waiting_on() or (-1, "waiting for")
+                late = CollectiveTimeoutError(f"rank {self.rank}: {op.name} ({op.label}, seq {op.seq}) hit its timeout "
+                                              f"of {op.timeout:.1f}s {doing} rank {peer} (verbs, compiled path)",
+                                              rank=self.rank, op=op.name)
+                self.abort(late)
+                raise late
+            code = nat.run(msgs, count, tag, True)
+        if code == 0:
+            return
+        peer, why = nat.bad_peer(), nat.error()
+        err: CollectiveError
+        if code == -errno.EPROTO:
+            err = MismatchError(f"rank {self.rank}: {why}: the ranks called different collectives at {op.name} "
+                                f"({op.label}, seq {op.seq}), or the same with different sizes", rank=self.rank,
+                                op=op.name)
+        elif peer >= 0:
+            err = self.peer_lost(peer, f"{why} (compiled path)")
+        else:
+            err = CollectiveError(f"rank {self.rank}: the compiled path failed: {why}", rank=self.rank, op=op.name)
+        self.abort(err)
+        first = self.failure() or err
+        raise op.failed(first) if isinstance(first, CollectiveError) else first
 
     # ---- sending ------------------------------------------------------------------------------------------
     def post(self, peer: int, header: Header, payload: memoryview, deadline: float, req: Request,
@@ -495,6 +572,12 @@ class VerbsTransport(MessageTransport):
     def shutdown(self) -> None:
         if self.settling and self._thread is not None and self._thread is not threading.current_thread():
             self._settle(time.monotonic() + self.linger)
+        if self.native is not None and self._native_lock.acquire(timeout=2 * native.SLICE_S + 1.0):
+            try:  # (a run in progress ends within its slice: the transport is closing, or aborted)
+                self.native.close()
+                self.native = None
+            finally:
+                self._native_lock.release()
         self._stop = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
@@ -506,3 +589,4 @@ class VerbsTransport(MessageTransport):
             if self.device is not None:
                 self.device.close()
                 self.device = None
+
