@@ -2,6 +2,7 @@
    and completions, each one C call from Python. Nothing here allocates per request: a post fills the queue
    pair's own request and scatter-gather list and hands them to ibv_post_send (the provider copies them). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,8 @@ ev_dev *ev_open(const char *name, int port, int cq_depth, int channel) {
         fail(rc, "port %d: %s", port, strerror(rc));
         goto out;
     }
+    dev->gid_tbl_len = attr.gid_tbl_len;
+    dev->active_mtu = (int)attr.active_mtu;
     dev->pd = ibv_alloc_pd(dev->ctx);
     if (!dev->pd) {
         fail(errno, "ibv_alloc_pd: %s", strerror(errno));
@@ -101,6 +104,12 @@ ev_dev *ev_open(const char *name, int port, int cq_depth, int channel) {
         dev->channel = ibv_create_comp_channel(dev->ctx);
         if (!dev->channel) {
             fail(errno, "ibv_create_comp_channel: %s", strerror(errno));
+            goto out;
+        }
+        /* a wake-up that finds no event (another thread took it) must not block: ev_take_event says 0 */
+        int fl = fcntl(dev->channel->fd, F_GETFL);
+        if (fl < 0 || fcntl(dev->channel->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+            fail(errno, "making the completion channel non-blocking: %s", strerror(errno));
             goto out;
         }
     }
@@ -115,11 +124,7 @@ out:
     return NULL;
 }
 
-int ev_gid_table_len(ev_dev *dev) {
-    struct ibv_port_attr attr;
-    int rc = ibv_query_port(dev->ctx, (uint8_t)dev->port, &attr);
-    return rc ? fail(rc, "ibv_query_port: %s", strerror(rc)) : attr.gid_tbl_len;
-}
+int ev_gid_table_len(ev_dev *dev) { return dev->gid_tbl_len; }
 
 int ev_gid(ev_dev *dev, int index, unsigned char *gid, int *roce_v2) {
     struct ibv_gid_entry entry;
@@ -131,11 +136,7 @@ int ev_gid(ev_dev *dev, int index, unsigned char *gid, int *roce_v2) {
     return 0;
 }
 
-int ev_active_mtu(ev_dev *dev) {
-    struct ibv_port_attr attr;
-    int rc = ibv_query_port(dev->ctx, (uint8_t)dev->port, &attr);
-    return rc ? fail(rc, "ibv_query_port: %s", strerror(rc)) : (int)attr.active_mtu;
-}
+int ev_active_mtu(ev_dev *dev) { return dev->active_mtu; }
 
 int ev_channel_fd(ev_dev *dev) { return dev->channel ? dev->channel->fd : -1; }
 

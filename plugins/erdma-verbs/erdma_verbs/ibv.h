@@ -14,9 +14,9 @@ typedef struct {
 const char *ev_error(void);
 int ev_device_names(char *out, int len);   /* the devices' names, each ended by '\n'; their count */
 ev_dev *ev_open(const char *name, int port, int cq_depth, int channel);
-int ev_gid_table_len(ev_dev *dev);
+int ev_gid_table_len(ev_dev *dev);        /* the port's GID table length (queried at open) */
 int ev_gid(ev_dev *dev, int index, unsigned char *gid, int *roce_v2);  /* 0, or -ENODATA for an empty entry */
-int ev_active_mtu(ev_dev *dev);            /* the port's active MTU as verbs numbers it (IBV_MTU_*) */
+int ev_active_mtu(ev_dev *dev);            /* the port's active MTU as verbs numbers it (IBV_MTU_*; at open) */
 int ev_channel_fd(ev_dev *dev);            /* -1 without a channel */
 void ev_close(ev_dev *dev);                /* the CQ, channel, PD and context (QPs and MRs first) */
 

@@ -9,6 +9,7 @@ struct ev_dev {
     struct ibv_cq *cq;
     struct ibv_comp_channel *channel;
     int port;
+    int gid_tbl_len, active_mtu;  /* the port's, queried once at open */
 };
 
 struct ev_qp {
