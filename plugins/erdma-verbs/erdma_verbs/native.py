@@ -26,12 +26,11 @@ SLICE_S = 0.05  # how long one C call runs before the caller looks at the rest o
 _BUFFERS = ("in", "out", "work")  # the executor's buffers, by the index messages name them
 
 
-def takes(program: Program, op: Op, world: int) -> bool:
-    """Whether the compiled path runs ``program``: the job's whole world, no reduction, nothing compressed.
-    Decided from what every rank of a collective has alike, so that all of them take it or none."""
-    if op.group != 0 or len(op.ranks) != world or op.reduce_op is not None:
-        return False
-    return not any(m.reduce for st in program.stages for m in st.recvs)
+def takes(op: Op, world: int) -> bool:
+    """Whether the compiled path runs ``op``: the job's whole world and no reduction (the executor offers
+    uncompressed programs only). Decided from what every rank of a collective has alike, so that all of them
+    take it or none: an op without a reduce op has no reducing receive on any rank."""
+    return op.group == 0 and len(op.ranks) == world and op.reduce_op is None
 
 
 def digest(op: Op) -> int:
@@ -44,7 +43,6 @@ def digest(op: Op) -> int:
 class Native:
     def __init__(self, device: str, port: int, gid_index: int | None, world: int, peers: list[int], slots: int,
                  slot_bytes: int, qp_timeout: int, retry_count: int, spin: float, pause_max: float) -> None:
-        self.slots, self.slot_bytes = slots, slot_bytes
         depth = slots + 8
         self.device = rc.Device(device, port, gid_index, cq_depth=4 * depth * max(1, len(peers)))
         self.steps: Any = ffi.NULL
@@ -92,8 +90,7 @@ class Native:
         if known is None or known[0] is not program:
             if len(self._programs) >= 256:
                 self._programs.clear()
-            taken = takes(program, op, world)
-            msgs = self._messages(program, buffers) if taken else None
+            msgs = self._messages(program, buffers) if takes(op, world) else None
             known = self._programs[id(program)] = (program, msgs, digest(op))
         msgs = known[1]
         if msgs is None:

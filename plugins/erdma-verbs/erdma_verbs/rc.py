@@ -113,9 +113,7 @@ class Device:
             if gid is None:
                 raise VerbsError(f"{name} port {port}: GID {self.gid_index} is empty")
             self.gid = gid
-            self.active_mtu = lib.ev_active_mtu(self.dev)
-            if self.active_mtu < 0:
-                raise VerbsError(_error(f"{name} port {port}"))
+            self.active_mtu = lib.ev_active_mtu(self.dev)  # (queried at open, with the GID table's length)
         except BaseException:
             self.close()
             raise
@@ -123,10 +121,7 @@ class Device:
         self.channel = True if channel else None
 
     def gid_table_len(self) -> int:
-        n = lib.ev_gid_table_len(self.dev)
-        if n < 0:
-            raise VerbsError(_error(f"{self.name} port {self.port}"))
-        return n
+        return int(lib.ev_gid_table_len(self.dev))
 
     def query_gid(self, index: int) -> tuple[str | None, bool]:
         """GID ``index`` as text and whether it is a RoCEv2 one; (None, False) for an entry that cannot be read

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from erdma_core.sdk import (
+    AbortedError,
     CollectiveError,
     CollectiveTimeoutError,
     ConfigError,
@@ -235,6 +236,9 @@ class VerbsTransport(MessageTransport):
         code = nat.run(msgs, count, tag, False)
         while code == 1:
             failed = self.failure()
+            if failed is None and self.closing:  # closed from another thread: ``shutdown`` waits for this run
+                failed = AbortedError(f"rank {self.rank}: the transport closed while {op.name} ({op.label}, seq "
+                                      f"{op.seq}) ran on the compiled path", rank=self.rank, op=op.name)
             if failed is not None:
                 raise op.failed(failed) if isinstance(failed, CollectiveError) else failed
             stray = self.mailbox.stray(op.group, op.seq)
@@ -589,4 +593,3 @@ class VerbsTransport(MessageTransport):
             if self.device is not None:
                 self.device.close()
                 self.device = None
-
