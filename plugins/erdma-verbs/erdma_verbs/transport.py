@@ -16,8 +16,9 @@ immediate (the count of slots freed so far): a sender never writes into a slot t
 The same SEND, every ``keepalive`` seconds of silence, is how a dead peer is noticed (its queue pair no
 longer answers, and after ``retry_count`` retries the send completes in error).
 
-Completions are polled by one I/O thread, sleeping with back-off (up to ``poll_max_us``) when idle, or
-waiting on a completion channel (``completion = "channel"``: no polling at all, a little more latency).
+Completions are polled by one I/O thread, sleeping with back-off (up to ``poll_max_us``) and, once idle
+that long, on a completion channel until the next completion; or always on the channel (``completion =
+"channel"``: no polling at all, a little more latency).
 Membership: a queue pair takes packets only from the queue pair it was connected to, whose address came
 through the job's store, which every rank proved the job's secret to.
 """
@@ -59,6 +60,7 @@ HEAD = FRAME.size
 _RECV = 1 << 62  # wr_id bit of receives (their low bits: the peer)
 _MOD = 1 << 31  # credits count modulo this (the immediate's width, less one bit)
 _REPOST = 8  # receives posted again at a time
+DOZE_S = 0.05  # longest sleep of the idle I/O thread on the completion channel (it sees a close within it)
 
 
 class _Out:
@@ -143,6 +145,7 @@ class VerbsTransport(MessageTransport):
         self.native: native.Native | None = None  # the compiled path (``transport.verbs.native``)
         self._native_lock = threading.Lock()  # one collective on it at a time; close waits for it
         self.native_runs = 0  # collectives the compiled path ran
+        self.woken = 0  # sleeps of the idle I/O thread on the completion channel that a completion ended
 
     # ---- set-up -------------------------------------------------------------------------------------------
     def open(self, ctx: TransportContext) -> None:
@@ -150,7 +153,7 @@ class VerbsTransport(MessageTransport):
         o = self.opts
         self.device = rc.Device(_choose_device(o), o["port"], None if o["gid_index"] < 0 else o["gid_index"],
                                 cq_depth=4 * self.depth * max(1, ctx.world_size - 1),
-                                channel=self.channel)
+                                channel=True)  # (polling, the idle I/O thread sleeps on it: ``_doze``)
         dev = self.device
         self.cache = RegistrationCache(lambda v: dev.register(v, 0), dev.close_region, o["registration_cache_bytes"])
         self.ctrl = np.zeros(64, np.uint8)
@@ -538,6 +541,8 @@ class VerbsTransport(MessageTransport):
                     self._progress(0.1)
                 elif self._progress():
                     pause = 1e-5
+                elif pause >= self.max_pause:  # idle a while (the compiled path's collectives use none of it)
+                    self._doze(min(DOZE_S, max(0.0, next_check - now)))
                 else:
                     time.sleep(pause)
                     pause = min(pause * 2, self.max_pause)
@@ -546,6 +551,23 @@ class VerbsTransport(MessageTransport):
                 if self.mailbox is not None:
                     self.abort(rc.VerbsError(f"rank {self.rank}: verbs I/O thread failed: {exc!r}"), wait=False)
                 return
+
+    def _doze(self, seconds: float) -> None:
+        """The idle I/O thread (``completion = "poll"``): sleep on the completion channel until a completion
+        comes, up to ``seconds``, instead of polling every ``poll_max_us``; on emulated or shared cores those
+        wake-ups cost a rank more than a small collective. The completion lock is not held while asleep: a
+        thread that waits for a message meanwhile polls as before (its completions wake this one too, which
+        then finds them taken)."""
+        with self._cq_lock:
+            dev = self.device
+            if dev is None:
+                return
+            dev.arm()
+            wcs = dev.poll(64)  # one that came before the request for an event makes none
+            for wc in wcs:
+                self._completed(wc)
+        if not wcs and not self._stop and dev.sleep(seconds):
+            self.woken += 1
 
     def _settle(self, deadline: float) -> None:
         """Until ``deadline``, let the I/O thread send what is queued and take the completions of what was

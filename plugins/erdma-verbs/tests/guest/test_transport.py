@@ -1,10 +1,12 @@
 """The ``verbs`` transport passes the core's transport conformance suite on SoftRoCE: every allreduce
 algorithm byte-exact on 3 ranks, 6 MiB (3 MiB with small slots) each way at once, 300 small collectives,
 a SIGKILLed rank turning into PeerLostError on every survivor, a mismatch reaching every rank; with the
-defaults (polling) and with a completion channel, few small slots and every payload written from the caller's memory."""
+defaults (polling) and with a completion channel, few small slots and every payload written from the caller's
+memory. Polling, an idle I/O thread sleeps on the completion channel, and a message's completion wakes it."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -63,3 +65,27 @@ def test_every_rank_exits_by_itself_after_destroy() -> None:
     assert world.run(_small_steps) == [True] * 3
     world.close()
     assert [p.exitcode for p in world.procs] == [0, 0, 0]  # not killed (-9)
+
+
+def _received_while_idle(pg: Any) -> tuple[bool, bool, list[int]]:
+    """Rank 0 sends after rank 1's I/O thread has been idle a while; rank 1 never waits on the receive (the
+    I/O thread must take its completion) and only looks whether it completed."""
+    buf = np.zeros(1000, np.int64)
+    if pg.rank() == 1:
+        work = pg.irecv(buf, src=0)
+        pg.barrier()
+        woken = pg.transport.woken
+        deadline = time.monotonic() + 30
+        while not work.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return work.is_completed(), pg.transport.woken > woken, buf[::250].tolist()
+    pg.barrier()
+    time.sleep(0.5)  # the peer's I/O thread is asleep on its completion channel by now
+    pg.send(np.arange(1000, dtype=np.int64), dst=1)
+    return True, True, [0, 250, 500, 750]
+
+
+def test_an_idle_io_thread_sleeps_on_the_channel_and_a_completion_wakes_it(erdma_world: Any) -> None:
+    # (keepalives a minute apart: within the test only the message's completions can wake the thread)
+    world = erdma_world(2, {"transport.name": "verbs", "transport.verbs.keepalive": 60.0})
+    assert world.run(_received_while_idle) == [(True, True, [0, 250, 500, 750])] * 2
