@@ -60,7 +60,7 @@ typedef struct {
     unsigned long long at, src;    /* byte offsets in those buffers */
 } ev_msg;
 ev_steps *ev_steps_new(ev_dev *dev, int n, int slots, unsigned int slot_bytes, unsigned long long ctrl_addr,
-                       double spin, double pause_max);
+                       double spin);
 int ev_steps_peer(ev_steps *s, int peer, ev_qp *qp, unsigned long long remote, unsigned int rkey,
                   unsigned long long ring, unsigned long long bounce, unsigned int bounce_lkey, unsigned int ctrl_lkey);
 int ev_steps_run(ev_steps *s, const ev_msg *msgs, int count, void *const *bases, unsigned int tag,

@@ -42,9 +42,9 @@ def digest(op: Op) -> int:
 
 class Native:
     def __init__(self, device: str, port: int, gid_index: int | None, world: int, peers: list[int], slots: int,
-                 slot_bytes: int, qp_timeout: int, retry_count: int, spin: float, pause_max: float) -> None:
+                 slot_bytes: int, qp_timeout: int, retry_count: int, spin: float) -> None:
         depth = slots + 8
-        self.device = rc.Device(device, port, gid_index, cq_depth=4 * depth * max(1, len(peers)))
+        self.device = rc.Device(device, port, gid_index, cq_depth=4 * depth * max(1, len(peers)), channel=True)
         self.steps: Any = ffi.NULL
         try:
             dev = self.device
@@ -56,7 +56,7 @@ class Native:
                 qp.to_init()
                 ring, bounce = np.zeros(slots * slot_bytes, np.uint8), np.zeros(slots * slot_bytes, np.uint8)
                 self.links[peer] = (qp, ring, dev.register(ring), bounce, dev.register(bounce))
-            self.steps = lib.ev_steps_new(dev.dev, world, slots, slot_bytes, self.ctrl.ctypes.data, spin, pause_max)
+            self.steps = lib.ev_steps_new(dev.dev, world, slots, slot_bytes, self.ctrl.ctypes.data, spin)
             if self.steps == ffi.NULL:
                 raise rc.VerbsError("the compiled path: out of memory")
         except BaseException:

@@ -14,8 +14,9 @@
    from its peer), until all are done. ``ev_steps_run`` returns after ``budget`` seconds with 1 so that the
    caller can look at the rest of the world (an abort, a deadline) and call again with ``resume``. After a
    failure the queue pairs' state is unknown: the caller stops using them. When idle, the run polls (yielding
-   the core) for ``spin`` seconds, then sleeps between polls with back-off up to ``pause_max``. */
+   the core) for ``spin`` seconds, then sleeps on the device's completion channel until a completion. */
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -55,9 +56,10 @@ typedef struct {
 
 struct ev_steps {
     struct ibv_cq *cq;
+    struct ibv_comp_channel *channel;  /* the device's (NULL: an idle run polls, yielding the core) */
     int n, slots, depth;
     unsigned int slot_bytes;
-    double spin, pause_max;
+    double spin;
     peer_t *peers;
     unsigned long long ctrl_addr;
     cursor_t *cursors;  /* one per message of a run, grown to the longest */
@@ -103,18 +105,18 @@ static int post_recvs(ev_steps *s, peer_t *p, int peer, int count) {
 }
 
 ev_steps *ev_steps_new(ev_dev *dev, int n, int slots, unsigned int slot_bytes, unsigned long long ctrl_addr,
-                       double spin, double pause_max) {
+                       double spin) {
     ev_steps *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
     s->cq = dev->cq;
+    s->channel = dev->channel;
     s->n = n;
     s->slots = slots;
     s->slot_bytes = slot_bytes;
     s->depth = slots + 8;
     s->ctrl_addr = ctrl_addr;
     s->spin = spin;
-    s->pause_max = pause_max;
     s->bad_peer = -1;
     s->peers = calloc((size_t)n, sizeof *s->peers);
     if (!s->peers) {
@@ -288,9 +290,29 @@ static void start_step(ev_steps *s, const ev_msg *msgs, int count, int at) {
     s->end = end;
 }
 
+/* Idle past ``spin``: ask for an event at the next completion, look once more (one that came before the
+   request makes none), then sleep on the completion channel until one comes or ``seconds`` pass. Everything
+   a run waits for is a completion (a piece landed, a credit, a send done), so nothing is missed asleep. */
+static int doze(ev_steps *s, double seconds) {
+    int rc = ibv_req_notify_cq(s->cq, 0);
+    if (rc)
+        return fail(s, rc, -1, "ibv_req_notify_cq: %s", strerror(rc));
+    rc = progress(s);
+    if (rc)
+        return rc;
+    struct pollfd pfd = {.fd = s->channel->fd, .events = POLLIN};
+    if (poll(&pfd, 1, (int)(seconds * 1e3) + 1) > 0) {
+        struct ibv_cq *cq;
+        void *ctx;
+        if (ibv_get_cq_event(s->channel, &cq, &ctx) == 0)  /* (non-blocking: EAGAIN if none) */
+            ibv_ack_cq_events(cq, 1);
+    }
+    return 0;
+}
+
 int ev_steps_run(ev_steps *s, const ev_msg *msgs, int count, void *const *bases, unsigned int tag,
                  double budget, int resume) {
-    double start = now(), until = start + budget, idle_since = start, pause = 0;
+    double start = now(), until = start + budget, idle_since = start;
     s->bases = bases;
     s->msgs = msgs;
     if (!resume) {
@@ -336,23 +358,20 @@ int ev_steps_run(ev_steps *s, const ev_msg *msgs, int count, void *const *bases,
         if (rc < 0)
             return rc;
         if (moved || rc) {
-            pause = 0;
             idle_since = now();
             continue;
         }
         double t = now();
         if (t >= until)
             return 1;
-        if (t - idle_since < s->spin) {
+        if (t - idle_since < s->spin || !s->channel) {
             sched_yield();
             continue;
         }
-        pause = pause > 0 ? pause * 2 : 2e-6;
-        if (pause > s->pause_max)
-            pause = s->pause_max;
-        if (pause > until - t)
-            pause = until - t;
-        struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
-        nanosleep(&ts, NULL);
+        rc = doze(s, until - t);
+        if (rc < 0)
+            return rc;
+        if (rc)
+            idle_since = now();
     }
 }

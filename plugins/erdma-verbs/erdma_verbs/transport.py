@@ -173,7 +173,7 @@ class VerbsTransport(MessageTransport):
             mine[str(peer)] = [qp.qpn, qp.psn, ring.ctypes.data, link.ring_mr.rkey]
         if o["native"] and ctx.peers is None:  # (not as one of several transports, ``paired``: it runs none whole)
             self.native = native.Native(dev.name, dev.port, dev.gid_index, ctx.world_size, self.peers(), self.slots,
-                                        self.slot_bytes, o["qp_timeout"], o["retry_count"], self.spin, self.max_pause)
+                                        self.slot_bytes, o["qp_timeout"], o["retry_count"], self.spin)
         me = {"gid": dev.gid, "slots": self.slots, "slot_bytes": self.slot_bytes, "peers": mine,
               "native": self.native.offer() if self.native is not None else None}
         ctx.store.set(self._key(ctx.job, self.rank), json.dumps(me).encode())
