@@ -61,6 +61,14 @@ def _torch_view(t: Any) -> tuple[np.ndarray, str]:
     return arr, dtypes.name_for_numpy(arr.dtype)
 
 
+def flat(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """The flat view ``as_buffer`` made of ``arr``, a C-contiguous numpy array it found to be of ``dtype``
+    (an ml_dtypes bfloat16 array as its uint16 bits)."""
+    if dtype == "bfloat16":
+        arr = arr.view(np.uint16)
+    return arr if arr.ndim == 1 else arr.reshape(-1)
+
+
 def as_buffer(obj: Any, what: str = "tensor", *, writable: bool = True) -> Buffer:
     """Wrap ``obj`` as a flat Buffer of a supported dtype, or raise TypeError naming what is wrong."""
     if type(obj) is np.ndarray:
