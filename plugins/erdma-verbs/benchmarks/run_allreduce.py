@@ -1,6 +1,7 @@
 """allreduce over ``verbs`` (SoftRoCE) and over ``tcp`` in the same test guest, 64 KiB to 64 MiB, with
-``erdma bench`` (every result checked): the two transports alternate, ROUNDS times, and the table gives each
-one's median time and verbs/tcp. Needs root and the guest's tools.
+``erdma bench`` (every result checked): over tcp, over verbs (the compiled path, the default) and over verbs'
+message path (``native = false``), alternating, ROUNDS times; the table gives each one's median time and
+their ratios to tcp. Needs root and the guest's tools.
 
     python benchmarks/run_allreduce.py [--ranks 2] [--rounds 2] [--sizes 64K,256K,1M,4M,16M,64M] [--iters 5]
 """
@@ -19,6 +20,8 @@ from erdma_verbs import guest
 HERE = Path(__file__).resolve().parent
 PLUGIN = HERE.parent
 CHECKOUT = PLUGIN.parent.parent
+SYSTEMS = {"tcp": '[transport]\nname = "tcp"\n', "verbs": '[transport]\nname = "verbs"\n',
+           "verbs-message": '[transport]\nname = "verbs"\n\n[transport.verbs]\nnative = false\n'}
 
 
 def main() -> int:
@@ -32,10 +35,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=PLUGIN, prefix=".bench-") as tmp:
         lines = []
         writable = f"/mnt/host/{Path(tmp).name}"  # the guest's writable view of this folder (the checkout is read-only)
-        for transport in ("tcp", "verbs"):
-            (Path(tmp) / f"{transport}.toml").write_text(f'[transport]\nname = "{transport}"\n')
+        for transport, config in SYSTEMS.items():
+            (Path(tmp) / f"{transport}.toml").write_text(config)
         for r in range(args.rounds):
-            for transport in ("tcp", "verbs"):
+            for transport in SYSTEMS:
                 lines.append(f"{erdma} bench -n {args.ranks} --config {tmp}/{transport}.toml --op allreduce "
                              f"--sizes {args.sizes} --iters {args.iters} --small-warmup 20 "
                              f"--json {writable}/{transport}-{r}.json > /dev/null")
@@ -47,17 +50,18 @@ def main() -> int:
             return rc
         times: dict[tuple[str, int], list[float]] = {}
         for r in range(args.rounds):
-            for transport in ("tcp", "verbs"):
+            for transport in SYSTEMS:
                 for row in json.loads((Path(tmp) / f"{transport}-{r}.json").read_text()):
                     assert row["wrong"] == 0, row
                     times.setdefault((transport, row["size"]), []).append(row["time_us"])
     sizes = sorted({s for _, s in times})
-    print(f"| allreduce, {args.ranks} ranks, float32 | tcp (ms) | verbs (ms) | verbs/tcp |")
-    print("|---|---|---|---|")
+    print(f"| allreduce, {args.ranks} ranks, float32 | tcp (ms) | verbs (ms) | verbs, message path (ms) | verbs/tcp "
+          "| message path/tcp |")
+    print("|---|---|---|---|---|---|")
     for size in sizes:
-        tcp, verbs = (statistics.median(times[(t, size)]) / 1e3 for t in ("tcp", "verbs"))
+        tcp, verbs, message = (statistics.median(times[(t, size)]) / 1e3 for t in SYSTEMS)
         label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
-        print(f"| {label} | {tcp:.2f} | {verbs:.2f} | {verbs / tcp:.2f} |")
+        print(f"| {label} | {tcp:.2f} | {verbs:.2f} | {message:.2f} | {verbs / tcp:.2f} | {message / tcp:.2f} |")
     return 0
 
 

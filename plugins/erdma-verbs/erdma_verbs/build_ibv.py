@@ -10,7 +10,7 @@ import pathlib
 from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
-SOURCES = ("ibv.c", "steps.c")  # the queue-pair layer (rc.py) and the compiled path (native.py)
+SOURCES = ("ibv.c", "steps.c", "reduce.c")  # the queue-pair layer (rc.py), the compiled path (native.py)
 # verbs' enumerators the Python side reads (their values found by the compiler)
 CONSTANTS = "".join(f"#define {name} ...\n" for name in (
     "IBV_ACCESS_LOCAL_WRITE", "IBV_ACCESS_REMOTE_WRITE", "IBV_ACCESS_REMOTE_READ", "IBV_WC_SUCCESS", "IBV_WC_RECV",
@@ -27,7 +27,7 @@ def builder() -> FFI:
     ffi.cdef(declarations())
     ffi.set_source("erdma_verbs._ibv", '#include <infiniband/verbs.h>\n#include "ibv.h"',
                    sources=[os.path.relpath(HERE / n) for n in SOURCES], include_dirs=[str(HERE)], libraries=["ibverbs"],
-                   extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"])
+                   extra_compile_args=["-O2", "-Wall", "-Wno-unused-function", "-ffp-contract=off"])
     return ffi
 
 

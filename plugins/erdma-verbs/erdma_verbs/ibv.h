@@ -52,13 +52,37 @@ const char *ev_status_name(int status);    /* IBV_WC_RETRY_EXC_ERR -> "RETRY_EXC
 #define EV_RECV 0
 #define EV_SEND 1
 #define EV_COPY 2
+#define EV_RECV_REDUCE 3           /* a receive combined into ``at`` by ``op`` on elements of ``dtype`` */
 typedef struct ev_steps ev_steps;
 typedef struct {
-    int step, kind, peer;          /* kind: EV_RECV, EV_SEND or EV_COPY (``src`` to ``at``, first in its step) */
+    int step, kind, peer;          /* kind: EV_RECV, EV_SEND, EV_COPY (``src`` to ``at``, first in its step) or
+                                      EV_RECV_REDUCE */
     int buf, src_buf;              /* which of the run's buffers (``bases``) ``at`` and ``src`` are in */
     unsigned int len;
     unsigned long long at, src;    /* byte offsets in those buffers */
+    int op, dtype;                 /* EV_RECV_REDUCE's */
 } ev_msg;
+/* reduce.c: the reductions a receive can be combined by (``ev_reducible``), as numpy computes them */
+#define EV_SUM 1
+#define EV_PROD 2
+#define EV_MIN 3
+#define EV_MAX 4
+#define EV_BAND 5
+#define EV_BOR 6
+#define EV_BXOR 7
+#define EV_INT8 1
+#define EV_UINT8 2
+#define EV_INT16 3
+#define EV_UINT16 4
+#define EV_INT32 5
+#define EV_UINT32 6
+#define EV_INT64 7
+#define EV_UINT64 8
+#define EV_FLOAT32 9
+#define EV_FLOAT64 10
+int ev_reducible(int op, int dtype);
+int ev_itemsize(int dtype);
+int ev_reduce(void *dst, const void *src, unsigned long long nbytes, int op, int dtype);
 ev_steps *ev_steps_new(ev_dev *dev, int n, int slots, unsigned int slot_bytes, unsigned long long ctrl_addr,
                        double spin);
 int ev_steps_peer(ev_steps *s, int peer, ev_qp *qp, unsigned long long remote, unsigned int rkey,

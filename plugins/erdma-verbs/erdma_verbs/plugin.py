@@ -32,9 +32,13 @@ OPTIONS = {
     "retry_count": Option(int, 6, "resends of an unacknowledged write before the peer counts as lost (at most 6: "
                           "SoftRoCE takes 7 to mean without limit, and a dead peer would never be noticed)",
                           minimum=0, maximum=6),
-    "native": Option(bool, True, "collectives without reductions (all-to-all, all-gather, broadcast, scatter, "
-                     "gather) of the job's whole world run whole in compiled code over queue pairs of their own "
-                     "(steps.c); false: every collective goes message by message through the core's executor"),
+    "native": Option(bool, True, "collectives of the job's whole world without a reduction (all-to-all, all-gather, "
+                     "broadcast, scatter, gather) or with one on integers, or a sum, average or product of float32 "
+                     "or float64, run whole in compiled code over queue pairs of their own (steps.c); false: every "
+                     "collective goes message by message through the core's executor"),
+    "native_reduce_bytes": Option(int, 0, "largest reduction (bytes of its data) the compiled path runs; larger "
+                                  "ones go through the message path, which sends them from the caller's memory "
+                                  "(0: a ring's worth, slots x slot_bytes)", minimum=0),
     "keepalive": Option(float, 1.0, "seconds of silence towards a peer after which a keepalive is sent (a dead "
                         "peer is noticed once it goes unanswered: about qp_timeout * (retry_count + 1) later)",
                         minimum=0.05),

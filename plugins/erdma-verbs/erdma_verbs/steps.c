@@ -1,5 +1,5 @@
 /* A collective's steps in C, over queue pairs of their own (native.py sets them up; the transport runs a whole
-   collective through here when its program has no reductions: ``VerbsTransport.run_program``).
+   collective through here when it has no reduction or one reduce.c computes: ``VerbsTransport.run_program``).
 
    Per peer: a ring of ``slots`` slots of ``slot_bytes`` in each direction. A send is cut into pieces of at
    most ``slot_bytes``; each is copied into a registered send buffer and written (RDMA WRITE with immediate)
@@ -11,7 +11,9 @@
 
    A run walks the steps in order. In a step, copies go first; then every send and receive moves as far as it
    can (sends as credits and the send queue allow, receives as pieces land, each after the earlier receives
-   from its peer), until all are done. ``ev_steps_run`` returns after ``budget`` seconds with 1 so that the
+   from its peer), until all are done. A reducing receive combines each piece into its target straight from
+   the ring (``ev_reduce``), after the step's earlier reducing receives; a send of the same step whose bytes it
+   combines into is copied aside when the step starts (``stage_sends``). ``ev_steps_run`` returns after ``budget`` seconds with 1 so that the
    caller can look at the rest of the world (an abort, a deadline) and call again with ``resume``. After a
    failure the queue pairs' state is unknown: the caller stops using them. When idle, the run polls (yielding
    the core) for ``spin`` seconds, then sleeps on the device's completion channel until a completion. */
@@ -52,6 +54,7 @@ typedef struct {
 typedef struct {
     unsigned long long off;   /* bytes posted (a send) or copied out (a receive) */
     int done;
+    const unsigned char *from;  /* a send's own copy of its bytes (a receive of its step reduces into them) */
 } cursor_t;
 
 struct ev_steps {
@@ -66,6 +69,8 @@ struct ev_steps {
     int ccap;
     int at, end, left;  /* the current step: its messages [at, end), those not done */
     void *const *bases;  /* the run's buffers: a message's address is bases[buf] + at */
+    unsigned char *stage;  /* the current step's sends' copies (``cursor_t.from``), grown to the largest */
+    size_t stage_cap;
     const ev_msg *msgs;               /* the run's messages */
     int bad_peer;
     char err[240];
@@ -152,6 +157,7 @@ void ev_steps_free(ev_steps *s) {
         free(s->peers[i].lens);
     free(s->peers);
     free(s->cursors);
+    free(s->stage);
     free(s);
 }
 
@@ -218,7 +224,7 @@ static int credit(ev_steps *s, peer_t *p, int peer) {
 static int send_some(ev_steps *s, const ev_msg *m, cursor_t *c, unsigned int tag) {
     int peer = m->peer, moved = 0;
     peer_t *p = &s->peers[peer];
-    const unsigned char *src = (const unsigned char *)(uintptr_t)((uintptr_t)s->bases[m->buf] + m->at);
+    const unsigned char *src = c->from ? c->from : (const unsigned char *)(uintptr_t)((uintptr_t)s->bases[m->buf] + m->at);
     while (!c->done) {
         if ((uint32_t)((uint32_t)p->sent - (uint32_t)p->freed) >= (uint32_t)s->slots || p->outstanding >= s->depth - 1)
             return moved;
@@ -258,7 +264,11 @@ static int recv_some(ev_steps *s, const ev_msg *m, cursor_t *c, unsigned int tag
         if ((imm >> 24) != (tag & 0xff) || piece != want)
             return fail(s, EPROTO, peer, "rank %d sent a piece of %u bytes of collective tag %u where %llu bytes of "
                         "tag %u were expected", peer, piece, imm >> 24, want, tag & 0xff);
-        memcpy(dst + c->off, (unsigned char *)(uintptr_t)(p->ring + (unsigned long long)slot * s->slot_bytes), piece);
+        const void *landed = (const void *)(uintptr_t)(p->ring + (unsigned long long)slot * s->slot_bytes);
+        if (m->kind == EV_RECV_REDUCE)
+            ev_reduce(dst + c->off, landed, piece, m->op, m->dtype);  /* (checked reducible at the run's start) */
+        else
+            memcpy(dst + c->off, landed, piece);
         p->used++;
         c->off += piece;
         c->done = c->off >= m->len;
@@ -272,8 +282,45 @@ static int recv_some(ev_steps *s, const ev_msg *m, cursor_t *c, unsigned int tag
     return moved;
 }
 
+static int overlap(const ev_msg *a, const ev_msg *b) {
+    return a->buf == b->buf && a->at < b->at + b->len && b->at < a->at + a->len;
+}
+
+/* Whether send ``k`` of the step [at, end) is one a reducing receive of that step combines into. */
+static int staged(const ev_msg *msgs, int at, int end, int k) {
+    if (msgs[k].kind != EV_SEND)
+        return 0;
+    for (int j = at; j < end; j++)
+        if (msgs[j].kind == EV_RECV_REDUCE && overlap(&msgs[k], &msgs[j]))
+            return 1;
+    return 0;
+}
+
+/* Such a send is copied first and sent from the copy: the receive may land before the send has gone (the
+   core's executor keeps that order instead, such receives landing in scratch memory first). */
+static int stage_sends(ev_steps *s, const ev_msg *msgs, int at, int end) {
+    size_t need = 0, used = 0;
+    for (int k = at; k < end; k++)
+        need += staged(msgs, at, end, k) ? msgs[k].len : 0;
+    if (need > s->stage_cap) {
+        unsigned char *grown = realloc(s->stage, need);
+        if (!grown)
+            return fail(s, ENOMEM, -1, "out of memory (%zu bytes for a step's sends)", need);
+        s->stage = grown;
+        s->stage_cap = need;
+    }
+    for (int k = at; k < end && need; k++)
+        if (staged(msgs, at, end, k)) {
+            s->cursors[k].from = s->stage + used;
+            memcpy(s->stage + used, (const unsigned char *)(uintptr_t)((uintptr_t)s->bases[msgs[k].buf] + msgs[k].at),
+                   msgs[k].len);
+            used += msgs[k].len;
+        }
+    return 0;
+}
+
 /* Start the step whose first message is ``at``: its copies, in order; its moves' cursors. */
-static void start_step(ev_steps *s, const ev_msg *msgs, int count, int at) {
+static int start_step(ev_steps *s, const ev_msg *msgs, int count, int at) {
     int end = at;
     s->left = 0;
     for (; end < count && msgs[end].step == msgs[at].step; end++) {
@@ -288,6 +335,7 @@ static void start_step(ev_steps *s, const ev_msg *msgs, int count, int at) {
     }
     s->at = at;
     s->end = end;
+    return stage_sends(s, msgs, at, end);
 }
 
 /* Idle past ``spin``: ask for an event at the next completion, look once more (one that came before the
@@ -316,10 +364,16 @@ int ev_steps_run(ev_steps *s, const ev_msg *msgs, int count, void *const *bases,
     s->bases = bases;
     s->msgs = msgs;
     if (!resume) {
-        for (int i = 0; i < count; i++)
+        for (int i = 0; i < count; i++) {
             if (msgs[i].kind != EV_COPY && (msgs[i].peer < 0 || msgs[i].peer >= s->n || !s->peers[msgs[i].peer].joined))
                 return fail(s, EINVAL, msgs[i].peer, "message %d names rank %d, which this path has no link to", i,
                             msgs[i].peer);
+            if (msgs[i].kind == EV_RECV_REDUCE && (!ev_reducible(msgs[i].op, msgs[i].dtype)
+                                                   || s->slot_bytes % (unsigned)ev_itemsize(msgs[i].dtype)
+                                                   || msgs[i].len % (unsigned)ev_itemsize(msgs[i].dtype)))
+                return fail(s, EINVAL, msgs[i].peer, "message %d: reduce op %d on dtype %d is not offered here", i,
+                            msgs[i].op, msgs[i].dtype);
+        }
         if (count > s->ccap) {
             cursor_t *c = realloc(s->cursors, (size_t)count * sizeof *c);
             if (!c)
@@ -329,26 +383,32 @@ int ev_steps_run(ev_steps *s, const ev_msg *msgs, int count, void *const *bases,
         }
         if (count == 0)
             return 0;
-        start_step(s, msgs, count, 0);
+        int rc = start_step(s, msgs, count, 0);
+        if (rc < 0)
+            return rc;
     }
     cursor_t *cur = s->cursors;
     for (;;) {
         while (s->left == 0) {
             if (s->end >= count)
                 return 0;
-            start_step(s, msgs, count, s->end);
+            int rc = start_step(s, msgs, count, s->end);
+            if (rc < 0)
+                return rc;
         }
         int moved = 0;
         for (int k = s->at; k < s->end; k++) {
             if (cur[k].done)
                 continue;
-            int earlier = 0;  /* a receive waits for the earlier ones from its peer (they share its ring) */
-            for (int e = s->at; e < k && msgs[k].kind == EV_RECV && !earlier; e++)
-                earlier = msgs[e].kind == EV_RECV && msgs[e].peer == msgs[k].peer && !cur[e].done;
+            /* a receive waits for the earlier ones from its peer (they share its ring); a reducing one also for
+               every earlier reducing one (results in the schedule's order, as the executor gives them) */
+            int earlier = 0, kind = msgs[k].kind;
+            for (int e = s->at; e < k && kind != EV_SEND && !earlier; e++)
+                earlier = !cur[e].done && msgs[e].kind != EV_SEND
+                          && (msgs[e].peer == msgs[k].peer || (kind == EV_RECV_REDUCE && msgs[e].kind == kind));
             if (earlier)
                 continue;
-            int rc = msgs[k].kind == EV_SEND ? send_some(s, &msgs[k], &cur[k], tag)
-                                             : recv_some(s, &msgs[k], &cur[k], tag);
+            int rc = kind == EV_SEND ? send_some(s, &msgs[k], &cur[k], tag) : recv_some(s, &msgs[k], &cur[k], tag);
             if (rc < 0)
                 return rc;
             moved |= rc;

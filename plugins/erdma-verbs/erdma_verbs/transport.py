@@ -173,14 +173,16 @@ class VerbsTransport(MessageTransport):
             mine[str(peer)] = [qp.qpn, qp.psn, ring.ctypes.data, link.ring_mr.rkey]
         if o["native"] and ctx.peers is None:  # (not as one of several transports, ``paired``: it runs none whole)
             self.native = native.Native(dev.name, dev.port, dev.gid_index, ctx.world_size, self.peers(), self.slots,
-                                        self.slot_bytes, o["qp_timeout"], o["retry_count"], self.spin)
-        me = {"gid": dev.gid, "slots": self.slots, "slot_bytes": self.slot_bytes, "peers": mine,
+                                        self.slot_bytes, o["qp_timeout"], o["retry_count"], self.spin,
+                                        o["native_reduce_bytes"])
+        me = {"gid": dev.gid, "slots": self.slots, "slot_bytes": self.slot_bytes,
+              "native_reduce_bytes": o["native_reduce_bytes"], "peers": mine,
               "native": self.native.offer() if self.native is not None else None}
         ctx.store.set(self._key(ctx.job, self.rank), json.dumps(me).encode())
         for peer, link in self.links.items():
             theirs = json.loads(self._get(ctx, self._key(ctx.job, peer), deadline))
-            for key in ("slots", "slot_bytes"):
-                if theirs[key] != me[key]:
+            for key in ("slots", "slot_bytes", "native_reduce_bytes"):
+                if theirs.get(key) != me[key]:
                     raise ConfigError(f"config key 'transport.verbs.{key}': rank {peer} has {theirs[key]}, rank "
                                       f"{self.rank} has {me[key]}; every rank needs the same")
             if (theirs.get("native") is None) != (me["native"] is None):
@@ -220,8 +222,8 @@ class VerbsTransport(MessageTransport):
 
     # ---- the compiled path ----------------------------------------------------------------------------------
     def run_program(self, program: Program, buffers: Any, op: Op) -> bool:
-        """A collective without reductions on the job's whole world runs whole on the compiled path
-        (``native``); everything else goes through the executor."""
+        """A collective on the job's whole world, without a reduction or with one the compiled path computes
+        (``native.takes``), runs whole on it (``native``); everything else goes through the executor."""
         nat = self.native
         if nat is None:
             return False

@@ -24,6 +24,7 @@ def test_the_options_are_declared_with_their_defaults():
     ("completion", "busy", "valid choices: poll, channel"),
     ("retry_count", 7, "7"),
     ("slots", 1, "1"),
+    ("native_reduce_bytes", -1, "-1"),
 ])
 def test_bad_options_are_refused_naming_the_key(key, value, words):
     with pytest.raises(ConfigError) as err:
