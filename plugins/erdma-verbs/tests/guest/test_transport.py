@@ -71,25 +71,29 @@ def test_every_rank_exits_by_itself_after_destroy() -> None:
     assert [p.exitcode for p in world.procs] == [0, 0, 0]  # not killed (-9)
 
 
-def _received_while_idle(pg: Any) -> tuple[bool, bool, list[int]]:
-    """Rank 0 sends after rank 1's I/O thread has been idle a while; rank 1 never waits on the receive (the
-    I/O thread must take its completion) and only looks whether it completed."""
-    buf = np.zeros(1000, np.int64)
-    if pg.rank() == 1:
-        work = pg.irecv(buf, src=0)
-        pg.barrier()
-        woken = pg.transport.woken
-        deadline = time.monotonic() + 30
-        while not work.is_completed() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return work.is_completed(), pg.transport.woken > woken, buf[::250].tolist()
+def _arrivals_while_idle(pg: Any) -> tuple[bool, list[int]]:
+    """Rank 0 sends 5 messages, 0.3 s apart, that rank 1 has posted no receive for and waits on in no thread:
+    only its I/O thread takes their completions, asleep on the completion channel between them. Rank 1 says
+    whether one of them woke it, then receives them (they wait in its mailbox)."""
+    sent = [np.arange(1000, dtype=np.int64) * (k + 1) for k in range(5)]
     pg.barrier()
-    time.sleep(0.5)  # the peer's I/O thread is asleep on its completion channel by now
-    pg.send(np.arange(1000, dtype=np.int64), dst=1)
-    return True, True, [0, 250, 500, 750]
+    if pg.rank() == 0:
+        for k, msg in enumerate(sent):
+            time.sleep(0.3)
+            pg.send(msg, dst=1, tag=k)
+        return True, []
+    woken = pg.transport.woken
+    time.sleep(0.3 * len(sent) + 1.0)
+    woke = pg.transport.woken > woken
+    got = []
+    for k, msg in enumerate(sent):
+        buf = np.zeros(1000, np.int64)
+        pg.recv(buf, src=0, tag=k)
+        got.append(int(np.array_equal(buf, msg)))
+    return woke, got
 
 
 def test_an_idle_io_thread_sleeps_on_the_channel_and_a_completion_wakes_it(erdma_world: Any) -> None:
-    # (keepalives a minute apart: within the test only the message's completions can wake the thread)
+    # (keepalives a minute apart: within the test only the messages' completions can wake the thread)
     world = erdma_world(2, {"transport.name": "verbs", "transport.verbs.keepalive": 60.0})
-    assert world.run(_received_while_idle) == [(True, True, [0, 250, 500, 750])] * 2
+    assert world.run(_arrivals_while_idle) == [(True, []), (True, [1] * 5)]
