@@ -148,11 +148,8 @@ class Native:
             for m in st.sends:
                 rows.append((i, lib.EV_SEND, m.to, _BUFFERS.index(m.buf), 0, m.nbytes, m.offset * size, 0, 0, 0))
             for m in st.recvs:
-                if m.reduce:
-                    rows.append((i, lib.EV_RECV_REDUCE, m.to, _BUFFERS.index(m.buf), 0, m.nbytes, m.offset * size, 0,
-                                 red_op, red_dtype))
-                else:
-                    rows.append((i, lib.EV_RECV, m.to, _BUFFERS.index(m.buf), 0, m.nbytes, m.offset * size, 0, 0, 0))
+                kind, how = (lib.EV_RECV_REDUCE, (red_op, red_dtype)) if m.reduce else (lib.EV_RECV, (0, 0))
+                rows.append((i, kind, m.to, _BUFFERS.index(m.buf), 0, m.nbytes, m.offset * size, 0, *how))
         arr = ffi.new("ev_msg[]", len(rows))
         for i, row in enumerate(rows):
             e = arr[i]

@@ -82,8 +82,9 @@ def _arrivals_while_idle(pg: Any) -> tuple[bool, list[int]]:
             time.sleep(0.3)
             pg.send(msg, dst=1, tag=k)
         return True, []
-    woken = pg.transport.woken
-    time.sleep(0.3 * len(sent) + 1.0)
+    woken, deadline = pg.transport.woken, time.monotonic() + 60  # (rank 0's sends may come late on a busy host)
+    while pg.transport.woken == woken and time.monotonic() < deadline:
+        time.sleep(0.05)
     woke = pg.transport.woken > woken
     got = []
     for k, msg in enumerate(sent):
