@@ -183,7 +183,7 @@ class VerbsTransport(MessageTransport):
             theirs = json.loads(self._get(ctx, self._key(ctx.job, peer), deadline))
             for key in ("slots", "slot_bytes", "native_reduce_bytes"):
                 if theirs.get(key) != me[key]:
-                    raise ConfigError(f"config key 'transport.verbs.{key}': rank {peer} has {theirs[key]}, rank "
+                    raise ConfigError(f"config key 'transport.verbs.{key}': rank {peer} has {theirs.get(key)}, rank "
                                       f"{self.rank} has {me[key]}; every rank needs the same")
             if (theirs.get("native") is None) != (me["native"] is None):
                 raise ConfigError(f"config key 'transport.verbs.native': rank {peer} has "
